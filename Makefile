@@ -1,0 +1,42 @@
+# loom - the two commands of the quick start, plus the pieces they are made of.
+#   make demo   install what is missing, build, train the Fashion-MNIST CNN for one epoch
+#   make test   install what is missing, build, run the whole suite (and the sanitizer build)
+export OPENBLAS_CORETYPE ?= Haswell
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+GENERATOR  := -G Ninja
+WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
+
+.PHONY: all deps build demo test test-asan bench install clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(WERROR)
+	cmake --build $(BUILD)
+
+demo: build
+	./$(BUILD)/loom train fmnist-cnn --epochs 1
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j2
+	$(MAKE) --no-print-directory test-asan
+
+# AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs.
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON $(WERROR)
+	cmake --build $(ASAN_BUILD)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j2 -LE e2e
+
+bench: build
+	bash bench/run.sh
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

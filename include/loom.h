@@ -1,0 +1,386 @@
+/*
+ * loom.h - the one public header of loom, a C11 library that trains neural networks.
+ *
+ * The model of computation: tensors are lazy. A builder such as loom_add() records a node in a step
+ * graph and returns at once; nothing runs until loom_graph_run() ends the step. The whole step
+ * (forward, backward, optimizer update) is one graph; it is hashed by structure, planned into a
+ * program once and replayed from the program cache on every later step with the same structure.
+ *
+ * Lifetimes: a loom_model owns persistent tensors (parameters, their gradients, optimizer state) in
+ * contiguous slabs. A loom_graph owns the nodes of the current step (rewound by
+ * loom_graph_reset()), its program cache and its workspace. Handles of type loom_tensor are valid
+ * until the next loom_graph_reset() of their graph.
+ *
+ * Errors: functions that touch the world return loom_status (0 ok, negative error) and leave a
+ * detailed, thread-local message in loom_last_error(). Builders use a sticky error instead: given a
+ * NULL input or bad shapes they return NULL and the graph keeps the first message, which
+ * loom_graph_run() returns. No function prints or exits; messages go through the log hook.
+ *
+ * Thread safety: distinct objects may be used from distinct threads; one object is not shared
+ * between threads without external locking unless its comment says otherwise.
+ */
+#ifndef LOOM_H
+#define LOOM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#    define LOOM_API __attribute__((visibility("default")))
+#else
+#    define LOOM_API
+#endif
+
+#define LOOM_VERSION  "0.1.0"
+#define LOOM_MAX_DIMS 6
+
+/* ---- status ------------------------------------------------------------------------------- */
+
+/* X(name, value, message): the one list of error codes. */
+#define LOOM_STATUS_MAP(X)                                                                         \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(EIO, -3, "input/output error")                                                               \
+    X(EFORMAT, -4, "malformed file")                                                               \
+    X(ESHAPE, -5, "shape or dtype mismatch")                                                       \
+    X(ENOTFOUND, -6, "not found")                                                                  \
+    X(EUNSUPPORTED, -7, "not supported")                                                           \
+    X(ERANGE, -8, "value out of range")                                                            \
+    X(EINTERNAL, -9, "internal error")
+
+typedef enum {
+#define LOOM_STATUS_ENUM_(name, value, msg) LOOM_##name = value,
+    LOOM_STATUS_MAP(LOOM_STATUS_ENUM_)
+#undef LOOM_STATUS_ENUM_
+} loom_status;
+
+/* "EINVAL" etc.; "UNKNOWN" for values outside the map. Static strings, thread-safe. */
+LOOM_API const char *loom_status_name(loom_status s);
+/* A one-line English description of the code. Static string, thread-safe. */
+LOOM_API const char *loom_status_str(loom_status s);
+/* The detailed message of the last failure on this thread ("" if none). Valid until the next
+ * failing call on this thread. */
+LOOM_API const char *loom_last_error(void);
+
+/* ---- hooks: allocation, logging, abort ---------------------------------------------------- */
+
+typedef struct {
+    void *(*malloc_fn)(size_t size, void *ud);
+    void *(*realloc_fn)(void *ptr, size_t size, void *ud);
+    void (*free_fn)(void *ptr, void *ud);
+    void *ud;
+} loom_allocator;
+
+/* Replaces the allocator used for every allocation of the library; NULL restores malloc/free.
+ * Call before creating any object. Not thread-safe. */
+LOOM_API void loom_set_allocator(const loom_allocator *a);
+
+typedef enum { LOOM_LOG_DEBUG, LOOM_LOG_INFO, LOOM_LOG_WARN, LOOM_LOG_ERROR } loom_log_level;
+typedef void (*loom_log_fn)(loom_log_level level, const char *msg, void *ud);
+/* Routes the library's messages; NULL restores the default (stderr, INFO and above). */
+LOOM_API void loom_set_log_hook(loom_log_fn fn, void *ud);
+/* Called when an internal invariant breaks (after the message is logged); default abort(). */
+LOOM_API void loom_set_abort_hook(void (*fn)(const char *where, const char *what));
+
+/* ---- random numbers ------------------------------------------------------------------------- */
+
+/* Philox-4x32-10, counter-based. Key = seed (64 bits). Counter words = (counter low, counter high,
+ * stream low, stream high). A draw is a pure function of (seed, stream, counter), so any value of a
+ * run can be recomputed without replaying earlier draws. Streams used by loom (stream high word =
+ * purpose): 1 = parameter init (low word = parameter index, counter = element index / 4),
+ * 2 = data shuffling (low word = epoch, counter = position / 4). */
+LOOM_API void loom_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
+/* A float uniform in [0, 1) with 24 random bits, from word `i % 4` of block `i / 4`. */
+LOOM_API float loom_rand_uniform(uint64_t seed, uint64_t stream, uint64_t i);
+
+/* ---- persistent tensors: the model --------------------------------------------------------- */
+
+typedef enum { LOOM_F32, LOOM_F64, LOOM_I32 } loom_dtype;
+
+typedef struct loom_model loom_model;
+typedef struct loom_param loom_param;
+
+/* A new empty model; NULL when out of memory. Free with loom_model_free(). */
+LOOM_API loom_model *loom_model_new(void);
+LOOM_API void loom_model_free(loom_model *m);
+/* Adds a trainable float32 parameter (zero-filled) with its gradient. Names are unique.
+ * Returns a handle owned by the model, or NULL (EINVAL: duplicate name or bad shape, ENOMEM). */
+LOOM_API loom_param *loom_model_add(loom_model *m, const char *name, int ndim,
+                                    const int64_t *shape);
+LOOM_API int loom_model_count(const loom_model *m);
+LOOM_API loom_param *loom_model_at(const loom_model *m, int i);
+LOOM_API loom_param *loom_model_find(const loom_model *m, const char *name);
+LOOM_API int64_t loom_model_numel(const loom_model *m);
+LOOM_API const char *loom_param_name(const loom_param *p);
+LOOM_API int loom_param_ndim(const loom_param *p);
+LOOM_API const int64_t *loom_param_shape(const loom_param *p);
+LOOM_API int64_t loom_param_numel(const loom_param *p);
+/* Pointers into the model's slabs; valid until the next loom_model_add(). */
+LOOM_API float *loom_param_data(loom_param *p);
+LOOM_API float *loom_param_grad(loom_param *p);
+
+/* Writes the parameters as safetensors (names as given, F32, row-major), atomically: a temporary
+ * file in the same directory is written, fsync'd and renamed. EIO on failure. */
+LOOM_API loom_status loom_model_save(const loom_model *m, const char *path);
+/* Reads parameters from a safetensors file. Every parameter of the model must be present with its
+ * exact shape and dtype F32, and the file must hold nothing else; otherwise EFORMAT/ENOTFOUND/ESHAPE
+ * naming the tensor, and the model is left unchanged. */
+LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
+
+/* Any safetensors file, read whole and validated: header length within the file, well-formed JSON,
+ * known dtypes (F32, F64 and I32 are readable), data_offsets inside the data and not overlapping,
+ * each tensor's byte count equal to its shape's. EIO/EFORMAT/EUNSUPPORTED with the tensor and the
+ * byte offset. Free with loom_tensor_file_free(). */
+typedef struct loom_tensor_file loom_tensor_file;
+LOOM_API loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out);
+LOOM_API void loom_tensor_file_free(loom_tensor_file *f);
+LOOM_API int loom_tensor_file_count(const loom_tensor_file *f);
+LOOM_API const char *loom_tensor_file_name(const loom_tensor_file *f, int i);
+/* The elements of tensor `name` (aligned, owned by f) and its dtype and shape, or NULL. */
+LOOM_API const void *loom_tensor_file_get(const loom_tensor_file *f, const char *name,
+                                          loom_dtype *dt, int *ndim, const int64_t **shape);
+
+/* ---- the step graph --------------------------------------------------------------------------- */
+
+typedef struct loom_graph loom_graph;
+typedef struct loom_tensor loom_tensor;
+
+/* A graph recording steps over the persistent tensors of `m` (may be NULL for graphs without
+ * parameters). The graph keeps a pointer to m; m outlives the graph. NULL when out of memory. */
+LOOM_API loom_graph *loom_graph_new(loom_model *m);
+/* Frees the graph, its programs and workspace; with LOOM_METRICS=1 logs its metrics first. */
+LOOM_API void loom_graph_free(loom_graph *g);
+/* Starts a new step: forgets every node (handles become invalid) and clears the sticky error.
+ * Programs stay cached. */
+LOOM_API void loom_graph_reset(loom_graph *g);
+/* Ends the step: returns the sticky error if any; else hashes the graph, plans a program on a cache
+ * miss, and executes it. After success, output tensors can be read until the next run or reset. */
+LOOM_API loom_status loom_graph_run(loom_graph *g);
+/* The first builder error of this step, or NULL. */
+LOOM_API const char *loom_graph_error(const loom_graph *g);
+
+typedef struct {
+    int64_t graphs_built;   /* steps run (each a graph hashed) */
+    int64_t programs_built; /* cache misses: programs planned */
+    int64_t cache_hits;     /* steps that reused a program */
+    int64_t nodes;          /* nodes of the last graph */
+    int64_t kernels;        /* kernels executed by the last program */
+    int64_t workspace_bytes;/* peak workspace of the programs planned so far */
+    double plan_seconds;    /* total time spent planning programs */
+    double exec_seconds;    /* total time spent executing programs */
+} loom_metrics;
+LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
+/* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */
+LOOM_API void loom_metrics_format(const loom_metrics *m, char *buf, size_t size);
+
+/* Leaves. `data` of an input is read when the step runs (not copied now): it must stay valid and
+ * hold numel elements of dtype until loom_graph_run() returns. Its address is not part of the
+ * program's identity, so a new batch in a new buffer reuses the program. */
+LOOM_API loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                                 const void *data);
+/* A scalar constant (shape ()); its value is part of the program's structure. */
+LOOM_API loom_tensor *loom_scalar(loom_graph *g, double value, loom_dtype dt);
+/* The current value of a parameter of the graph's model (shape of the parameter). */
+LOOM_API loom_tensor *loom_parameter(loom_graph *g, loom_param *p);
+/* Marks an input so that loom_grad() can differentiate with respect to it. */
+LOOM_API void loom_requires_grad(loom_tensor *t);
+/* Keeps the value of t after the run (for loom_tensor_data / loom_item). */
+LOOM_API void loom_output(loom_tensor *t);
+
+LOOM_API loom_dtype loom_tensor_dtype(const loom_tensor *t);
+LOOM_API int loom_tensor_ndim(const loom_tensor *t);
+LOOM_API const int64_t *loom_tensor_shape(const loom_tensor *t);
+LOOM_API int64_t loom_tensor_numel(const loom_tensor *t);
+/* After a successful run: the output's elements, contiguous row-major; NULL if t was not marked
+ * with loom_output() or the step has not run. Owned by the graph. */
+LOOM_API const void *loom_tensor_data(const loom_tensor *t);
+/* The first element of an output as double (NaN if unavailable). */
+LOOM_API double loom_item(const loom_tensor *t);
+
+/* Elementwise, with PyTorch's broadcasting. Shapes: any; result: the broadcast shape. */
+LOOM_API loom_tensor *loom_add(loom_graph *g, loom_tensor *a, loom_tensor *b);
+LOOM_API loom_tensor *loom_sub(loom_graph *g, loom_tensor *a, loom_tensor *b);
+LOOM_API loom_tensor *loom_mul(loom_graph *g, loom_tensor *a, loom_tensor *b);
+LOOM_API loom_tensor *loom_div(loom_graph *g, loom_tensor *a, loom_tensor *b);
+LOOM_API loom_tensor *loom_cmpgt(loom_graph *g, loom_tensor *a, loom_tensor *b); /* 1 or 0 */
+LOOM_API loom_tensor *loom_cmpeq(loom_graph *g, loom_tensor *a, loom_tensor *b); /* 1 or 0 */
+LOOM_API loom_tensor *loom_where(loom_graph *g, loom_tensor *c, loom_tensor *a, loom_tensor *b);
+LOOM_API loom_tensor *loom_neg(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_exp(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_log(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_sqrt(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_relu(loom_graph *g, loom_tensor *a);
+
+/* Reductions over one axis (negative counts from the end), keeping it with size 1. */
+LOOM_API loom_tensor *loom_sum(loom_graph *g, loom_tensor *a, int axis);
+LOOM_API loom_tensor *loom_max(loom_graph *g, loom_tensor *a, int axis);
+/* 1 at the first maximum along axis, 0 elsewhere; same shape as a. */
+LOOM_API loom_tensor *loom_maxmask(loom_graph *g, loom_tensor *a, int axis);
+/* Sum and mean of all elements: shape (). */
+LOOM_API loom_tensor *loom_sum_all(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_mean_all(loom_graph *g, loom_tensor *a);
+
+/* Movement. reshape: same element count, one dim may be -1. permute: perm[i] = source axis of
+ * output axis i. expand: size-1 dims grow (PyTorch's Tensor.expand, ndim may grow). */
+LOOM_API loom_tensor *loom_reshape(loom_graph *g, loom_tensor *a, int ndim, const int64_t *shape);
+LOOM_API loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *perm);
+LOOM_API loom_tensor *loom_expand(loom_graph *g, loom_tensor *a, int ndim, const int64_t *shape);
+LOOM_API loom_tensor *loom_transpose(loom_graph *g, loom_tensor *a); /* swaps the last two axes */
+
+/* (..., M, K) x (..., K, N) -> (..., M, N); batch dims broadcast. */
+LOOM_API loom_tensor *loom_matmul(loom_graph *g, loom_tensor *a, loom_tensor *b);
+
+typedef struct {
+    int kh, kw;         /* window */
+    int sh, sw;         /* stride (0 means 1) */
+    int ph, pw;         /* zero padding */
+} loom_window;
+/* im2col: (N, C, H, W) -> (C, KH, KW, N, OH, OW). */
+LOOM_API loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w);
+/* col2im, the adjoint of unfold (overlaps add): (C, KH, KW, N, OH, OW) -> (N, C, H, W). */
+LOOM_API loom_tensor *loom_fold(loom_graph *g, loom_tensor *cols, loom_window w, int64_t h,
+                                int64_t wd);
+/* (...) int32 class indices -> (..., n) of dtype dt. An index outside [0, n) fails the run. */
+LOOM_API loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype dt);
+
+/* Compositions (their gradients come from the primitives). */
+LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);
+LOOM_API loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis);
+/* logits (B, C), labels (B) int32 -> mean negative log-likelihood, shape (). */
+LOOM_API loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels);
+/* x (B, in), w (out, in), b (out) or NULL -> (B, out). */
+LOOM_API loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b);
+/* x (N, C, H, W), w (O, C, KH, KW), b (O) or NULL -> (N, O, OH, OW). */
+LOOM_API loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b,
+                                  int stride, int padding);
+/* x (N, C, H, W) -> (N, C, H/k, W/k) with window k and stride k (PyTorch's default). */
+LOOM_API loom_tensor *loom_max_pool2d(loom_graph *g, loom_tensor *x, int k);
+/* (N, ...) -> (N, prod(...)). */
+LOOM_API loom_tensor *loom_flatten(loom_graph *g, loom_tensor *x);
+
+/* Autograd. loom_grad records the gradient of a scalar `loss` with respect to `wrt` (an input marked
+ * with loom_requires_grad, or a parameter node); zeros if loss does not depend on it.
+ * loom_backward records, for every parameter of the model that loss depends on, the store of its
+ * gradient into the model's gradient slab (overwriting it; others are set to zero). */
+LOOM_API loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt);
+LOOM_API void loom_backward(loom_graph *g, loom_tensor *loss);
+
+/* ---- nn: sequential models with PyTorch's names and initialisation -------------------------- */
+
+typedef enum {
+    LOOM_LAYER_END = 0,
+    LOOM_LAYER_LINEAR,  /* in, out */
+    LOOM_LAYER_CONV2D,  /* in, out, kernel, stride, padding */
+    LOOM_LAYER_MAXPOOL, /* kernel */
+    LOOM_LAYER_RELU,
+    LOOM_LAYER_FLATTEN,
+} loom_layer_kind;
+
+typedef struct {
+    loom_layer_kind kind;
+    int64_t in, out;
+    int kernel, stride, padding;
+} loom_layer;
+
+/* Initialisers for arrays of layers: loom_layer net[] = {LOOM_LINEAR(784, 10), LOOM_END}; */
+#define LOOM_LINEAR(i, o)          {.kind = LOOM_LAYER_LINEAR, .in = (i), .out = (o)}
+#define LOOM_CONV2D(i, o, k, s, p) {.kind = LOOM_LAYER_CONV2D, .in = (i), .out = (o), .kernel = (k), .stride = (s), .padding = (p)}
+#define LOOM_MAXPOOL2D(k)          {.kind = LOOM_LAYER_MAXPOOL, .kernel = (k)}
+#define LOOM_RELU                  {.kind = LOOM_LAYER_RELU}
+#define LOOM_FLATTEN               {.kind = LOOM_LAYER_FLATTEN}
+#define LOOM_END                   {.kind = LOOM_LAYER_END}
+
+typedef struct loom_sequential loom_sequential;
+/* Builds the layers (terminated by LOOM_LAYER_END) into m with names "<index>.weight" and
+ * "<index>.bias", as torch.nn.Sequential names them. NULL on error (loom_last_error). */
+LOOM_API loom_sequential *loom_sequential_new(loom_model *m, const loom_layer *layers);
+LOOM_API void loom_sequential_free(loom_sequential *s);
+/* PyTorch's default init: weights kaiming-uniform(a=sqrt(5)), biases U(-1/sqrt(fan_in), ..),
+ * drawn from Philox stream (1, parameter index) of `seed`. */
+LOOM_API void loom_sequential_init(loom_sequential *s, uint64_t seed);
+LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_tensor *x);
+
+/* ---- optimizers --------------------------------------------------------------------------------- */
+
+typedef struct loom_optim loom_optim;
+typedef struct {
+    double lr;           /* 0 means 0.01 */
+    double momentum;     /* SGD */
+    double weight_decay; /* SGD: L2 added to the gradient; AdamW: decoupled */
+    bool nesterov;       /* SGD */
+    double beta1, beta2; /* AdamW: 0 means 0.9, 0.999 */
+    double eps;          /* AdamW: 0 means 1e-8 */
+} loom_optim_config;
+/* Optimizers over every parameter of m, with PyTorch's update formulas. State (momentum buffers,
+ * moments) lives in m's persistent slabs. NULL on bad config (loom_last_error). */
+LOOM_API loom_optim *loom_sgd_new(loom_model *m, const loom_optim_config *c);
+LOOM_API loom_optim *loom_adamw_new(loom_model *m, const loom_optim_config *c);
+LOOM_API void loom_optim_free(loom_optim *o);
+LOOM_API void loom_optim_set_lr(loom_optim *o, double lr);
+/* Records the update of every parameter from its gradient slab into graph g, as step t+1 (t counts
+ * previous calls). Must follow loom_backward() in the same step. */
+LOOM_API void loom_optim_step(loom_graph *g, loom_optim *o);
+
+/* ---- data ------------------------------------------------------------------------------------- */
+
+typedef struct loom_dataset loom_dataset;
+/* Reads an IDX image file (unsigned bytes, 3 dims) and label file (1 dim), gzip'd or plain.
+ * Pixels become float32 in [0, 1], shape (N, 1, H, W); labels int32 and must be < num_classes.
+ * EIO/EFORMAT with the file, the offset and what was expected. */
+LOOM_API loom_status loom_dataset_load_idx(const char *images, const char *labels,
+                                           int num_classes, loom_dataset **out);
+/* Fashion-MNIST from dir (NULL: $LOOM_DATA or /usr/share/datasets/fashion-mnist): "train" or
+ * "test". ENOTFOUND says which package to install or flag to pass. */
+LOOM_API loom_status loom_dataset_fmnist(const char *dir, const char *split, loom_dataset **out);
+/* A dataset from caller arrays (copied): x is (n, sample dims...), y is (n). */
+LOOM_API loom_dataset *loom_dataset_from_arrays(int64_t n, int sample_ndim,
+                                                const int64_t *sample_shape, const float *x,
+                                                const int32_t *y);
+LOOM_API void loom_dataset_free(loom_dataset *d);
+LOOM_API int64_t loom_dataset_count(const loom_dataset *d);
+/* Sample dims (without the leading N). */
+LOOM_API int loom_dataset_sample_ndim(const loom_dataset *d);
+LOOM_API const int64_t *loom_dataset_sample_shape(const loom_dataset *d);
+
+typedef struct {
+    int64_t batch_size; /* 0 means 128 */
+    uint64_t seed;
+    bool no_shuffle;    /* batches in file order */
+    bool drop_last;     /* drop the final short batch (default: keep it) */
+} loom_loader_config;
+
+typedef struct {
+    const float *x;   /* (n, sample dims...) contiguous */
+    const int32_t *y; /* (n) */
+    int64_t n;        /* samples in this batch */
+    int ndim;         /* of x, including the batch dim */
+    int64_t shape[LOOM_MAX_DIMS];
+} loom_batch;
+
+typedef struct loom_loader loom_loader;
+/* A loader over d (which must outlive it). NULL on bad config. */
+LOOM_API loom_loader *loom_loader_new(const loom_dataset *d, const loom_loader_config *c);
+LOOM_API void loom_loader_free(loom_loader *l);
+/* Starts epoch e (0-based): the order is a permutation drawn from Philox stream (2, e) of the seed,
+ * or file order with no_shuffle. */
+LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
+/* The next batch of the epoch into *b (buffers owned by the loader, valid until the next call);
+ * false at the end of the epoch. */
+LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
+LOOM_API int64_t loom_loader_batches(const loom_loader *l);
+
+/* ---- information ------------------------------------------------------------------------------ */
+
+/* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
+LOOM_API void loom_info(char *buf, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_H */

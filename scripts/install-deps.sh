@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages loom needs to build and test, if any is missing (as root, or
+# through sudo). Idempotent: with everything present it only checks.
+set -euo pipefail
+pkgs=(cmake ninja-build gcc pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

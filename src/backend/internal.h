@@ -1,0 +1,75 @@
+/*
+ * backend/internal.h - the executable form of a step: a program is the graph's nodes (copied, so
+ * that it outlives the step), a layout per node (where its elements live and with which strides)
+ * and the list of nodes that run a kernel, in order. compile/ builds programs; backends run them.
+ *
+ * Layout invariants: a node that runs a kernel writes a contiguous row-major buffer in the
+ * workspace (or, for STORE, into a persistent slab); views (RESHAPE of contiguous data, PERMUTE,
+ * EXPAND) only change strides and own no storage; a view that cannot be expressed by strides is
+ * materialized by a copy kernel from its `src_lay`.
+ */
+#ifndef LOOM_BACKEND_INTERNAL_H
+#define LOOM_BACKEND_INTERNAL_H
+
+#include "../graph/internal.h"
+
+typedef enum {
+    LOOM_BASE_NONE,    /* STORE: no value of its own */
+    LOOM_BASE_WS,      /* workspace, offset in bytes / element size */
+    LOOM_BASE_INPUT,   /* the caller's buffer of input `index` */
+    LOOM_BASE_CONST,   /* the program's constant slot `index` */
+    LOOM_BASE_PERSIST, /* the model's slab `index` */
+} loom__base;
+
+typedef struct {
+    uint8_t base;   /* loom__base */
+    int32_t index;  /* input ordinal, constant slot, slab, or the node owning a workspace buffer */
+    int64_t offset; /* in elements from the base */
+    int64_t stride[LOOM_MAX_DIMS];
+} loom__layout;
+
+typedef struct {
+    uint8_t op, dtype, ndim;
+    bool copy; /* a movement node materialized by copying src_lay (shape: copy_shape) */
+    int64_t shape[LOOM_MAX_DIMS];
+    int32_t src[3]; /* node ids, -1 for none */
+    loom__attr attr;
+    loom__layout lay;
+    loom__layout src_lay;
+    int64_t copy_shape[LOOM_MAX_DIMS];
+    int copy_ndim;
+    int64_t ws_off; /* bytes: where this node's own workspace buffer starts */
+} loom__pnode;
+
+struct loom__program {
+    uint64_t hash;
+    int64_t n;           /* nodes */
+    loom__pnode *nodes;
+    int32_t *exec;       /* ids of nodes that run, in order */
+    int64_t nexec;
+    double *consts;      /* constant slots (8 bytes each, holding the node's dtype) */
+    int64_t nconsts;
+    size_t ws_bytes;     /* workspace needed */
+};
+
+typedef struct {
+    unsigned char *ws;
+    const void *const *inputs;
+    float *slab[LOOM_SLAB_COUNT];
+} loom__bind;
+
+/* Address of node id's first element (which may be strided). */
+void *loom__addr(const loom__program *p, const loom__bind *b, int32_t id);
+void *loom__lay_addr(const loom__program *p, const loom__bind *b, const loom__layout *l,
+                     size_t elem);
+/* Runs every kernel of p in order; a failing kernel (e.g. a label out of range) stops the run with
+ * its status and message. */
+loom_status loom__interp_run(const loom__program *p, const loom__bind *b);
+/* How BLAS can read a (rows x cols) matrix with these strides: false if it cannot. */
+bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
+                       int64_t *ld);
+/* One-time BLAS setup (one thread per device). Thread-safe. */
+void loom__blas_init(void);
+const char *loom__blas_name(void);
+
+#endif

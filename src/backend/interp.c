@@ -1,0 +1,514 @@
+/*
+ * interp.c - the reference executor: the definition of every op's semantics. Elementwise and
+ * reduction kernels are generated from the expressions of ops.def for float and double (with
+ * <tgmath.h>, the same text serves both); library ops (matmul through BLAS, im2col/col2im, one-hot,
+ * first-max mask, stores) are written out. Every loop visits elements in a fixed order, so results
+ * are bitwise repeatable. Kernels read their inputs through strides and write contiguous output.
+ */
+#include "internal.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <string.h>
+#include <tgmath.h>
+
+#define MAXD LOOM_MAX_DIMS
+
+/* An index space over up to 4 operands (operand 0 is the output), with adjacent dims merged
+ * where every operand allows it. */
+typedef struct {
+    int nd;
+    int nops;
+    int64_t shape[MAXD];
+    int64_t st[4][MAXD];
+} iter;
+
+static void iter_init(iter *it, int nd, const int64_t *shape, int nops,
+                      const int64_t *const *strides) {
+    it->nops = nops;
+    it->nd = 0;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 1)
+            continue;
+        int k = it->nd;
+        bool merge = k > 0;
+        for (int o = 0; o < nops && merge; o++)
+            merge = it->st[o][k - 1] == strides[o][d] * shape[d];
+        if (merge) {
+            it->shape[k - 1] *= shape[d];
+            for (int o = 0; o < nops; o++)
+                it->st[o][k - 1] = strides[o][d];
+            continue;
+        }
+        it->shape[k] = shape[d];
+        for (int o = 0; o < nops; o++)
+            it->st[o][k] = strides[o][d];
+        it->nd++;
+    }
+    if (it->nd == 0) { /* a single element */
+        it->nd = 1;
+        it->shape[0] = 1;
+        for (int o = 0; o < nops; o++)
+            it->st[o][0] = 0;
+    }
+}
+
+static int64_t iter_outer(const iter *it) {
+    int64_t n = 1;
+    for (int d = 0; d < it->nd - 1; d++)
+        n *= it->shape[d];
+    return n;
+}
+
+/* Advances the outer index (all dims but the last) and the operand offsets. */
+static void iter_next(const iter *it, int64_t *idx, int64_t *off) {
+    for (int d = it->nd - 2; d >= 0; d--) {
+        idx[d]++;
+        for (int o = 0; o < it->nops; o++)
+            off[o] += it->st[o][d];
+        if (idx[d] < it->shape[d])
+            return;
+        for (int o = 0; o < it->nops; o++)
+            off[o] -= it->st[o][d] * it->shape[d];
+        idx[d] = 0;
+    }
+}
+
+static void contiguous_strides(int nd, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= shape[d];
+    }
+}
+
+void *loom__lay_addr(const loom__program *p, const loom__bind *b, const loom__layout *l,
+                     size_t elem) {
+    unsigned char *base = NULL;
+    switch ((loom__base)l->base) {
+        case LOOM_BASE_NONE:
+            return NULL;
+        case LOOM_BASE_WS:
+            base = b->ws + p->nodes[l->index].ws_off;
+            break;
+        case LOOM_BASE_INPUT:
+            base = (unsigned char *)(uintptr_t)b->inputs[l->index];
+            break;
+        case LOOM_BASE_CONST:
+            base = (unsigned char *)(p->consts + l->index);
+            break;
+        case LOOM_BASE_PERSIST:
+            base = (unsigned char *)b->slab[l->index];
+            break;
+    }
+    return base ? base + (size_t)l->offset * elem : NULL;
+}
+
+void *loom__addr(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    return loom__lay_addr(p, b, &t->lay, loom__dtype_size((loom_dtype)t->dtype));
+}
+
+typedef loom_status (*kernel_fn)(const loom__program *p, const loom__bind *b, int32_t id);
+
+/* ---- elementwise: one loop per op and type, from ops.def ------------------------------------ */
+
+#define EW_KERNEL(T, SFX, NAME, ARITY, EXPR)                                                       \
+    static void ew_##NAME##_##SFX(const iter *it, T *o, const T *x0, const T *x1, const T *x2) {   \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
+        int L = it->nd - 1;                                                                        \
+        int64_t inner = it->shape[L], so = it->st[0][L], s0 = it->st[1][L];                        \
+        int64_t s1 = ARITY > 1 ? it->st[2][L] : 0, s2 = ARITY > 2 ? it->st[3][L] : 0;             \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                             \
+            T *po = o + off[0];                                                                    \
+            const T *pa = x0 + off[1];                                                             \
+            const T *pb = ARITY > 1 ? x1 + off[2] : pa, *pc = ARITY > 2 ? x2 + off[3] : pa;        \
+            if (so == 1 && s0 == 1 && (ARITY < 2 || s1 == 1) && (ARITY < 3 || s2 == 1)) {          \
+                for (int64_t i = 0; i < inner; i++) {                                              \
+                    T a = pa[i], b = pb[i], c = pc[i];                                             \
+                    (void)b, (void)c;                                                              \
+                    po[i] = (T)(EXPR);                                                             \
+                }                                                                                  \
+            } else {                                                                               \
+                for (int64_t i = 0; i < inner; i++) {                                              \
+                    T a = pa[i * s0], b = pb[i * s1], c = pc[i * s2];                              \
+                    (void)b, (void)c;                                                              \
+                    po[i * so] = (T)(EXPR);                                                        \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define LOOM_EW(NAME, ARITY, EXPR)                                                                 \
+    EW_KERNEL(float, f32, NAME, ARITY, EXPR)                                                       \
+    EW_KERNEL(double, f64, NAME, ARITY, EXPR)                                                      \
+    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) {         \
+        const loom__pnode *t = &p->nodes[id];                                                      \
+        int64_t st[MAXD];                                                                          \
+        contiguous_strides(t->ndim, t->shape, st);                                                 \
+        const int64_t *strides[4] = {st, p->nodes[t->src[0]].lay.stride,                           \
+                                     p->nodes[t->src[ARITY > 1 ? 1 : 0]].lay.stride,               \
+                                     p->nodes[t->src[ARITY > 2 ? 2 : 0]].lay.stride};              \
+        if (loom__numel(t->ndim, t->shape) == 0)                                                   \
+            return LOOM_OK;                                                                        \
+        iter it;                                                                                   \
+        iter_init(&it, t->ndim, t->shape, ARITY + 1, strides);                                     \
+        void *o = loom__addr(p, b, id), *x0 = loom__addr(p, b, t->src[0]);                         \
+        void *x1 = ARITY > 1 ? loom__addr(p, b, t->src[1]) : x0;                                   \
+        void *x2 = ARITY > 2 ? loom__addr(p, b, t->src[2]) : x0;                                   \
+        if (t->dtype == LOOM_F64)                                                                  \
+            ew_##NAME##_f64(&it, o, x0, x1, x2);                                                   \
+        else                                                                                       \
+            ew_##NAME##_f32(&it, o, x0, x1, x2);                                                   \
+        return LOOM_OK;                                                                            \
+    }
+#include "../graph/ops.def"
+
+/* ---- reductions over one axis: out = combine over k of in[k along axis] ----------------------- */
+
+#define RED_KERNEL(T, SFX, NAME, COMBINE, IDENT)                                                   \
+    static void red_##NAME##_##SFX(const iter *it, T *o, const T *x, int64_t len, int64_t sax) {   \
+        int L = it->nd - 1;                                                                        \
+        int64_t outer = iter_outer(it), inner = it->shape[L];                                      \
+        int64_t so = it->st[0][L], sx = it->st[1][L];                                              \
+        {                                                                                          \
+            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                        \
+            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                           \
+                for (int64_t i = 0; i < inner; i++)                                                \
+                    o[off[0] + i * so] = (T)(IDENT);                                               \
+        }                                                                                          \
+        for (int64_t k = 0; k < len; k++) {                                                        \
+            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                        \
+            const T *xk = x + k * sax;                                                             \
+            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                         \
+                T *po = o + off[0];                                                                \
+                const T *px = xk + off[1];                                                         \
+                for (int64_t i = 0; i < inner; i++) {                                              \
+                    T acc = po[i * so], a = px[i * sx];                                            \
+                    po[i * so] = (T)(COMBINE);                                                     \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define LOOM_RED(NAME, COMBINE, IDENT)                                                             \
+    RED_KERNEL(float, f32, NAME, COMBINE, IDENT)                                                   \
+    RED_KERNEL(double, f64, NAME, COMBINE, IDENT)                                                  \
+    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) {         \
+        const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];                           \
+        int ax = t->attr.axis;                                                                     \
+        int64_t st[MAXD];                                                                          \
+        contiguous_strides(t->ndim, t->shape, st);                                                 \
+        const int64_t *strides[2] = {st, s->lay.stride};                                           \
+        if (loom__numel(t->ndim, t->shape) == 0)                                                   \
+            return LOOM_OK;                                                                        \
+        iter it;                                                                                   \
+        iter_init(&it, t->ndim, t->shape, 2, strides);                                             \
+        void *o = loom__addr(p, b, id), *x = loom__addr(p, b, t->src[0]);                          \
+        if (t->dtype == LOOM_F64)                                                                  \
+            red_##NAME##_f64(&it, o, x, s->shape[ax], s->lay.stride[ax]);                          \
+        else                                                                                       \
+            red_##NAME##_f32(&it, o, x, s->shape[ax], s->lay.stride[ax]);                          \
+        return LOOM_OK;                                                                            \
+    }
+#include "../graph/ops.def"
+
+/* ---- movement: views have no kernel; a materialized view is a strided copy -------------------- */
+
+#define COPY_KERNEL(T)                                                                             \
+    static void copy_##T(const iter *it, T *o, const T *x) {                                       \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
+        int L = it->nd - 1;                                                                        \
+        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];                        \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                               \
+            for (int64_t i = 0; i < inner; i++)                                                    \
+                o[off[0] + i * so] = x[off[1] + i * sx];                                           \
+    }
+COPY_KERNEL(uint32_t)
+COPY_KERNEL(uint64_t)
+
+/* Copies a strided view (shape nd/shape, layout src) into contiguous dst of element size elem. */
+static void strided_copy(void *dst, const void *src, const loom__layout *l, int nd,
+                         const int64_t *shape, size_t elem) {
+    if (loom__numel(nd, shape) == 0)
+        return;
+    int64_t st[MAXD];
+    contiguous_strides(nd, shape, st);
+    const int64_t *strides[2] = {st, l->stride};
+    iter it;
+    iter_init(&it, nd, shape, 2, strides);
+    if (elem == 8)
+        copy_uint64_t(&it, dst, src);
+    else
+        copy_uint32_t(&it, dst, src);
+}
+
+static loom_status k_view(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    size_t elem = loom__dtype_size((loom_dtype)t->dtype);
+    LOOM_ASSERT(t->copy);
+    strided_copy(loom__addr(p, b, id), loom__lay_addr(p, b, &t->src_lay, elem), &t->src_lay,
+                 t->copy_ndim, t->copy_shape, elem);
+    return LOOM_OK;
+}
+#define k_RESHAPE k_view
+#define k_PERMUTE k_view
+#define k_EXPAND  k_view
+
+static loom_status k_leaf(const loom__program *p, const loom__bind *b, int32_t id) {
+    (void)p, (void)b, (void)id;
+    return LOOM_OK; /* leaves are never scheduled */
+}
+#define k_INPUT   k_leaf
+#define k_CONST   k_leaf
+#define k_PERSIST k_leaf
+
+static loom_status k_STORE(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    LOOM_ASSERT(t->dtype == LOOM_F32);
+    float *dst = b->slab[t->attr.persist.slab] + t->attr.persist.offset;
+    strided_copy(dst, loom__addr(p, b, t->src[0]), &s->lay, s->ndim, s->shape, sizeof(float));
+    return LOOM_OK;
+}
+
+/* ---- first-max mask along an axis ----------------------------------------------------------- */
+
+#define MAXMASK_KERNEL(T)                                                                          \
+    static void maxmask_##T(const iter *it, T *o, const T *x, int64_t len, int64_t sax,            \
+                            int64_t oax) {                                                         \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
+        int L = it->nd - 1;                                                                        \
+        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];                        \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                             \
+            for (int64_t i = 0; i < inner; i++) {                                                  \
+                const T *px = x + off[1] + i * sx;                                                 \
+                T *po = o + off[0] + i * so;                                                       \
+                int64_t best = 0;                                                                  \
+                T acc = px[0];                                                                     \
+                for (int64_t k = 1; k < len; k++) {                                                \
+                    T a = px[k * sax];                                                             \
+                    if (a > acc || a != a)                                                         \
+                        acc = a, best = k;                                                         \
+                }                                                                                  \
+                for (int64_t k = 0; k < len; k++)                                                  \
+                    po[k * oax] = k == best ? (T)1 : (T)0;                                         \
+            }                                                                                      \
+        }                                                                                          \
+    }
+MAXMASK_KERNEL(float)
+MAXMASK_KERNEL(double)
+
+static loom_status k_MAXMASK(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    int ax = t->attr.axis;
+    int64_t st[MAXD], shape[MAXD];
+    contiguous_strides(t->ndim, t->shape, st);
+    memcpy(shape, t->shape, sizeof shape);
+    int64_t len = shape[ax];
+    if (loom__numel(t->ndim, t->shape) == 0)
+        return LOOM_OK;
+    shape[ax] = 1;
+    const int64_t *strides[2] = {st, s->lay.stride};
+    iter it;
+    iter_init(&it, t->ndim, shape, 2, strides);
+    void *o = loom__addr(p, b, id), *x = loom__addr(p, b, t->src[0]);
+    if (t->dtype == LOOM_F64)
+        maxmask_double(&it, o, x, len, s->lay.stride[ax], st[ax]);
+    else
+        maxmask_float(&it, o, x, len, s->lay.stride[ax], st[ax]);
+    return LOOM_OK;
+}
+
+/* ---- matmul through BLAS ---------------------------------------------------------------------- */
+
+bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
+                       int64_t *ld) {
+    if (cols <= 1 || scol == 1) {
+        int64_t l = rows <= 1 ? (cols > 1 ? cols : 1) : srow;
+        if (rows <= 1 || l >= (cols > 1 ? cols : 1)) {
+            *trans = false, *ld = l;
+            return true;
+        }
+    }
+    if (rows <= 1 || srow == 1) {
+        int64_t l = cols <= 1 ? (rows > 1 ? rows : 1) : scol;
+        if (cols <= 1 || l >= (rows > 1 ? rows : 1)) {
+            *trans = true, *ld = l;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void blas_once(void) {
+    openblas_set_num_threads(1);
+}
+
+void loom__blas_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_once);
+}
+
+const char *loom__blas_name(void) {
+    return openblas_get_config();
+}
+
+static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
+    int nd = t->ndim;
+    int64_t m = t->shape[nd - 2], n = t->shape[nd - 1], k = A->shape[nd - 1];
+    bool ta = false, tb = false;
+    int64_t lda = 1, ldb = 1;
+    bool ok = loom__blas_layout(m, k, A->lay.stride[nd - 2], A->lay.stride[nd - 1], &ta, &lda) &&
+              loom__blas_layout(k, n, B->lay.stride[nd - 2], B->lay.stride[nd - 1], &tb, &ldb);
+    LOOM_ASSERT(ok); /* the planner materializes other layouts */
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    unsigned char *o = loom__addr(p, b, id);
+    const unsigned char *pa = loom__addr(p, b, t->src[0]), *pb = loom__addr(p, b, t->src[1]);
+    int64_t batch = loom__numel(nd - 2, t->shape), idx[MAXD] = {0}, oa = 0, ob = 0;
+    for (int64_t r = 0; r < batch; r++) {
+        unsigned char *po = o + (size_t)(r * m * n) * es;
+        if (k == 0 && m * n > 0) {
+            memset(po, 0, (size_t)(m * n) * es);
+        } else if (m * n > 0 && t->dtype == LOOM_F64) {
+            cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                        (int)m, (int)n, (int)k, 1.0, (const double *)(pa + (size_t)oa * es),
+                        (int)lda, (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0,
+                        (double *)po, (int)(n > 1 ? n : 1));
+        } else if (m * n > 0) {
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                        (int)m, (int)n, (int)k, 1.0f, (const float *)(pa + (size_t)oa * es),
+                        (int)lda, (const float *)(pb + (size_t)ob * es), (int)ldb, 0.0f,
+                        (float *)po, (int)(n > 1 ? n : 1));
+        }
+        for (int d = nd - 3; d >= 0; d--) { /* next batch index */
+            idx[d]++;
+            oa += A->lay.stride[d], ob += B->lay.stride[d];
+            if (idx[d] < t->shape[d])
+                break;
+            oa -= A->lay.stride[d] * t->shape[d], ob -= B->lay.stride[d] * t->shape[d];
+            idx[d] = 0;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---- im2col and col2im ------------------------------------------------------------------------ */
+
+/* UNFOLD: x (N,C,H,W) strided -> out (C,KH,KW,N,OH,OW) contiguous; FOLD is its adjoint: it adds
+ * cols (C,KH,KW,N,OH,OW) strided into x (N,C,H,W) contiguous, zeroed first. One walk serves both. */
+#define WINDOW_KERNEL(T)                                                                           \
+    static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
+                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {      \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];                \
+        for (int64_t c = 0; c < C; c++)                                                            \
+            for (int64_t i = 0; i < w->kh; i++)                                                    \
+                for (int64_t j = 0; j < w->kw; j++)                                                \
+                    for (int64_t n = 0; n < N; n++)                                                \
+                        for (int64_t oy = 0; oy < OH; oy++) {                                      \
+                            int64_t iy = oy * w->sh - w->ph + i;                                   \
+                            T *crow = cols + c * cst[0] + i * cst[1] + j * cst[2] + n * cst[3] +  \
+                                      oy * cst[4];                                                 \
+                            if (iy < 0 || iy >= H) {                                               \
+                                for (int64_t ox = 0; ox < OW && !fold; ox++)                       \
+                                    crow[ox * cst[5]] = (T)0;                                      \
+                                continue;                                                          \
+                            }                                                                      \
+                            T *xrow = x + n * xst[0] + c * xst[1] + iy * xst[2];                   \
+                            for (int64_t ox = 0; ox < OW; ox++) {                                  \
+                                int64_t ix = ox * w->sw - w->pw + j;                               \
+                                bool in = ix >= 0 && ix < W;                                       \
+                                if (fold && in)                                                    \
+                                    xrow[ix * xst[3]] += crow[ox * cst[5]];                        \
+                                else if (!fold)                                                    \
+                                    crow[ox * cst[5]] = in ? xrow[ix * xst[3]] : (T)0;             \
+                            }                                                                      \
+                        }                                                                          \
+    }
+WINDOW_KERNEL(float)
+WINDOW_KERNEL(double)
+
+static loom_status window_kernel(const loom__program *p, const loom__bind *b, int32_t id,
+                                 bool fold) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    const loom__pnode *xn = fold ? t : s, *cn = fold ? s : t;
+    int64_t xst[MAXD], cst[MAXD];
+    if (fold) {
+        contiguous_strides(4, t->shape, xst);
+        memcpy(cst, s->lay.stride, sizeof cst);
+        memset(loom__addr(p, b, id), 0,
+               (size_t)loom__numel(4, t->shape) * loom__dtype_size((loom_dtype)t->dtype));
+    } else {
+        memcpy(xst, s->lay.stride, sizeof xst);
+        contiguous_strides(6, t->shape, cst);
+    }
+    void *x = loom__addr(p, b, fold ? id : t->src[0]);
+    void *c = loom__addr(p, b, fold ? t->src[0] : id);
+    if (t->dtype == LOOM_F64)
+        window_double(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
+    else
+        window_float(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
+    return LOOM_OK;
+}
+
+static loom_status k_UNFOLD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return window_kernel(p, b, id, false);
+}
+static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return window_kernel(p, b, id, true);
+}
+
+/* ---- one-hot ---------------------------------------------------------------------------------- */
+
+static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    int64_t n = t->attr.classes, rows = loom__numel(s->ndim, s->shape);
+    int32_t *idx = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    if (rows == 0)
+        return LOOM_OK;
+    memset(o, 0, (size_t)(rows * n) * es);
+    int64_t ix[MAXD] = {0}, off = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t v = idx[off];
+        if (v < 0 || v >= n)
+            return loom__error(LOOM_ERANGE, "loom_onehot: index %d at position %lld is outside "
+                               "[0, %lld)", v, (long long)r, (long long)n);
+        if (t->dtype == LOOM_F64)
+            ((double *)o)[r * n + v] = 1.0;
+        else
+            ((float *)o)[r * n + v] = 1.0f;
+        for (int d = s->ndim - 1; d >= 0; d--) { /* next index of the (strided) input */
+            ix[d]++;
+            off += s->lay.stride[d];
+            if (ix[d] < s->shape[d])
+                break;
+            off -= s->lay.stride[d] * s->shape[d];
+            ix[d] = 0;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---- the dispatch table, from ops.def --------------------------------------------------------- */
+
+static const kernel_fn kernels[LOOM_OP_COUNT] = {
+#define LOOM_LEAF(name) [LOOM_OP_##name] = k_##name,
+#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = k_##name,
+#define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = k_##name,
+#define LOOM_MOV(name) [LOOM_OP_##name] = k_##name,
+#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = k_##name,
+#include "../graph/ops.def"
+};
+
+loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
+    loom__blas_init();
+    for (int64_t i = 0; i < p->nexec; i++) {
+        int32_t id = p->exec[i];
+        loom_status s = kernels[p->nodes[id].op](p, b, id);
+        if (s)
+            return s;
+    }
+    return LOOM_OK;
+}

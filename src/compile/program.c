@@ -1,0 +1,397 @@
+/*
+ * program.c - from step graph to program, and the program cache.
+ *
+ * loom_graph_run() hashes the graph by structure only (ops, dtypes, shapes, attributes, the input
+ * ordinals and persistent offsets, which nodes are outputs; never data or addresses). On a cache
+ * hit the stored program runs with this step's input buffers; on a miss the graph is planned:
+ *   1. liveness: only nodes that reach an output or a store are kept;
+ *   2. layouts: views become strides over their source, other nodes get a contiguous buffer;
+ *      a view that BLAS cannot read, or a non-contiguous reshape or output, is materialized;
+ *   3. memory: buffers are placed in one workspace by first fit, each freed after its last use,
+ *      so the workspace is the high-water mark of live intermediates, reused every step.
+ */
+#include "../backend/internal.h"
+
+#include <string.h>
+
+static uint64_t graph_hash(const loom_graph *g) {
+    loom__hash h;
+    loom__hash_init(&h);
+    loom__hash_u64(&h, (uint64_t)g->n);
+    for (int64_t i = 0; i < g->n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        loom__hash_u64(&h, (uint64_t)t->op | (uint64_t)t->dtype << 8 | (uint64_t)t->ndim << 16 |
+                               (uint64_t)t->is_output << 24);
+        for (int d = 0; d < t->ndim; d++)
+            loom__hash_u64(&h, (uint64_t)t->shape[d]);
+        for (int k = 0; k < 3; k++)
+            loom__hash_u64(&h, t->src[k] ? (uint64_t)t->src[k]->id : ~0ull);
+        switch ((loom__op)t->op) {
+            case LOOM_OP_CONST: {
+                uint64_t bits;
+                memcpy(&bits, &t->attr.value, sizeof bits);
+                loom__hash_u64(&h, bits);
+                break;
+            }
+            case LOOM_OP_PERSIST:
+            case LOOM_OP_STORE:
+                loom__hash_u64(&h, (uint64_t)t->attr.persist.slab);
+                loom__hash_u64(&h, (uint64_t)t->attr.persist.offset);
+                break;
+            case LOOM_OP_INPUT:
+                loom__hash_u64(&h, (uint64_t)t->attr.input);
+                break;
+            case LOOM_OP_PERMUTE:
+                for (int d = 0; d < t->ndim; d++)
+                    loom__hash_u64(&h, (uint64_t)t->attr.perm[d]);
+                break;
+            case LOOM_OP_UNFOLD:
+            case LOOM_OP_FOLD: {
+                const loom_window *w = &t->attr.win;
+                loom__hash_u64(&h, (uint64_t)w->kh << 48 | (uint64_t)w->kw << 32 |
+                                       (uint64_t)w->sh << 16 | (uint64_t)w->sw);
+                loom__hash_u64(&h, (uint64_t)w->ph << 32 | (uint64_t)w->pw);
+                break;
+            }
+            case LOOM_OP_ONEHOT:
+                loom__hash_u64(&h, (uint64_t)t->attr.classes);
+                break;
+            case LOOM_OP_SUM:
+            case LOOM_OP_MAX:
+            case LOOM_OP_MAXMASK:
+                loom__hash_u64(&h, (uint64_t)t->attr.axis);
+                break;
+            default:
+                break;
+        }
+    }
+    return loom__hash_final(&h);
+}
+
+static void contiguous(int nd, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= shape[d];
+    }
+}
+
+static bool is_contiguous(int nd, const int64_t *shape, const int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (shape[d] != 1 && st[d] != s)
+            return false;
+        s *= shape[d];
+    }
+    return true;
+}
+
+/* The layout of a view node as strides over its source's layout. */
+static void view_layout(const loom__pnode *t, const loom__pnode *s, loom__layout *l) {
+    *l = s->lay;
+    switch ((loom__op)t->op) {
+        case LOOM_OP_RESHAPE:
+            contiguous(t->ndim, t->shape, l->stride);
+            break;
+        case LOOM_OP_PERMUTE:
+            for (int d = 0; d < t->ndim; d++)
+                l->stride[d] = s->lay.stride[t->attr.perm[d]];
+            break;
+        case LOOM_OP_EXPAND:
+            for (int d = 0; d < t->ndim; d++)
+                l->stride[d] = s->shape[d] == 1 && t->shape[d] != 1 ? 0 : s->lay.stride[d];
+            break;
+        default:
+            LOOM_ASSERT(0);
+    }
+}
+
+/* Turns view node `id` into a copy of its elements into a fresh buffer of its own. */
+static void materialize(loom__program *p, int64_t id) {
+    loom__pnode *t = &p->nodes[id];
+    const loom__pnode *s = &p->nodes[t->src[0]];
+    t->copy = true;
+    if (t->op == LOOM_OP_RESHAPE) { /* copy the source in row-major order */
+        t->src_lay = s->lay;
+        t->copy_ndim = s->ndim;
+        memcpy(t->copy_shape, s->shape, sizeof t->copy_shape);
+    } else {
+        view_layout(t, s, &t->src_lay);
+        t->copy_ndim = t->ndim;
+        memcpy(t->copy_shape, t->shape, sizeof t->copy_shape);
+    }
+    memset(&t->lay, 0, sizeof t->lay);
+    t->lay.base = LOOM_BASE_WS;
+    t->lay.index = (int32_t)id;
+    contiguous(t->ndim, t->shape, t->lay.stride);
+}
+
+static bool blas_ok(const loom__pnode *t) {
+    bool tr;
+    int64_t ld;
+    int nd = t->ndim;
+    return loom__blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->lay.stride[nd - 2],
+                             t->lay.stride[nd - 1], &tr, &ld);
+}
+
+/* Step 2: layouts, in creation order. A workspace layout names the node owning the buffer. */
+static void assign_layouts(loom__program *p, const bool *live, const bool *is_out) {
+    for (int64_t i = 0; i < p->n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        loom__layout *l = &t->lay;
+        memset(l, 0, sizeof *l);
+        contiguous(t->ndim, t->shape, l->stride);
+        switch (loom__ops[t->op].kind) {
+            case LOOM_KIND_LEAF:
+                if (t->op == LOOM_OP_INPUT) {
+                    l->base = LOOM_BASE_INPUT, l->index = t->attr.input;
+                } else if (t->op == LOOM_OP_CONST) {
+                    l->base = LOOM_BASE_CONST, l->index = (int32_t)p->nconsts;
+                    if (t->dtype == LOOM_F32) {
+                        float f = (float)t->attr.value;
+                        memcpy(&p->consts[p->nconsts++], &f, sizeof f);
+                    } else {
+                        p->consts[p->nconsts++] = t->attr.value;
+                    }
+                } else {
+                    l->base = LOOM_BASE_PERSIST, l->index = t->attr.persist.slab;
+                    l->offset = t->attr.persist.offset;
+                }
+                break;
+            case LOOM_KIND_MOV: {
+                const loom__pnode *s = &p->nodes[t->src[0]];
+                bool reshape_ok = t->op != LOOM_OP_RESHAPE ||
+                                  is_contiguous(s->ndim, s->shape, s->lay.stride);
+                if (reshape_ok)
+                    view_layout(t, s, l);
+                if (!reshape_ok || (is_out[i] && !is_contiguous(t->ndim, t->shape, l->stride)))
+                    materialize(p, i);
+                break;
+            }
+            default:
+                l->base = t->op == LOOM_OP_STORE ? LOOM_BASE_NONE : LOOM_BASE_WS;
+                l->index = (int32_t)i;
+                break;
+        }
+        for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++)
+            if (!blas_ok(&p->nodes[t->src[k]])) /* BLAS cannot read this view: copy it */
+                materialize(p, t->src[k]);
+    }
+}
+
+typedef struct {
+    int64_t off, size, owner;
+} block;
+
+/* Marks that node i reads layout l (extending its buffer's life to i). */
+static void use(int64_t *last, const loom__layout *l, int64_t i) {
+    if (l->base == LOOM_BASE_WS && last[l->index] < i)
+        last[l->index] = i;
+}
+
+/* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
+ * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
+static loom_status place_buffers(loom__program *p, const bool *live, const bool *is_out,
+                                 int64_t *last) {
+    int64_t n = p->n, nblocks = 0, end = 0;
+    block *blocks = loom__malloc(sizeof(block) * (size_t)(n + 1));
+    if (!blocks)
+        return LOOM_ENOMEM;
+    for (int64_t i = 0; i < n; i++)
+        last[i] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        if (t->copy)
+            use(last, &t->src_lay, i);
+        else if (loom__ops[t->op].kind != LOOM_KIND_MOV)
+            for (int k = 0; k < 3; k++)
+                if (t->src[k] >= 0)
+                    use(last, &p->nodes[t->src[k]].lay, i);
+        if (is_out[i])
+            use(last, &t->lay, INT64_MAX);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        loom__kind kind = loom__ops[t->op].kind;
+        bool runs = (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
+        if (runs)
+            p->exec[p->nexec++] = (int32_t)i;
+        if (runs && t->op != LOOM_OP_STORE) {
+            int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
+            size = (size + 63) & ~(int64_t)63;
+            int64_t off = 0, at = 0;
+            for (; at < nblocks; at++) {
+                if (blocks[at].off - off >= size)
+                    break;
+                off = blocks[at].off + blocks[at].size;
+            }
+            memmove(blocks + at + 1, blocks + at, sizeof(block) * (size_t)(nblocks - at));
+            blocks[at] = (block){off, size, i};
+            nblocks++;
+            t->ws_off = off;
+            end = off + size > end ? off + size : end;
+        }
+        int64_t w = 0; /* free the blocks whose last reader is this node */
+        for (int64_t b = 0; b < nblocks; b++)
+            if (last[blocks[b].owner] > i)
+                blocks[w++] = blocks[b];
+        nblocks = w;
+    }
+    p->ws_bytes = (size_t)end;
+    loom__free(blocks);
+    return LOOM_OK;
+}
+
+static void program_free(loom__program *p) {
+    if (!p)
+        return;
+    loom__free(p->nodes);
+    loom__free(p->exec);
+    loom__free(p->consts);
+    loom__free(p);
+}
+
+static loom__program *plan(const loom_graph *g, uint64_t hash) {
+    int64_t n = g->n;
+    loom__program *p = loom__calloc(1, sizeof *p);
+    bool *flags = loom__calloc((size_t)(2 * n + 1), sizeof(bool));
+    int64_t *last = loom__calloc((size_t)n + 1, sizeof(int64_t));
+    if (!p || !flags || !last)
+        goto fail;
+    p->hash = hash;
+    p->n = n;
+    p->nodes = loom__calloc((size_t)n + 1, sizeof *p->nodes);
+    p->exec = loom__calloc((size_t)n + 1, sizeof *p->exec);
+    p->consts = loom__calloc((size_t)n + 1, sizeof *p->consts);
+    if (!p->nodes || !p->exec || !p->consts)
+        goto fail;
+    bool *live = flags, *is_out = flags + n;
+    for (int64_t i = n - 1; i >= 0; i--) {
+        const loom_tensor *t = g->nodes[i];
+        loom__pnode *q = &p->nodes[i];
+        q->op = t->op, q->dtype = t->dtype, q->ndim = t->ndim;
+        memcpy(q->shape, t->shape, sizeof q->shape);
+        q->attr = t->attr;
+        for (int k = 0; k < 3; k++)
+            q->src[k] = t->src[k] ? t->src[k]->id : -1;
+        is_out[i] = t->is_output;
+        live[i] = live[i] || t->is_output || t->op == LOOM_OP_STORE;
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (t->src[k])
+                live[t->src[k]->id] = true;
+    }
+    assign_layouts(p, live, is_out);
+    if (place_buffers(p, live, is_out, last))
+        goto fail;
+    loom__free(flags);
+    loom__free(last);
+    return p;
+fail:
+    loom__free(flags);
+    loom__free(last);
+    program_free(p);
+    return NULL;
+}
+
+void loom__programs_free(loom_graph *g) {
+    for (int64_t i = 0; i < g->nprograms; i++)
+        program_free(g->programs[i]);
+    loom__free(g->programs);
+    g->programs = NULL;
+    g->nprograms = g->programs_cap = 0;
+}
+
+static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
+    uint64_t h = graph_hash(g);
+    for (int64_t i = 0; i < g->nprograms; i++) {
+        if (g->programs[i]->hash == h && g->programs[i]->n == g->n) {
+            g->metrics.cache_hits++;
+            return g->programs[i];
+        }
+    }
+    double t0 = loom__now();
+    loom__program *p = NULL;
+    if (loom__grow((void **)&g->programs, &g->programs_cap, g->nprograms + 1, sizeof(void *)) ||
+        !(p = plan(g, h))) {
+        *st = loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory planning %lld nodes",
+                          (long long)g->n);
+        return NULL;
+    }
+    g->programs[g->nprograms++] = p;
+    g->metrics.programs_built++;
+    g->metrics.plan_seconds += loom__now() - t0;
+    if ((int64_t)p->ws_bytes > g->metrics.workspace_bytes)
+        g->metrics.workspace_bytes = (int64_t)p->ws_bytes;
+    return p;
+}
+
+loom_status loom_graph_run(loom_graph *g) {
+    if (!g)
+        return loom__error(LOOM_EINVAL, "loom_graph_run: NULL graph");
+    g->last = NULL;
+    if (g->err)
+        return loom__error(g->err, "%s", g->errmsg);
+    g->metrics.graphs_built++;
+    g->metrics.nodes = g->n;
+    loom_status st = LOOM_OK;
+    loom__program *p = lookup_or_plan(g, &st);
+    if (!p)
+        return st;
+    if (p->ws_bytes > g->workspace_size) {
+        void *ws = loom__realloc(g->workspace, p->ws_bytes);
+        if (!ws)
+            return LOOM_ENOMEM;
+        g->workspace = ws;
+        g->workspace_size = p->ws_bytes;
+    }
+    const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+    if (!inputs)
+        return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
+    for (int64_t i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == LOOM_OP_INPUT)
+            inputs[g->nodes[i]->attr.input] = g->nodes[i]->data;
+    loom__bind b = {.ws = g->workspace, .inputs = inputs};
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        b.slab[s] = g->model ? g->model->slab[s] : NULL;
+    double t0 = loom__now();
+    st = loom__interp_run(p, &b);
+    g->metrics.exec_seconds += loom__now() - t0;
+    g->metrics.kernels = p->nexec;
+    if (st)
+        return st;
+    g->last = p;
+    g->last_inputs = inputs;
+    return LOOM_OK;
+}
+
+const void *loom_tensor_data(const loom_tensor *t) {
+    if (!t)
+        return NULL;
+    const loom_graph *g = t->g;
+    const loom__program *p = g->last;
+    if (!p || !t->is_output || t->id >= p->n)
+        return NULL;
+    loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        b.slab[s] = g->model ? g->model->slab[s] : NULL;
+    return loom__addr(p, &b, t->id);
+}
+
+void loom_graph_metrics(const loom_graph *g, loom_metrics *out) {
+    *out = g->metrics;
+}
+
+void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
+    snprintf(buf, size,
+             "metrics: graphs built %lld, programs built %lld, cache hits %lld, "
+             "nodes %lld, kernels/step %lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
+             (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
+             (long long)m->nodes, (long long)m->kernels, (double)m->workspace_bytes / 1048576.0,
+             m->plan_seconds, m->exec_seconds);
+}

@@ -1,0 +1,70 @@
+/*
+ * core/internal.h - private declarations shared by every layer: errors and logging, allocation
+ * and the bump arena, hashing, the environment (LOOM_* variables, read once) and the clock.
+ * Never installed.
+ */
+#ifndef LOOM_CORE_INTERNAL_H
+#define LOOM_CORE_INTERNAL_H
+
+#include "loom.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define LOOM_ASSERT(cond)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            loom__assert_fail(__FILE__, __LINE__, #cond);                                          \
+    } while (0)
+
+#if defined(__GNUC__)
+#    define LOOM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#    define LOOM_PRINTF(a, b)
+#endif
+
+/* Errors: sets loom_last_error() to the formatted text and returns s. */
+loom_status loom__error(loom_status s, const char *fmt, ...) LOOM_PRINTF(2, 3);
+void loom__assert_fail(const char *file, int line, const char *cond);
+void loom__log(loom_log_level level, const char *fmt, ...) LOOM_PRINTF(2, 3);
+
+/* Allocation through the hooks. loom__xalloc never returns NULL silently: it sets ENOMEM. */
+void *loom__malloc(size_t n);
+void *loom__calloc(size_t count, size_t size);
+void *loom__realloc(void *p, size_t n);
+void loom__free(void *p);
+char *loom__strdup(const char *s);
+
+/* Bump arena: blocks chained, rewound in O(blocks). Pointers are 16-byte aligned. */
+typedef struct loom__arena_block loom__arena_block;
+typedef struct {
+    loom__arena_block *head; /* current block; earlier blocks follow ->next */
+    size_t used;             /* bytes used in head */
+} loom__arena;
+void *loom__arena_alloc(loom__arena *a, size_t n); /* zeroed; NULL when out of memory */
+void loom__arena_reset(loom__arena *a);            /* keeps the largest block */
+void loom__arena_free(loom__arena *a);
+
+/* 64-bit structural hash (FNV-1a over 8-byte words, finished by a 64-bit mixer). */
+typedef struct {
+    uint64_t h;
+} loom__hash;
+void loom__hash_init(loom__hash *h);
+void loom__hash_u64(loom__hash *h, uint64_t v);
+void loom__hash_bytes(loom__hash *h, const void *p, size_t n);
+uint64_t loom__hash_final(const loom__hash *h);
+
+/* The environment, read once per process. */
+typedef struct {
+    bool metrics;        /* LOOM_METRICS=1 */
+    const char *data;    /* LOOM_DATA, or NULL */
+} loom__env;
+const loom__env *loom__getenv(void);
+
+double loom__now(void); /* monotonic seconds */
+
+/* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
+loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * status.c - the status table, the thread-local detailed error message, logging and the abort
+ * hook. The library never prints directly: everything goes through the log hook, whose default
+ * writes one line to stderr.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <time.h>
+
+static _Thread_local char last_error[1024];
+
+const char *loom_status_name(loom_status s) {
+    switch (s) {
+#define NAME_CASE(name, value, msg)                                                                \
+    case LOOM_##name:                                                                              \
+        return #name;
+        LOOM_STATUS_MAP(NAME_CASE)
+#undef NAME_CASE
+    }
+    return "UNKNOWN";
+}
+
+const char *loom_status_str(loom_status s) {
+    switch (s) {
+#define STR_CASE(name, value, msg)                                                                 \
+    case LOOM_##name:                                                                              \
+        return msg;
+        LOOM_STATUS_MAP(STR_CASE)
+#undef STR_CASE
+    }
+    return "unknown status";
+}
+
+const char *loom_last_error(void) {
+    return last_error;
+}
+
+loom_status loom__error(loom_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static void default_log(loom_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level < LOOM_LOG_INFO)
+        return;
+    fprintf(stderr, "%s%s\n", level >= LOOM_LOG_WARN ? "loom: " : "", msg);
+}
+
+static loom_log_fn log_fn = default_log;
+static void *log_ud;
+static void (*abort_fn)(const char *, const char *);
+
+void loom_set_log_hook(loom_log_fn fn, void *ud) {
+    log_fn = fn ? fn : default_log;
+    log_ud = fn ? ud : NULL;
+}
+
+void loom_set_abort_hook(void (*fn)(const char *where, const char *what)) {
+    abort_fn = fn;
+}
+
+void loom__log(loom_log_level level, const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    log_fn(level, buf, log_ud);
+}
+
+void loom__assert_fail(const char *file, int line, const char *cond) {
+    char where[512];
+    snprintf(where, sizeof where, "%s:%d", file, line);
+    loom__log(LOOM_LOG_ERROR, "internal error at %s: assertion '%s' failed", where, cond);
+    if (abort_fn)
+        abort_fn(where, cond);
+    abort();
+}
+
+double loom__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static loom__env env;
+
+static void read_env(void) {
+    const char *m = getenv("LOOM_METRICS");
+    env.metrics = m && *m && strcmp(m, "0") != 0;
+    const char *d = getenv("LOOM_DATA");
+    env.data = d && *d ? d : NULL;
+}
+
+const loom__env *loom__getenv(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_env);
+    return &env;
+}

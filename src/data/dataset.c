@@ -1,0 +1,211 @@
+/*
+ * dataset.c - in-memory datasets of float samples with int32 labels, read from IDX files (the
+ * MNIST format: big-endian magic 0x0000 08 NDIM, NDIM big-endian 32-bit dims, unsigned bytes),
+ * gzip'd or plain (zlib reads both). Pixels are scaled to [0, 1] as torchvision's ToTensor does.
+ * Every malformed input is reported with the file, the byte offset and what was expected.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+struct loom_dataset {
+    int64_t n;
+    int ndim; /* of a sample */
+    int64_t shape[LOOM_MAX_DIMS];
+    int64_t sample_numel;
+    float *x;
+    int32_t *y;
+};
+
+void loom_dataset_free(loom_dataset *d) {
+    if (!d)
+        return;
+    loom__free(d->x);
+    loom__free(d->y);
+    loom__free(d);
+}
+
+int64_t loom_dataset_count(const loom_dataset *d) {
+    return d->n;
+}
+int loom_dataset_sample_ndim(const loom_dataset *d) {
+    return d->ndim;
+}
+const int64_t *loom_dataset_sample_shape(const loom_dataset *d) {
+    return d->shape;
+}
+
+const float *loom__dataset_x(const loom_dataset *d, int64_t *sample_numel) {
+    *sample_numel = d->sample_numel;
+    return d->x;
+}
+const int32_t *loom__dataset_y(const loom_dataset *d) {
+    return d->y;
+}
+
+/* Reads exactly n bytes; EFORMAT naming the offset if the file ends early. */
+static loom_status read_exact(gzFile f, const char *path, void *buf, size_t n, size_t at,
+                              const char *what) {
+    size_t got = 0;
+    while (got < n) {
+        unsigned chunk = n - got > (1u << 30) ? (1u << 30) : (unsigned)(n - got);
+        int r = gzread(f, (unsigned char *)buf + got, chunk);
+        if (r < 0) {
+            int errnum;
+            const char *msg = gzerror(f, &errnum);
+            return loom__error(LOOM_EFORMAT, "%s: cannot decompress at byte %zu: %s", path,
+                               at + got, msg);
+        }
+        if (r == 0)
+            return loom__error(LOOM_EFORMAT, "%s: truncated: expected %zu bytes of %s at byte "
+                               "%zu, found %zu", path, n, what, at, got);
+        got += (size_t)r;
+    }
+    return LOOM_OK;
+}
+
+static uint32_t be32(const unsigned char *b) {
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+
+/* Reads an IDX file of unsigned bytes with `ndim` dims; *data is owned by the caller. */
+static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned char **data) {
+    *data = NULL;
+    gzFile f = gzopen(path, "rb");
+    if (!f)
+        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s",
+                           path, strerror(errno ? errno : EIO));
+    unsigned char hdr[4 + 4 * 3];
+    loom_status s = read_exact(f, path, hdr, 4, 0, "IDX magic");
+    uint32_t magic = s ? 0 : be32(hdr), want = 0x0800u | (uint32_t)ndim;
+    if (!s && magic != want)
+        s = loom__error(LOOM_EFORMAT, "%s: bad IDX magic 0x%08x at byte 0, expected 0x%08x "
+                        "(unsigned bytes, %d dims)", path, magic, want, ndim);
+    if (!s)
+        s = read_exact(f, path, hdr + 4, 4 * (size_t)ndim, 4, "IDX dimensions");
+    int64_t total = 1;
+    for (int i = 0; i < ndim && !s; i++) {
+        dims[i] = be32(hdr + 4 + 4 * i);
+        if (dims[i] == 0 || dims[i] > (1 << 28))
+            s = loom__error(LOOM_EFORMAT, "%s: dimension %d is %lld at byte %d, expected 1 to "
+                            "2^28", path, i, (long long)dims[i], 4 + 4 * i);
+        total *= dims[i];
+    }
+    if (!s && total > ((int64_t)1 << 33))
+        s = loom__error(LOOM_EFORMAT, "%s: %lld elements is too large", path, (long long)total);
+    if (!s && !(*data = loom__malloc((size_t)total)))
+        s = LOOM_ENOMEM;
+    size_t at = 4 + 4 * (size_t)ndim;
+    if (!s)
+        s = read_exact(f, path, *data, (size_t)total, at, "data");
+    unsigned char extra;
+    if (!s && gzread(f, &extra, 1) > 0)
+        s = loom__error(LOOM_EFORMAT, "%s: trailing data after byte %zu, expected the file to "
+                        "end there", path, at + (size_t)total);
+    gzclose(f);
+    if (s) {
+        loom__free(*data);
+        *data = NULL;
+    }
+    return s;
+}
+
+loom_status loom_dataset_load_idx(const char *images, const char *labels, int num_classes,
+                                  loom_dataset **out) {
+    *out = NULL;
+    int64_t di[3], dl[1];
+    unsigned char *img = NULL, *lab = NULL;
+    loom_status s = read_idx(images, 3, di, &img);
+    if (!s)
+        s = read_idx(labels, 1, dl, &lab);
+    if (!s && dl[0] != di[0])
+        s = loom__error(LOOM_EFORMAT, "%s has %lld labels but %s has %lld images", labels,
+                        (long long)dl[0], images, (long long)di[0]);
+    for (int64_t i = 0; !s && i < dl[0]; i++)
+        if (lab[i] >= num_classes)
+            s = loom__error(LOOM_EFORMAT, "%s: label %d at byte %lld is not below %d classes",
+                            labels, lab[i], (long long)(8 + i), num_classes);
+    loom_dataset *d = s ? NULL : loom__calloc(1, sizeof *d);
+    if (!s && !d)
+        s = LOOM_ENOMEM;
+    if (!s) {
+        d->n = di[0], d->ndim = 3;
+        d->shape[0] = 1, d->shape[1] = di[1], d->shape[2] = di[2];
+        d->sample_numel = di[1] * di[2];
+        d->x = loom__malloc(sizeof(float) * (size_t)(d->n * d->sample_numel));
+        d->y = loom__malloc(sizeof(int32_t) * (size_t)d->n);
+        if (!d->x || !d->y)
+            s = LOOM_ENOMEM;
+    }
+    if (!s) {
+        for (int64_t i = 0; i < d->n * d->sample_numel; i++)
+            d->x[i] = (float)img[i] / 255.0f;
+        for (int64_t i = 0; i < d->n; i++)
+            d->y[i] = lab[i];
+        *out = d;
+    } else {
+        loom_dataset_free(d);
+    }
+    loom__free(img);
+    loom__free(lab);
+    return s;
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* dir/stem, or dir/stem.gz if only that exists. */
+static void find_file(const char *dir, const char *stem, char *out, size_t size) {
+    snprintf(out, size, "%s/%s", dir, stem);
+    if (!exists(out))
+        snprintf(out, size, "%s/%s.gz", dir, stem);
+}
+
+loom_status loom_dataset_fmnist(const char *dir, const char *split, loom_dataset **out) {
+    *out = NULL;
+    bool train = split && strcmp(split, "train") == 0;
+    if (!split || (!train && strcmp(split, "test") != 0))
+        return loom__error(LOOM_EINVAL, "loom_dataset_fmnist: split '%s', expected 'train' or "
+                           "'test'", split ? split : "(null)");
+    if (!dir)
+        dir = loom__getenv()->data ? loom__getenv()->data : "/usr/share/datasets/fashion-mnist";
+    char img[4096], lab[4096];
+    find_file(dir, train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", img, sizeof img);
+    find_file(dir, train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", lab, sizeof lab);
+    if (!exists(img) || !exists(lab))
+        return loom__error(LOOM_ENOTFOUND, "Fashion-MNIST not found in %s (no %s): install it with "
+                           "'apt-get install dataset-fashion-mnist', or pass --data DIR or set "
+                           "LOOM_DATA to a directory with the IDX files", dir,
+                           exists(img) ? lab : img);
+    return loom_dataset_load_idx(img, lab, 10, out);
+}
+
+loom_dataset *loom_dataset_from_arrays(int64_t n, int sample_ndim, const int64_t *sample_shape,
+                                       const float *x, const int32_t *y) {
+    if (n < 0 || sample_ndim < 0 || sample_ndim >= LOOM_MAX_DIMS || !x || !y) {
+        loom__error(LOOM_EINVAL, "loom_dataset_from_arrays: bad arguments");
+        return NULL;
+    }
+    loom_dataset *d = loom__calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->n = n, d->ndim = sample_ndim, d->sample_numel = 1;
+    for (int i = 0; i < sample_ndim; i++) {
+        d->shape[i] = sample_shape[i];
+        d->sample_numel *= sample_shape[i];
+    }
+    d->x = loom__malloc(sizeof(float) * (size_t)(n * d->sample_numel));
+    d->y = loom__malloc(sizeof(int32_t) * (size_t)n);
+    if (!d->x || !d->y) {
+        loom_dataset_free(d);
+        return NULL;
+    }
+    memcpy(d->x, x, sizeof(float) * (size_t)(n * d->sample_numel));
+    memcpy(d->y, y, sizeof(int32_t) * (size_t)n);
+    return d;
+}

@@ -1,0 +1,196 @@
+/*
+ * autograd.c - reverse-mode differentiation that records graph nodes, so that backward is part of
+ * the same lazy step graph as forward. One grad rule per op of ops.def (a missing rule is a
+ * compile error); each builds the gradients of an op's inputs from the gradient of its output.
+ * The walk is an explicit loop over node ids in reverse creation order (a topological order), and
+ * contributions to a node used several times are added in a fixed order.
+ */
+#include "internal.h"
+
+typedef void (*grad_rule)(loom_graph *g, loom_tensor *t, loom_tensor *gy, loom_tensor **gx);
+
+#define RULE(name) static void grad_##name(loom_graph *g, loom_tensor *t, loom_tensor *gy, \
+                                           loom_tensor **gx)
+#define LOOM_LEAF(name) RULE(name);
+#define LOOM_EW(name, arity, expr) RULE(name);
+#define LOOM_RED(name, combine, ident) RULE(name);
+#define LOOM_MOV(name) RULE(name);
+#define LOOM_OPQ(name, arity) RULE(name);
+#include "ops.def"
+
+static const grad_rule rules[LOOM_OP_COUNT] = {
+#define LOOM_LEAF(name) [LOOM_OP_##name] = grad_##name,
+#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = grad_##name,
+#define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = grad_##name,
+#define LOOM_MOV(name) [LOOM_OP_##name] = grad_##name,
+#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = grad_##name,
+#include "ops.def"
+};
+
+#define A    (t->src[0])
+#define B    (t->src[1])
+#define C    (t->src[2])
+#define ZERO (loom__scalar_like(g, gy, 0.0))
+
+/* Rules for ops without a gradient (leaves, comparisons, indices, side effects). */
+#define NO_GRAD(name)                                                                              \
+    RULE(name) {                                                                                   \
+        (void)g, (void)t, (void)gy, (void)gx;                                                      \
+    }
+NO_GRAD(INPUT)
+NO_GRAD(CONST)
+NO_GRAD(PERSIST)
+NO_GRAD(CMPGT)
+NO_GRAD(CMPEQ)
+NO_GRAD(MAXMASK)
+NO_GRAD(ONEHOT)
+NO_GRAD(STORE)
+
+RULE(NEG) {
+    (void)t;
+    gx[0] = loom_neg(g, gy);
+}
+RULE(EXP) {
+    gx[0] = loom_mul(g, gy, t);
+}
+RULE(LOG) {
+    gx[0] = loom_div(g, gy, A);
+}
+RULE(SQRT) {
+    gx[0] = loom_div(g, gy, loom_mul(g, loom__scalar_like(g, gy, 2.0), t));
+}
+RULE(RELU) {
+    gx[0] = loom_where(g, loom_cmpgt(g, t, ZERO), gy, ZERO);
+}
+RULE(ADD) {
+    (void)g, (void)t;
+    gx[0] = gy;
+    gx[1] = gy;
+}
+RULE(SUB) {
+    (void)t;
+    gx[0] = gy;
+    gx[1] = loom_neg(g, gy);
+}
+RULE(MUL) {
+    gx[0] = loom_mul(g, gy, B);
+    gx[1] = loom_mul(g, gy, A);
+}
+RULE(DIV) {
+    gx[0] = loom_div(g, gy, B);
+    gx[1] = loom_neg(g, loom_div(g, loom_mul(g, gy, t), B));
+}
+RULE(WHERE) {
+    gx[1] = loom_where(g, A, gy, ZERO);
+    gx[2] = loom_where(g, A, ZERO, gy);
+}
+RULE(SUM) {
+    gx[0] = loom_expand(g, gy, A->ndim, A->shape);
+}
+RULE(MAX) {
+    loom_tensor *mask = loom_maxmask(g, A, t->attr.axis);
+    gx[0] = loom_where(g, mask, loom_expand(g, gy, A->ndim, A->shape), ZERO);
+}
+RULE(RESHAPE) {
+    gx[0] = loom_reshape(g, gy, A->ndim, A->shape);
+}
+RULE(PERMUTE) {
+    int inv[LOOM_MAX_DIMS];
+    for (int i = 0; i < t->ndim; i++)
+        inv[t->attr.perm[i]] = i;
+    gx[0] = loom_permute(g, gy, inv);
+}
+RULE(EXPAND) {
+    loom_tensor *r = gy;
+    for (int d = 0; d < t->ndim; d++)
+        if (A->shape[d] == 1 && t->shape[d] != 1)
+            r = loom_sum(g, r, d);
+    gx[0] = r;
+}
+RULE(MATMUL) {
+    gx[0] = loom_matmul(g, gy, loom_transpose(g, B));
+    gx[1] = loom_matmul(g, loom_transpose(g, A), gy);
+}
+RULE(UNFOLD) {
+    gx[0] = loom_fold(g, gy, t->attr.win, A->shape[2], A->shape[3]);
+}
+RULE(FOLD) {
+    gx[0] = loom_unfold(g, gy, t->attr.win);
+}
+
+static loom_tensor *zeros_like(loom_graph *g, loom_tensor *x) {
+    return loom_expand(g, loom__scalar_like(g, x, 0.0), x->ndim, x->shape);
+}
+
+void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
+                 loom_tensor **out) {
+    for (int k = 0; k < n; k++)
+        out[k] = NULL;
+    if (g->err)
+        return;
+    int64_t top = loss->id + 1;
+    loom_tensor **grads = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)top);
+    if (!grads) {
+        loom__graph_fail(g, LOOM_ENOMEM, "loom_grad: out of memory");
+        return;
+    }
+    grads[loss->id] = loom_expand(g, loom__scalar_like(g, loss, 1.0), loss->ndim, loss->shape);
+    for (int64_t id = top - 1; id >= 0 && !g->err; id--) {
+        loom_tensor *t = g->nodes[id], *gy = grads[id];
+        if (!gy || !t->requires_grad || loom__ops[t->op].kind == LOOM_KIND_LEAF)
+            continue;
+        loom_tensor *gx[3] = {NULL, NULL, NULL};
+        rules[t->op](g, t, gy, gx);
+        for (int i = 0; i < 3; i++) {
+            loom_tensor *s = t->src[i];
+            if (!s || !gx[i] || !s->requires_grad)
+                continue;
+            grads[s->id] = grads[s->id] ? loom_add(g, grads[s->id], gx[i]) : gx[i];
+        }
+    }
+    for (int k = 0; k < n; k++)
+        if (wrt[k] && wrt[k]->id < top)
+            out[k] = grads[wrt[k]->id];
+}
+
+loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
+    if (!g || g->err)
+        return NULL;
+    if (!loss || !wrt || loom_tensor_numel(loss) != 1) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_grad: %s", !loss || !wrt ? "NULL argument"
+                                                          : "loss must have one element");
+        return NULL;
+    }
+    loom_tensor *r;
+    loom__grads(g, loss, 1, &wrt, &r);
+    return r ? r : zeros_like(g, wrt);
+}
+
+void loom_backward(loom_graph *g, loom_tensor *loss) {
+    if (!g || g->err)
+        return;
+    if (!loss || loom_tensor_numel(loss) != 1 || loss->dtype != LOOM_F32 || !g->model) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_backward: %s",
+                         !loss ? "NULL loss" : !g->model ? "the graph has no model"
+                                             : "loss must be one f32 element");
+        return;
+    }
+    loom_model *m = g->model;
+    loom_tensor **wrt = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(2 * m->n + 1));
+    if (!wrt) {
+        loom__graph_fail(g, LOOM_ENOMEM, "loom_backward: out of memory");
+        return;
+    }
+    loom_tensor **gr = wrt + m->n;
+    for (int64_t i = 0; i < m->n; i++)
+        wrt[i] = g->persist_nodes ? g->persist_nodes[i] : NULL;
+    loom_output(loss);
+    loom__grads(g, loss, (int)m->n, wrt, gr);
+    for (int64_t i = 0; i < m->n; i++) {
+        loom_param *p = m->params[i];
+        loom_tensor *v = gr[i];
+        if (!v)
+            v = loom_expand(g, loom_scalar(g, 0.0, LOOM_F32), p->ndim, p->shape);
+        loom__store(g, v, LOOM_SLAB_GRAD, p->offset);
+    }
+}

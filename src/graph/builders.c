@@ -1,0 +1,380 @@
+/*
+ * builders.c - the public builders of primitive ops: argument and shape checks (with the op and
+ * both shapes in the message), PyTorch broadcasting made explicit as RESHAPE + EXPAND nodes, and
+ * the node itself. Builders never run anything.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* Common entry check: graph present, no earlier error, inputs present. */
+static bool enter(loom_graph *g, const char *op, int n, loom_tensor *const *in) {
+    if (!g || g->err)
+        return false;
+    for (int i = 0; i < n; i++) {
+        if (!in[i]) {
+            loom__graph_fail(g, LOOM_EINVAL, "%s: input %d is NULL", op, i);
+            return false;
+        }
+        if (in[i]->g != g) {
+            loom__graph_fail(g, LOOM_EINVAL, "%s: input %d belongs to another graph", op, i);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool is_float(const loom_tensor *t) {
+    return t->dtype == LOOM_F32 || t->dtype == LOOM_F64;
+}
+
+static bool check_float(loom_graph *g, const char *op, int n, loom_tensor *const *in) {
+    for (int i = 0; i < n; i++) {
+        if (!is_float(in[i]) || in[i]->dtype != in[0]->dtype) {
+            loom__graph_fail(g, LOOM_ESHAPE, "%s: dtype %s of input %d, expected %s", op,
+                             loom__dtype_name((loom_dtype)in[i]->dtype), i,
+                             is_float(in[0]) ? loom__dtype_name((loom_dtype)in[0]->dtype)
+                                             : "f32 or f64");
+            return false;
+        }
+    }
+    return true;
+}
+
+static int norm_axis(loom_graph *g, const char *op, const loom_tensor *a, int axis) {
+    int ax = axis < 0 ? axis + a->ndim : axis;
+    if (ax < 0 || ax >= a->ndim) {
+        char s[96];
+        loom__shape_str(a, s, sizeof s);
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: axis %d out of range for shape %s", op, axis, s);
+        return -1;
+    }
+    return ax;
+}
+
+loom_tensor *loom_reshape(loom_graph *g, loom_tensor *a, int ndim, const int64_t *shape) {
+    if (!enter(g, "loom_reshape", 1, &a))
+        return NULL;
+    if (ndim < 0 || ndim > LOOM_MAX_DIMS) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_reshape: %d dims, expected 0 to %d", ndim,
+                         LOOM_MAX_DIMS);
+        return NULL;
+    }
+    int64_t s[LOOM_MAX_DIMS], known = 1;
+    int infer = -1;
+    for (int i = 0; i < ndim; i++) {
+        s[i] = shape[i];
+        if (s[i] == -1 && infer < 0)
+            infer = i;
+        else if (s[i] < 0)
+            infer = -2;
+        else
+            known *= s[i];
+    }
+    int64_t n = loom_tensor_numel(a);
+    if (infer >= 0 && known > 0 && n % known == 0)
+        s[infer] = n / known;
+    if (infer == -2 || loom__numel(ndim, s) != n || (infer >= 0 && s[infer] < 0)) {
+        char sa[96], sb[96];
+        loom_tensor tmp = {.ndim = (uint8_t)ndim};
+        memcpy(tmp.shape, shape, sizeof(int64_t) * (size_t)ndim);
+        loom__shape_str(a, sa, sizeof sa);
+        loom__shape_str(&tmp, sb, sizeof sb);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_reshape: %s to %s: element counts differ", sa, sb);
+        return NULL;
+    }
+    if (ndim == a->ndim && memcmp(s, a->shape, sizeof(int64_t) * (size_t)ndim) == 0)
+        return a;
+    return loom__node(g, LOOM_OP_RESHAPE, (loom_dtype)a->dtype, ndim, s, a, NULL, NULL);
+}
+
+loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *perm) {
+    if (!enter(g, "loom_permute", 1, &a))
+        return NULL;
+    int64_t s[LOOM_MAX_DIMS];
+    unsigned seen = 0;
+    bool identity = true;
+    for (int i = 0; i < a->ndim; i++) {
+        if (perm[i] < 0 || perm[i] >= a->ndim || (seen >> perm[i]) & 1u) {
+            loom__graph_fail(g, LOOM_ESHAPE, "loom_permute: entry %d (%d) is not a permutation of "
+                             "0..%d", i, perm[i], a->ndim - 1);
+            return NULL;
+        }
+        seen |= 1u << perm[i];
+        s[i] = a->shape[perm[i]];
+        identity = identity && perm[i] == i;
+    }
+    if (identity)
+        return a;
+    loom_tensor *t = loom__node(g, LOOM_OP_PERMUTE, (loom_dtype)a->dtype, a->ndim, s, a, NULL, NULL);
+    if (t)
+        for (int i = 0; i < a->ndim; i++)
+            t->attr.perm[i] = perm[i];
+    return t;
+}
+
+loom_tensor *loom_transpose(loom_graph *g, loom_tensor *a) {
+    if (!enter(g, "loom_transpose", 1, &a))
+        return NULL;
+    if (a->ndim < 2) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_transpose: %d dims, expected >= 2", a->ndim);
+        return NULL;
+    }
+    int perm[LOOM_MAX_DIMS];
+    for (int i = 0; i < a->ndim; i++)
+        perm[i] = i;
+    perm[a->ndim - 1] = a->ndim - 2;
+    perm[a->ndim - 2] = a->ndim - 1;
+    return loom_permute(g, a, perm);
+}
+
+loom_tensor *loom_expand(loom_graph *g, loom_tensor *a, int ndim, const int64_t *shape) {
+    if (!enter(g, "loom_expand", 1, &a))
+        return NULL;
+    char sa[96], sb[96];
+    loom_tensor want = {.ndim = (uint8_t)(ndim > 0 && ndim <= LOOM_MAX_DIMS ? ndim : 0)};
+    memcpy(want.shape, shape, sizeof(int64_t) * want.ndim);
+    bool ok = ndim >= a->ndim && ndim <= LOOM_MAX_DIMS;
+    int64_t s[LOOM_MAX_DIMS];
+    for (int i = 0; ok && i < ndim; i++) {
+        int j = i - (ndim - a->ndim);
+        s[i] = j < 0 ? 1 : a->shape[j];
+        ok = s[i] == shape[i] || s[i] == 1;
+    }
+    if (!ok) {
+        loom__shape_str(a, sa, sizeof sa);
+        loom__shape_str(&want, sb, sizeof sb);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_expand: %s cannot expand to %s", sa, sb);
+        return NULL;
+    }
+    loom_tensor *r = loom_reshape(g, a, ndim, s);
+    if (!r || memcmp(s, shape, sizeof(int64_t) * (size_t)ndim) == 0)
+        return r;
+    return loom__node(g, LOOM_OP_EXPAND, (loom_dtype)a->dtype, ndim, shape, r, NULL, NULL);
+}
+
+/* Broadcasts n tensors against each other by PyTorch's rules; false with a sticky error. */
+static bool broadcast(loom_graph *g, const char *op, int n, loom_tensor **in) {
+    int nd = 0;
+    for (int i = 0; i < n; i++)
+        nd = in[i]->ndim > nd ? in[i]->ndim : nd;
+    int64_t s[LOOM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        s[d] = 1;
+        for (int i = 0; i < n; i++) {
+            int j = d - (nd - in[i]->ndim);
+            int64_t v = j < 0 ? 1 : in[i]->shape[j];
+            if (v != 1 && s[d] != 1 && v != s[d]) {
+                char sa[96], sb[96];
+                loom__shape_str(in[0], sa, sizeof sa);
+                loom__shape_str(in[i], sb, sizeof sb);
+                loom__graph_fail(g, LOOM_ESHAPE, "%s: shapes %s and %s do not broadcast", op, sa,
+                                 sb);
+                return false;
+            }
+            if (v != 1)
+                s[d] = v;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        in[i] = loom_expand(g, in[i], nd, s);
+        if (!in[i])
+            return false;
+    }
+    return true;
+}
+
+static loom_tensor *ew(loom_graph *g, loom__op op, const char *name, int n, loom_tensor *a,
+                       loom_tensor *b, loom_tensor *c) {
+    loom_tensor *in[3] = {a, b, c};
+    if (!enter(g, name, n, in) || !check_float(g, name, n, in) || !broadcast(g, name, n, in))
+        return NULL;
+    return loom__node(g, op, (loom_dtype)in[0]->dtype, in[0]->ndim, in[0]->shape, in[0], in[1],
+                      in[2]);
+}
+
+loom_tensor *loom_add(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_ADD, "loom_add", 2, a, b, NULL);
+}
+loom_tensor *loom_sub(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_SUB, "loom_sub", 2, a, b, NULL);
+}
+loom_tensor *loom_mul(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_MUL, "loom_mul", 2, a, b, NULL);
+}
+loom_tensor *loom_div(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_DIV, "loom_div", 2, a, b, NULL);
+}
+loom_tensor *loom_cmpgt(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_CMPGT, "loom_cmpgt", 2, a, b, NULL);
+}
+loom_tensor *loom_cmpeq(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_CMPEQ, "loom_cmpeq", 2, a, b, NULL);
+}
+loom_tensor *loom_where(loom_graph *g, loom_tensor *c, loom_tensor *a, loom_tensor *b) {
+    return ew(g, LOOM_OP_WHERE, "loom_where", 3, c, a, b);
+}
+loom_tensor *loom_neg(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_NEG, "loom_neg", 1, a, NULL, NULL);
+}
+loom_tensor *loom_exp(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_EXP, "loom_exp", 1, a, NULL, NULL);
+}
+loom_tensor *loom_log(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_LOG, "loom_log", 1, a, NULL, NULL);
+}
+loom_tensor *loom_sqrt(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_SQRT, "loom_sqrt", 1, a, NULL, NULL);
+}
+loom_tensor *loom_relu(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_RELU, "loom_relu", 1, a, NULL, NULL);
+}
+
+static loom_tensor *axis_op(loom_graph *g, loom__op op, const char *name, loom_tensor *a,
+                            int axis) {
+    if (!enter(g, name, 1, &a) || !check_float(g, name, 1, &a))
+        return NULL;
+    int ax = norm_axis(g, name, a, axis);
+    if (ax < 0)
+        return NULL;
+    int64_t s[LOOM_MAX_DIMS];
+    memcpy(s, a->shape, sizeof s);
+    if (op != LOOM_OP_MAXMASK)
+        s[ax] = 1;
+    if (op == LOOM_OP_MAX && a->shape[ax] == 0) {
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: reducing an empty axis %d has no maximum", name, ax);
+        return NULL;
+    }
+    loom_tensor *t = loom__node(g, op, (loom_dtype)a->dtype, a->ndim, s, a, NULL, NULL);
+    if (t)
+        t->attr.axis = ax;
+    return t;
+}
+
+loom_tensor *loom_sum(loom_graph *g, loom_tensor *a, int axis) {
+    return axis_op(g, LOOM_OP_SUM, "loom_sum", a, axis);
+}
+loom_tensor *loom_max(loom_graph *g, loom_tensor *a, int axis) {
+    return axis_op(g, LOOM_OP_MAX, "loom_max", a, axis);
+}
+loom_tensor *loom_maxmask(loom_graph *g, loom_tensor *a, int axis) {
+    return axis_op(g, LOOM_OP_MAXMASK, "loom_maxmask", a, axis);
+}
+
+loom_tensor *loom_matmul(loom_graph *g, loom_tensor *a, loom_tensor *b) {
+    loom_tensor *in[2] = {a, b};
+    if (!enter(g, "loom_matmul", 2, in) || !check_float(g, "loom_matmul", 2, in))
+        return NULL;
+    char sa[96], sb[96];
+    loom__shape_str(a, sa, sizeof sa);
+    loom__shape_str(b, sb, sizeof sb);
+    if (a->ndim < 2 || b->ndim < 2) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_matmul: %s x %s: both need >= 2 dims", sa, sb);
+        return NULL;
+    }
+    int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1];
+    int64_t k2 = b->shape[b->ndim - 2], n = b->shape[b->ndim - 1];
+    if (k != k2) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_matmul: %s x %s: inner dims %lld != %lld", sa, sb,
+                         (long long)k, (long long)k2);
+        return NULL;
+    }
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    int64_t s[LOOM_MAX_DIMS], sa_[LOOM_MAX_DIMS], sb_[LOOM_MAX_DIMS];
+    for (int d = 0; d < nd - 2; d++) {
+        int ia = d - (nd - a->ndim), ib = d - (nd - b->ndim);
+        int64_t va = ia < 0 ? 1 : a->shape[ia], vb = ib < 0 ? 1 : b->shape[ib];
+        if (va != vb && va != 1 && vb != 1) {
+            loom__graph_fail(g, LOOM_ESHAPE, "loom_matmul: %s x %s: batch dims do not broadcast",
+                             sa, sb);
+            return NULL;
+        }
+        s[d] = sa_[d] = sb_[d] = va == 1 ? vb : va;
+    }
+    sa_[nd - 2] = m, sa_[nd - 1] = k;
+    sb_[nd - 2] = k, sb_[nd - 1] = n;
+    s[nd - 2] = m, s[nd - 1] = n;
+    a = loom_expand(g, a, nd, sa_);
+    b = loom_expand(g, b, nd, sb_);
+    if (!a || !b)
+        return NULL;
+    return loom__node(g, LOOM_OP_MATMUL, (loom_dtype)a->dtype, nd, s, a, b, NULL);
+}
+
+static bool check_window(loom_graph *g, const char *op, loom_window *w) {
+    if (w->sh == 0)
+        w->sh = 1;
+    if (w->sw == 0)
+        w->sw = 1;
+    if (w->kh < 1 || w->kw < 1 || w->sh < 1 || w->sw < 1 || w->ph < 0 || w->pw < 0) {
+        loom__graph_fail(g, LOOM_EINVAL, "%s: window %dx%d stride %dx%d padding %dx%d is invalid",
+                         op, w->kh, w->kw, w->sh, w->sw, w->ph, w->pw);
+        return false;
+    }
+    return true;
+}
+
+static int64_t out_size(int64_t in, int k, int s, int p) {
+    return in + 2 * p < k ? -1 : (in + 2 * p - k) / s + 1;
+}
+
+loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w) {
+    if (!enter(g, "loom_unfold", 1, &x) || !check_float(g, "loom_unfold", 1, &x) ||
+        !check_window(g, "loom_unfold", &w))
+        return NULL;
+    char sx[96];
+    loom__shape_str(x, sx, sizeof sx);
+    int64_t oh = x->ndim == 4 ? out_size(x->shape[2], w.kh, w.sh, w.ph) : -1;
+    int64_t ow = x->ndim == 4 ? out_size(x->shape[3], w.kw, w.sw, w.pw) : -1;
+    if (oh < 0 || ow < 0) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_unfold: input %s, expected (N,C,H,W) with H,W >= "
+                         "the %dx%d window", sx, w.kh, w.kw);
+        return NULL;
+    }
+    int64_t s[6] = {x->shape[1], w.kh, w.kw, x->shape[0], oh, ow};
+    loom_tensor *t = loom__node(g, LOOM_OP_UNFOLD, (loom_dtype)x->dtype, 6, s, x, NULL, NULL);
+    if (t)
+        t->attr.win = w;
+    return t;
+}
+
+loom_tensor *loom_fold(loom_graph *g, loom_tensor *cols, loom_window w, int64_t h, int64_t wd) {
+    if (!enter(g, "loom_fold", 1, &cols) || !check_float(g, "loom_fold", 1, &cols) ||
+        !check_window(g, "loom_fold", &w))
+        return NULL;
+    const int64_t *c = cols->shape;
+    if (cols->ndim != 6 || c[1] != w.kh || c[2] != w.kw || out_size(h, w.kh, w.sh, w.ph) != c[4] ||
+        out_size(wd, w.kw, w.sw, w.pw) != c[5]) {
+        char sc[96];
+        loom__shape_str(cols, sc, sizeof sc);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_fold: input %s does not match window %dx%d into "
+                         "%lldx%lld", sc, w.kh, w.kw, (long long)h, (long long)wd);
+        return NULL;
+    }
+    int64_t s[4] = {c[3], c[0], h, wd};
+    loom_tensor *t = loom__node(g, LOOM_OP_FOLD, (loom_dtype)cols->dtype, 4, s, cols, NULL, NULL);
+    if (t)
+        t->attr.win = w;
+    return t;
+}
+
+loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype dt) {
+    if (!enter(g, "loom_onehot", 1, &idx))
+        return NULL;
+    if (idx->dtype != LOOM_I32 || idx->ndim >= LOOM_MAX_DIMS || n < 1 || dt == LOOM_I32) {
+        char s[96];
+        loom__shape_str(idx, s, sizeof s);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_onehot: indices %s %s into %lld classes of %s, "
+                         "expected i32 indices, >= 1 class, a float dtype", s,
+                         loom__dtype_name((loom_dtype)idx->dtype), (long long)n,
+                         loom__dtype_name(dt));
+        return NULL;
+    }
+    int64_t s[LOOM_MAX_DIMS];
+    memcpy(s, idx->shape, sizeof(int64_t) * idx->ndim);
+    s[idx->ndim] = n;
+    loom_tensor *t = loom__node(g, LOOM_OP_ONEHOT, dt, idx->ndim + 1, s, idx, NULL, NULL);
+    if (t)
+        t->attr.classes = n;
+    return t;
+}

@@ -1,0 +1,116 @@
+/*
+ * compose.c - operations built from primitives, so that their gradients and (later) fusion come
+ * for free: reductions over everything, softmax, log-softmax and cross-entropy (the max shift is
+ * detached, as its gradient is zero), linear, conv2d (im2col + one matmul), max-pooling (im2col +
+ * max, whose gradient goes to the first maximum of each window, as in PyTorch) and flatten.
+ */
+#include "internal.h"
+
+loom_tensor *loom_sum_all(loom_graph *g, loom_tensor *a) {
+    if (!a)
+        return loom_reshape(g, a, 0, NULL);
+    int64_t n = loom_tensor_numel(a);
+    return loom_reshape(g, loom_sum(g, loom_reshape(g, a, 1, &n), 0), 0, NULL);
+}
+
+loom_tensor *loom_mean_all(loom_graph *g, loom_tensor *a) {
+    loom_tensor *s = loom_sum_all(g, a);
+    return s ? loom_div(g, s, loom__scalar_like(g, s, (double)loom_tensor_numel(a))) : NULL;
+}
+
+/* x - max(x, axis), with the max detached. */
+static loom_tensor *shift_by_max(loom_graph *g, loom_tensor *x, int axis) {
+    loom_tensor *m = loom_max(g, x, axis);
+    if (!m)
+        return NULL;
+    m->requires_grad = false;
+    return loom_sub(g, x, m);
+}
+
+loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis) {
+    loom_tensor *e = loom_exp(g, shift_by_max(g, x, axis));
+    return loom_div(g, e, loom_sum(g, e, axis));
+}
+
+loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis) {
+    loom_tensor *s = shift_by_max(g, x, axis);
+    return loom_sub(g, s, loom_log(g, loom_sum(g, loom_exp(g, s), axis)));
+}
+
+loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels) {
+    if (!g || g->err)
+        return NULL;
+    if (!logits || !labels || logits->ndim != 2 || labels->ndim != 1 ||
+        labels->shape[0] != logits->shape[0]) {
+        char sa[96] = "NULL", sb[96] = "NULL";
+        if (logits)
+            loom__shape_str(logits, sa, sizeof sa);
+        if (labels)
+            loom__shape_str(labels, sb, sizeof sb);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_cross_entropy: logits %s and labels %s, expected "
+                         "(B,C) and (B)", sa, sb);
+        return NULL;
+    }
+    loom_tensor *lsm = loom_log_softmax(g, logits, 1);
+    loom_tensor *oh = loom_onehot(g, labels, logits->shape[1], (loom_dtype)logits->dtype);
+    loom_tensor *picked = loom_sum(g, loom_mul(g, lsm, oh), 1); /* (B,1) */
+    return loom_neg(g, loom_mean_all(g, picked));
+}
+
+loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b) {
+    loom_tensor *y = loom_matmul(g, x, loom_transpose(g, w));
+    return b ? loom_add(g, y, b) : y;
+}
+
+loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b,
+                         int stride, int padding) {
+    if (!g || g->err)
+        return NULL;
+    if (!x || !w || x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1] ||
+        (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
+        char sx[96] = "NULL", sw[96] = "NULL";
+        if (x)
+            loom__shape_str(x, sx, sizeof sx);
+        if (w)
+            loom__shape_str(w, sw, sizeof sw);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_conv2d: input %s and weight %s, expected "
+                         "(N,C,H,W) and (O,C,KH,KW) with the same C", sx, sw);
+        return NULL;
+    }
+    loom_window win = {(int)w->shape[2], (int)w->shape[3], stride, stride, padding, padding};
+    loom_tensor *cols = loom_unfold(g, x, win); /* (C,KH,KW,N,OH,OW) */
+    if (!cols)
+        return NULL;
+    int64_t o = w->shape[0], ckk = cols->shape[0] * cols->shape[1] * cols->shape[2];
+    int64_t n = cols->shape[3], oh = cols->shape[4], ow = cols->shape[5];
+    int64_t s2[2] = {ckk, n * oh * ow}, ws[2] = {o, ckk}, bs[2] = {o, 1}, s4[4] = {o, n, oh, ow};
+    loom_tensor *y = loom_matmul(g, loom_reshape(g, w, 2, ws), loom_reshape(g, cols, 2, s2));
+    if (b)
+        y = loom_add(g, y, loom_reshape(g, b, 2, bs));
+    static const int perm[4] = {1, 0, 2, 3};
+    return loom_permute(g, loom_reshape(g, y, 4, s4), perm);
+}
+
+loom_tensor *loom_max_pool2d(loom_graph *g, loom_tensor *x, int k) {
+    loom_tensor *cols = loom_unfold(g, x, (loom_window){k, k, k, k, 0, 0});
+    if (!cols)
+        return NULL;
+    int64_t c = cols->shape[0], n = cols->shape[3], oh = cols->shape[4], ow = cols->shape[5];
+    int64_t s3[3] = {c, (int64_t)k * k, n * oh * ow}, s4[4] = {c, n, oh, ow};
+    loom_tensor *m = loom_max(g, loom_reshape(g, cols, 3, s3), 1);
+    static const int perm[4] = {1, 0, 2, 3};
+    return loom_permute(g, loom_reshape(g, m, 4, s4), perm);
+}
+
+loom_tensor *loom_flatten(loom_graph *g, loom_tensor *x) {
+    if (!g || g->err)
+        return NULL;
+    if (!x || x->ndim < 1) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_flatten: expected a tensor with a batch dim");
+        return NULL;
+    }
+    int64_t s[2] = {x->shape[0], -1};
+    if (x->shape[0] == 0)
+        s[1] = loom_tensor_numel(x) == 0 ? 0 : 1;
+    return loom_reshape(g, x, 2, s);
+}

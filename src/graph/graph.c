@@ -1,0 +1,261 @@
+/*
+ * graph.c - the step graph: the op table read from ops.def, node creation from the bump arena,
+ * leaves (inputs, constants, persistent tensors), the sticky error and tensor accessors.
+ * Once a builder fails, the graph keeps the first message and every later builder returns NULL,
+ * so model code stays straight-line; loom_graph_run() returns the error.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+const loom__opinfo loom__ops[LOOM_OP_COUNT] = {
+#define LOOM_LEAF(name) [LOOM_OP_##name] = {#name, LOOM_KIND_LEAF, 0},
+#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = {#name, LOOM_KIND_EW, arity},
+#define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = {#name, LOOM_KIND_RED, 1},
+#define LOOM_MOV(name) [LOOM_OP_##name] = {#name, LOOM_KIND_MOV, 1},
+#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = {#name, LOOM_KIND_OPQ, arity},
+#include "ops.def"
+};
+
+size_t loom__dtype_size(loom_dtype dt) {
+    return dt == LOOM_F64 ? 8 : 4;
+}
+
+const char *loom__dtype_name(loom_dtype dt) {
+    switch (dt) {
+        case LOOM_F32:
+            return "f32";
+        case LOOM_F64:
+            return "f64";
+        case LOOM_I32:
+            return "i32";
+    }
+    return "?";
+}
+
+int64_t loom__numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
+    size_t k = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < t->ndim && k < size; i++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    if (k < size)
+        snprintf(buf + k, size - k, ")");
+}
+
+loom_graph *loom_graph_new(loom_model *m) {
+    loom_graph *g = loom__calloc(1, sizeof *g);
+    if (g)
+        g->model = m;
+    return g;
+}
+
+void loom_graph_free(loom_graph *g) {
+    if (!g)
+        return;
+    if (loom__getenv()->metrics) {
+        char buf[1024];
+        loom_metrics_format(&g->metrics, buf, sizeof buf);
+        loom__log(LOOM_LOG_INFO, "%s", buf);
+    }
+    loom__programs_free(g);
+    loom__arena_free(&g->arena);
+    loom__free(g->nodes);
+    loom__free(g->workspace);
+    loom__free(g);
+}
+
+void loom_graph_reset(loom_graph *g) {
+    loom__arena_reset(&g->arena);
+    g->n = 0;
+    g->ninputs = 0;
+    g->persist_nodes = NULL;
+    g->err = LOOM_OK;
+    g->errmsg[0] = 0;
+    g->last = NULL;
+}
+
+const char *loom_graph_error(const loom_graph *g) {
+    return g->err ? g->errmsg : NULL;
+}
+
+void loom__graph_fail(loom_graph *g, loom_status s, const char *fmt, ...) {
+    if (g->err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->errmsg, sizeof g->errmsg, fmt, ap);
+    va_end(ap);
+    g->err = s;
+}
+
+loom_tensor *loom__node(loom_graph *g, loom__op op, loom_dtype dt, int ndim, const int64_t *shape,
+                        loom_tensor *a, loom_tensor *b, loom_tensor *c) {
+    if (g->err)
+        return NULL;
+    if (ndim < 0 || ndim > LOOM_MAX_DIMS) {
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: %d dims, at most %d supported",
+                         loom__ops[op].name, ndim, LOOM_MAX_DIMS);
+        return NULL;
+    }
+    if (loom__grow((void **)&g->nodes, &g->cap, g->n + 1, sizeof *g->nodes)) {
+        loom__graph_fail(g, LOOM_ENOMEM, "%s: out of memory", loom__ops[op].name);
+        return NULL;
+    }
+    loom_tensor *t = loom__arena_alloc(&g->arena, sizeof *t);
+    if (!t) {
+        loom__graph_fail(g, LOOM_ENOMEM, "%s: out of memory", loom__ops[op].name);
+        return NULL;
+    }
+    t->g = g;
+    t->id = (int32_t)g->n;
+    t->op = (uint8_t)op;
+    t->dtype = (uint8_t)dt;
+    t->ndim = (uint8_t)ndim;
+    for (int i = 0; i < ndim; i++)
+        t->shape[i] = shape[i];
+    t->src[0] = a, t->src[1] = b, t->src[2] = c;
+    for (int i = 0; i < 3; i++)
+        if (t->src[i] && t->src[i]->requires_grad)
+            t->requires_grad = true;
+    g->nodes[g->n++] = t;
+    return t;
+}
+
+static bool check_shape(loom_graph *g, const char *what, int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > LOOM_MAX_DIMS || (ndim > 0 && !shape)) {
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: %d dims, expected 0 to %d", what, ndim,
+                         LOOM_MAX_DIMS);
+        return false;
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            loom__graph_fail(g, LOOM_ESHAPE, "%s: dim %d is %lld, expected >= 0", what, i,
+                             (long long)shape[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                        const void *data) {
+    if (!g || g->err || !check_shape(g, "loom_input", ndim, shape))
+        return NULL;
+    if (!data && loom__numel(ndim, shape) > 0) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_input: NULL data for %lld elements",
+                         (long long)loom__numel(ndim, shape));
+        return NULL;
+    }
+    loom_tensor *t = loom__node(g, LOOM_OP_INPUT, dt, ndim, shape, NULL, NULL, NULL);
+    if (t) {
+        t->attr.input = g->ninputs++;
+        t->data = data;
+    }
+    return t;
+}
+
+loom_tensor *loom_scalar(loom_graph *g, double value, loom_dtype dt) {
+    if (!g)
+        return NULL;
+    loom_tensor *t = loom__node(g, LOOM_OP_CONST, dt, 0, NULL, NULL, NULL, NULL);
+    if (t)
+        t->attr.value = value;
+    return t;
+}
+
+loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v) {
+    return x ? loom_scalar(g, v, (loom_dtype)x->dtype) : NULL;
+}
+
+loom_tensor *loom__persist(loom_graph *g, loom__slab slab, int64_t offset, int ndim,
+                           const int64_t *shape) {
+    loom_tensor *t = loom__node(g, LOOM_OP_PERSIST, LOOM_F32, ndim, shape, NULL, NULL, NULL);
+    if (t) {
+        t->attr.persist.slab = slab;
+        t->attr.persist.offset = offset;
+    }
+    return t;
+}
+
+void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset) {
+    if (!v)
+        return;
+    loom_tensor *t = loom__node(g, LOOM_OP_STORE, (loom_dtype)v->dtype, v->ndim, v->shape, v,
+                                NULL, NULL);
+    if (t) {
+        t->requires_grad = false;
+        t->attr.persist.slab = slab;
+        t->attr.persist.offset = offset;
+    }
+}
+
+loom_tensor *loom_parameter(loom_graph *g, loom_param *p) {
+    if (!g || g->err)
+        return NULL;
+    if (!p || p->m != g->model) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_parameter: %s",
+                         p ? "parameter belongs to another model" : "NULL parameter");
+        return NULL;
+    }
+    if (!g->persist_nodes) {
+        g->persist_nodes = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) *
+                                                            (size_t)(g->model->n + 1));
+        if (!g->persist_nodes) {
+            loom__graph_fail(g, LOOM_ENOMEM, "loom_parameter: out of memory");
+            return NULL;
+        }
+    }
+    loom_tensor *t = g->persist_nodes[p->index];
+    if (!t) {
+        t = loom__persist(g, LOOM_SLAB_PARAM, p->offset, p->ndim, p->shape);
+        if (t)
+            t->requires_grad = true;
+        g->persist_nodes[p->index] = t;
+    }
+    return t;
+}
+
+void loom_requires_grad(loom_tensor *t) {
+    if (t)
+        t->requires_grad = true;
+}
+
+void loom_output(loom_tensor *t) {
+    if (t)
+        t->is_output = true;
+}
+
+loom_dtype loom_tensor_dtype(const loom_tensor *t) {
+    return (loom_dtype)t->dtype;
+}
+int loom_tensor_ndim(const loom_tensor *t) {
+    return t->ndim;
+}
+const int64_t *loom_tensor_shape(const loom_tensor *t) {
+    return t->shape;
+}
+int64_t loom_tensor_numel(const loom_tensor *t) {
+    return loom__numel(t->ndim, t->shape);
+}
+
+double loom_item(const loom_tensor *t) {
+    const void *p = t ? loom_tensor_data(t) : NULL;
+    if (!p || loom_tensor_numel(t) < 1)
+        return NAN;
+    switch ((loom_dtype)t->dtype) {
+        case LOOM_F32:
+            return *(const float *)p;
+        case LOOM_F64:
+            return *(const double *)p;
+        case LOOM_I32:
+            return *(const int32_t *)p;
+    }
+    return NAN;
+}

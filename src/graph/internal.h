@@ -1,0 +1,127 @@
+/*
+ * graph/internal.h - the node of a step graph, the op table, the graph object and the model's
+ * persistent slabs, shared by graph/, compile/, backend/, nn/ and optim/. Never installed.
+ *
+ * Invariants: nodes of a graph are numbered 0..n-1 in creation order, and every input of a node
+ * has a smaller id, so creation order is a topological order. A node's shape is final when it is
+ * created (shape inference happens in the builder).
+ */
+#ifndef LOOM_GRAPH_INTERNAL_H
+#define LOOM_GRAPH_INTERNAL_H
+
+#include "../core/internal.h"
+
+typedef enum {
+#define LOOM_LEAF(name) LOOM_OP_##name,
+#define LOOM_EW(name, arity, expr) LOOM_OP_##name,
+#define LOOM_RED(name, combine, ident) LOOM_OP_##name,
+#define LOOM_MOV(name) LOOM_OP_##name,
+#define LOOM_OPQ(name, arity) LOOM_OP_##name,
+#include "ops.def"
+    LOOM_OP_COUNT
+} loom__op;
+
+typedef enum { LOOM_KIND_LEAF, LOOM_KIND_EW, LOOM_KIND_RED, LOOM_KIND_MOV, LOOM_KIND_OPQ } loom__kind;
+
+typedef struct {
+    const char *name; /* "ADD" */
+    loom__kind kind;
+    int arity;
+} loom__opinfo;
+extern const loom__opinfo loom__ops[LOOM_OP_COUNT];
+
+/* The three persistent slabs of a model. */
+typedef enum { LOOM_SLAB_PARAM, LOOM_SLAB_GRAD, LOOM_SLAB_STATE, LOOM_SLAB_COUNT } loom__slab;
+
+typedef union {
+    int axis;                /* SUM, MAX, MAXMASK */
+    int perm[LOOM_MAX_DIMS]; /* PERMUTE */
+    loom_window win;         /* UNFOLD, FOLD (strides already defaulted to >= 1) */
+    int64_t classes;         /* ONEHOT */
+    double value;            /* CONST */
+    int32_t input;           /* INPUT: ordinal among the graph's inputs */
+    struct {
+        int32_t slab;        /* loom__slab */
+        int64_t offset;      /* in elements */
+    } persist;               /* PERSIST, STORE (the target) */
+} loom__attr;
+
+struct loom_tensor {
+    loom_graph *g;
+    int32_t id;
+    uint8_t op;    /* loom__op */
+    uint8_t dtype; /* loom_dtype */
+    uint8_t ndim;
+    bool requires_grad; /* depends on a leaf that gradients are taken for */
+    bool is_output;
+    int64_t shape[LOOM_MAX_DIMS];
+    loom_tensor *src[3];
+    loom__attr attr;
+    const void *data; /* INPUT: the caller's buffer, bound when the step runs */
+};
+
+typedef struct loom__program loom__program;
+
+struct loom_graph {
+    loom_model *model;
+    loom__arena arena;
+    loom_tensor **nodes;
+    int64_t n, cap;
+    int32_t ninputs;
+    loom_tensor **persist_nodes; /* per model parameter, this step's PERSIST node or NULL */
+    loom_status err;
+    char errmsg[512];
+    /* compile state (compile/program.c) */
+    loom__program **programs;
+    int64_t nprograms, programs_cap;
+    loom__program *last; /* program of the last successful run, NULL before */
+    const void **last_inputs; /* its input bindings (in the arena) */
+    void *workspace;
+    size_t workspace_size;
+    loom_metrics metrics;
+};
+
+struct loom_param {
+    loom_model *m;
+    char *name;
+    int index;
+    int ndim;
+    int64_t shape[LOOM_MAX_DIMS];
+    int64_t numel;
+    int64_t offset; /* in elements, in both the PARAM and GRAD slabs */
+};
+
+struct loom_model {
+    loom_param **params;
+    int64_t n, cap;
+    float *slab[LOOM_SLAB_COUNT];
+    int64_t len[LOOM_SLAB_COUNT], slab_cap[LOOM_SLAB_COUNT];
+};
+
+/* model.c: optimizer state, zero-filled; returns its offset in the STATE slab or -1 (ENOMEM). */
+int64_t loom__model_state(loom_model *m, int64_t numel);
+
+/* graph.c */
+loom_tensor *loom__node(loom_graph *g, loom__op op, loom_dtype dt, int ndim, const int64_t *shape,
+                        loom_tensor *a, loom_tensor *b, loom_tensor *c);
+void loom__graph_fail(loom_graph *g, loom_status s, const char *fmt, ...) LOOM_PRINTF(3, 4);
+void loom__shape_str(const loom_tensor *t, char *buf, size_t size);
+int64_t loom__numel(int ndim, const int64_t *shape);
+size_t loom__dtype_size(loom_dtype dt);
+const char *loom__dtype_name(loom_dtype dt);
+/* A PERSIST node reading `numel` elements of a slab at offset, viewed with the given shape. */
+loom_tensor *loom__persist(loom_graph *g, loom__slab slab, int64_t offset, int ndim,
+                           const int64_t *shape);
+/* Records the store of v into a slab (a side effect: always executed). */
+void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset);
+/* A scalar of x's dtype broadcast against nothing (shape ()). */
+loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
+
+/* autograd.c: gradients of loss w.r.t. each of wrt[0..n) into out (NULL where no path). */
+void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
+                 loom_tensor **out);
+
+/* compile/program.c */
+void loom__programs_free(loom_graph *g);
+
+#endif

@@ -1,0 +1,114 @@
+/*
+ * model.c - persistent tensors: parameters, their gradients and optimizer state, each kind in one
+ * contiguous float32 slab (llm.c's malloc_and_point_parameters). A parameter has the same offset
+ * in the PARAM and GRAD slabs, so the gradient slab mirrors the parameter slab exactly and can be
+ * all-reduced in a few contiguous buckets.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+loom_model *loom_model_new(void) {
+    return loom__calloc(1, sizeof(loom_model));
+}
+
+void loom_model_free(loom_model *m) {
+    if (!m)
+        return;
+    for (int64_t i = 0; i < m->n; i++) {
+        loom__free(m->params[i]->name);
+        loom__free(m->params[i]);
+    }
+    loom__free(m->params);
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        loom__free(m->slab[s]);
+    loom__free(m);
+}
+
+/* Appends numel zeroed floats to slab s; returns the offset or -1. */
+static int64_t slab_append(loom_model *m, loom__slab s, int64_t numel) {
+    int64_t off = m->len[s];
+    if (loom__grow((void **)&m->slab[s], &m->slab_cap[s], off + numel, sizeof(float)))
+        return -1;
+    memset(m->slab[s] + off, 0, (size_t)numel * sizeof(float));
+    m->len[s] = off + numel;
+    return off;
+}
+
+int64_t loom__model_state(loom_model *m, int64_t numel) {
+    return slab_append(m, LOOM_SLAB_STATE, numel);
+}
+
+loom_param *loom_model_add(loom_model *m, const char *name, int ndim, const int64_t *shape) {
+    if (!m || !name || !*name || ndim < 0 || ndim > LOOM_MAX_DIMS || (ndim && !shape)) {
+        loom__error(LOOM_EINVAL, "loom_model_add: bad arguments for '%s'", name ? name : "");
+        return NULL;
+    }
+    if (loom_model_find(m, name)) {
+        loom__error(LOOM_EINVAL, "loom_model_add: a parameter named '%s' exists", name);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0) {
+            loom__error(LOOM_EINVAL, "loom_model_add: '%s' dim %d is %lld, expected > 0", name,
+                        i, (long long)shape[i]);
+            return NULL;
+        }
+    }
+    if (loom__grow((void **)&m->params, &m->cap, m->n + 1, sizeof *m->params))
+        return NULL;
+    loom_param *p = loom__calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->name = loom__strdup(name);
+    p->numel = loom__numel(ndim, shape);
+    int64_t off = p->name ? slab_append(m, LOOM_SLAB_PARAM, p->numel) : -1;
+    int64_t goff = off >= 0 ? slab_append(m, LOOM_SLAB_GRAD, p->numel) : -1;
+    if (goff < 0) {
+        loom__free(p->name);
+        loom__free(p);
+        return NULL;
+    }
+    LOOM_ASSERT(off == goff);
+    p->m = m;
+    p->index = (int)m->n;
+    p->ndim = ndim;
+    memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    p->offset = off;
+    m->params[m->n++] = p;
+    return p;
+}
+
+int loom_model_count(const loom_model *m) {
+    return (int)m->n;
+}
+loom_param *loom_model_at(const loom_model *m, int i) {
+    return i >= 0 && i < m->n ? m->params[i] : NULL;
+}
+loom_param *loom_model_find(const loom_model *m, const char *name) {
+    for (int64_t i = 0; i < m->n; i++)
+        if (strcmp(m->params[i]->name, name) == 0)
+            return m->params[i];
+    return NULL;
+}
+int64_t loom_model_numel(const loom_model *m) {
+    return m->len[LOOM_SLAB_PARAM];
+}
+const char *loom_param_name(const loom_param *p) {
+    return p->name;
+}
+int loom_param_ndim(const loom_param *p) {
+    return p->ndim;
+}
+const int64_t *loom_param_shape(const loom_param *p) {
+    return p->shape;
+}
+int64_t loom_param_numel(const loom_param *p) {
+    return p->numel;
+}
+float *loom_param_data(loom_param *p) {
+    return p->m->slab[LOOM_SLAB_PARAM] + p->offset;
+}
+float *loom_param_grad(loom_param *p) {
+    return p->m->slab[LOOM_SLAB_GRAD] + p->offset;
+}

@@ -1,0 +1,151 @@
+/*
+ * optim.c - SGD (momentum, nesterov, weight decay) and AdamW with PyTorch 1.13's update formulas
+ * (torch/optim/sgd.py and adamw.py, single-tensor paths), recorded into the step graph. Values
+ * that change from step to step (the learning rate, AdamW's bias corrections) are scalar inputs
+ * read from this struct when the step runs, so they never change the program. State (momentum
+ * buffers, moments) starts at zero in the model's STATE slab; with zero-initialised buffers,
+ * PyTorch's first-step special case (buf = grad) gives the same values as the general formula.
+ */
+#include "../graph/internal.h"
+
+#include <math.h>
+
+typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
+
+enum { H_LR, H_DECAY, H_STEP_SIZE, H_BC2_SQRT, H_COUNT };
+
+struct loom_optim {
+    opt_kind kind;
+    loom_optim_config c;
+    loom_model *m;
+    int64_t t;
+    int64_t *state; /* per parameter: up to two offsets in the STATE slab */
+    float hyper[H_COUNT];
+};
+
+static loom_optim *optim_new(loom_model *m, const loom_optim_config *c, opt_kind kind) {
+    loom_optim_config cfg = c ? *c : (loom_optim_config){0};
+    if (cfg.lr == 0)
+        cfg.lr = 0.01;
+    if (kind == OPT_ADAMW) {
+        cfg.beta1 = cfg.beta1 == 0 ? 0.9 : cfg.beta1;
+        cfg.beta2 = cfg.beta2 == 0 ? 0.999 : cfg.beta2;
+        cfg.eps = cfg.eps == 0 ? 1e-8 : cfg.eps;
+    }
+    if (!m || !(cfg.lr > 0) || cfg.momentum < 0 || cfg.weight_decay < 0 || cfg.beta1 < 0 ||
+        cfg.beta1 >= 1 || cfg.beta2 < 0 || cfg.beta2 >= 1 || cfg.eps < 0 ||
+        (cfg.nesterov && cfg.momentum <= 0)) {
+        loom__error(LOOM_EINVAL, "optimizer: invalid configuration (lr %g, momentum %g, weight "
+                    "decay %g, nesterov %d)", cfg.lr, cfg.momentum, cfg.weight_decay,
+                    (int)cfg.nesterov);
+        return NULL;
+    }
+    loom_optim *o = loom__calloc(1, sizeof *o);
+    int64_t *st = loom__calloc((size_t)(2 * m->n + 1), sizeof *st);
+    if (!o || !st) {
+        loom__free(o), loom__free(st);
+        return NULL;
+    }
+    o->kind = kind, o->c = cfg, o->m = m, o->state = st;
+    int nstate = kind == OPT_ADAMW ? 2 : cfg.momentum != 0 ? 1 : 0;
+    for (int64_t i = 0; i < m->n; i++) {
+        for (int k = 0; k < nstate; k++) {
+            st[2 * i + k] = loom__model_state(m, m->params[i]->numel);
+            if (st[2 * i + k] < 0) {
+                loom_optim_free(o);
+                return NULL;
+            }
+        }
+    }
+    return o;
+}
+
+loom_optim *loom_sgd_new(loom_model *m, const loom_optim_config *c) {
+    return optim_new(m, c, OPT_SGD);
+}
+
+loom_optim *loom_adamw_new(loom_model *m, const loom_optim_config *c) {
+    return optim_new(m, c, OPT_ADAMW);
+}
+
+void loom_optim_free(loom_optim *o) {
+    if (!o)
+        return;
+    loom__free(o->state);
+    loom__free(o);
+}
+
+void loom_optim_set_lr(loom_optim *o, double lr) {
+    if (lr > 0)
+        o->c.lr = lr;
+}
+
+static loom_tensor *hyper(loom_graph *g, loom_optim *o, int which) {
+    return loom_input(g, LOOM_F32, 0, NULL, &o->hyper[which]);
+}
+
+static loom_tensor *k(loom_graph *g, double v) {
+    return loom_scalar(g, v, LOOM_F32);
+}
+
+static void sgd_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tensor *w,
+                       loom_tensor *grad, loom_tensor *lr) {
+    const loom_optim_config *c = &o->c;
+    loom_tensor *d = grad;
+    if (c->weight_decay != 0)
+        d = loom_add(g, d, loom_mul(g, k(g, c->weight_decay), w));
+    if (c->momentum != 0) {
+        int64_t off = o->state[2 * p->index];
+        loom_tensor *buf = loom__persist(g, LOOM_SLAB_STATE, off, p->ndim, p->shape);
+        loom_tensor *nb = loom_add(g, loom_mul(g, buf, k(g, c->momentum)), d);
+        loom__store(g, nb, LOOM_SLAB_STATE, off);
+        d = c->nesterov ? loom_add(g, d, loom_mul(g, k(g, c->momentum), nb)) : nb;
+    }
+    loom__store(g, loom_sub(g, w, loom_mul(g, lr, d)), LOOM_SLAB_PARAM, p->offset);
+}
+
+static void adamw_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tensor *w,
+                         loom_tensor *grad, loom_tensor *const *h) {
+    const loom_optim_config *c = &o->c;
+    int64_t o1 = o->state[2 * p->index], o2 = o->state[2 * p->index + 1];
+    loom_tensor *m1 = loom__persist(g, LOOM_SLAB_STATE, o1, p->ndim, p->shape);
+    loom_tensor *m2 = loom__persist(g, LOOM_SLAB_STATE, o2, p->ndim, p->shape);
+    loom_tensor *wd = loom_mul(g, w, h[H_DECAY]);
+    loom_tensor *n1 = loom_add(g, loom_mul(g, m1, k(g, c->beta1)),
+                               loom_mul(g, k(g, 1.0 - c->beta1), grad));
+    loom_tensor *n2 = loom_add(g, loom_mul(g, m2, k(g, c->beta2)),
+                               loom_mul(g, k(g, 1.0 - c->beta2), loom_mul(g, grad, grad)));
+    loom__store(g, n1, LOOM_SLAB_STATE, o1);
+    loom__store(g, n2, LOOM_SLAB_STATE, o2);
+    loom_tensor *denom = loom_add(g, loom_div(g, loom_sqrt(g, n2), h[H_BC2_SQRT]), k(g, c->eps));
+    loom_tensor *upd = loom_mul(g, h[H_STEP_SIZE], loom_div(g, n1, denom));
+    loom__store(g, loom_sub(g, wd, upd), LOOM_SLAB_PARAM, p->offset);
+}
+
+void loom_optim_step(loom_graph *g, loom_optim *o) {
+    if (!g || g->err)
+        return;
+    if (!o || g->model != o->m) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_optim_step: %s",
+                         o ? "optimizer and graph have different models" : "NULL optimizer");
+        return;
+    }
+    const loom_optim_config *c = &o->c;
+    double t = (double)++o->t;
+    o->hyper[H_LR] = (float)c->lr;
+    o->hyper[H_DECAY] = (float)(1.0 - c->lr * c->weight_decay);
+    o->hyper[H_STEP_SIZE] = (float)(c->lr / (1.0 - pow(c->beta1, t)));
+    o->hyper[H_BC2_SQRT] = (float)sqrt(1.0 - pow(c->beta2, t));
+    loom_tensor *h[H_COUNT];
+    for (int i = 0; i < H_COUNT; i++)
+        h[i] = hyper(g, o, i);
+    for (int64_t i = 0; i < o->m->n; i++) {
+        loom_param *p = o->m->params[i];
+        loom_tensor *w = loom_parameter(g, p);
+        loom_tensor *grad = loom__persist(g, LOOM_SLAB_GRAD, p->offset, p->ndim, p->shape);
+        if (o->kind == OPT_SGD)
+            sgd_update(g, o, p, w, grad, h[H_LR]);
+        else
+            adamw_update(g, o, p, w, grad, h);
+    }
+}

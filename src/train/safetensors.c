@@ -1,0 +1,479 @@
+/*
+ * safetensors.c - the safetensors format (github.com/huggingface/safetensors): an 8-byte
+ * little-endian header length N, N bytes of JSON mapping each tensor name to its dtype, shape and
+ * [begin, end) data offsets (plus an optional "__metadata__" object of strings), then the data,
+ * row-major, little-endian. Reading validates everything before anything is used; writing is atomic
+ * (temporary file, fsync, rename), so a crash never leaves a half-written file under the name.
+ */
+#include "../graph/internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    char name[256];
+    loom_dtype dtype;
+    int ndim;
+    int64_t shape[LOOM_MAX_DIMS];
+    uint64_t begin, end;
+    void *data;
+} entry;
+
+struct loom_tensor_file {
+    entry *e;
+    int64_t n, cap;
+};
+
+/* ---- a small JSON reader for the header --------------------------------------------------- */
+
+typedef struct {
+    const char *s;
+    size_t n, i;
+    const char *path;
+    loom_status err;
+} json;
+
+static bool jfail(json *j, const char *what) {
+    if (!j->err) {
+        char found[16];
+        if (j->i < j->n)
+            snprintf(found, sizeof found, "'%c'", j->s[j->i]);
+        else
+            snprintf(found, sizeof found, "the end");
+        j->err = loom__error(LOOM_EFORMAT, "%s: malformed safetensors header at byte %zu: expected "
+                             "%s, found %s", j->path, 8 + j->i, what, found);
+    }
+    return false;
+}
+
+static void jws(json *j) {
+    while (j->i < j->n && strchr(" \t\r\n", j->s[j->i]))
+        j->i++;
+}
+
+static bool jpeek(json *j, char c) {
+    jws(j);
+    return j->i < j->n && j->s[j->i] == c;
+}
+
+static bool jexpect(json *j, char c) {
+    char what[8] = {'\'', c, '\'', 0};
+    if (!jpeek(j, c))
+        return jfail(j, what);
+    j->i++;
+    return true;
+}
+
+static bool jstring(json *j, char *out, size_t cap) {
+    if (!jexpect(j, '"'))
+        return false;
+    size_t k = 0;
+    while (j->i < j->n && j->s[j->i] != '"') {
+        char c = j->s[j->i++];
+        if (c == '\\') {
+            if (j->i >= j->n)
+                return jfail(j, "an escaped character");
+            c = j->s[j->i++];
+            if (c == 'u') { /* keep \uXXXX as is: names here are ASCII */
+                if (j->i + 4 > j->n)
+                    return jfail(j, "four hex digits");
+                j->i += 4;
+                c = '?';
+            }
+        }
+        if (k + 1 >= cap)
+            return jfail(j, "a shorter string");
+        out[k++] = c;
+    }
+    if (j->i >= j->n)
+        return jfail(j, "'\"' closing the string");
+    j->i++;
+    out[k] = 0;
+    return true;
+}
+
+static bool jint(json *j, uint64_t *v) {
+    jws(j);
+    if (j->i >= j->n || j->s[j->i] < '0' || j->s[j->i] > '9')
+        return jfail(j, "a non-negative integer");
+    uint64_t r = 0;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
+        if (r > (UINT64_MAX - 9) / 10)
+            return jfail(j, "a smaller integer");
+        r = r * 10 + (uint64_t)(j->s[j->i++] - '0');
+    }
+    *v = r;
+    return true;
+}
+
+/* Skips any value, nesting tracked by a counter (no recursion). */
+static bool jskip(json *j) {
+    int depth = 0;
+    do {
+        jws(j);
+        if (j->i >= j->n)
+            return jfail(j, "a value");
+        char c = j->s[j->i];
+        if (c == '"') {
+            char tmp[4096];
+            if (!jstring(j, tmp, sizeof tmp))
+                return false;
+        } else if (c == '{' || c == '[') {
+            depth++, j->i++;
+            continue;
+        } else if (c == '}' || c == ']') {
+            depth--, j->i++;
+        } else if (c == ',' || c == ':') {
+            j->i++;
+            continue;
+        } else {
+            while (j->i < j->n && !strchr(",}] \t\r\n", j->s[j->i]))
+                j->i++;
+        }
+    } while (depth > 0);
+    return depth == 0 || jfail(j, "balanced brackets");
+}
+
+static bool jint_array(json *j, uint64_t *v, int max, int *count) {
+    if (!jexpect(j, '['))
+        return false;
+    *count = 0;
+    if (jpeek(j, ']'))
+        return jexpect(j, ']');
+    do {
+        if (*count >= max)
+            return jfail(j, "fewer array elements");
+        if (!jint(j, &v[(*count)++]))
+            return false;
+    } while (jpeek(j, ',') && jexpect(j, ','));
+    return jexpect(j, ']');
+}
+
+/* ---- dtypes ----------------------------------------------------------------------------------- */
+
+static loom_status parse_dtype(const char *path, const char *name, const char *s, loom_dtype *dt) {
+    static const char *const other[] = {"F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I16", "I8",
+                                        "U64", "U32", "U16", "U8", "BOOL"};
+    if (strcmp(s, "F32") == 0 || strcmp(s, "F64") == 0 || strcmp(s, "I32") == 0) {
+        *dt = s[0] == 'I' ? LOOM_I32 : s[1] == '6' ? LOOM_F64 : LOOM_F32;
+        return LOOM_OK;
+    }
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++)
+        if (strcmp(s, other[i]) == 0)
+            return loom__error(LOOM_EUNSUPPORTED, "%s: tensor '%s' has dtype %s; loom reads F32, "
+                               "F64 and I32", path, name, s);
+    return loom__error(LOOM_EFORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, name, s);
+}
+
+static bool parse_entry(json *j, entry *e) {
+    char key[64], dt[32] = "";
+    bool has_shape = false, has_off = false;
+    if (!jexpect(j, '{'))
+        return false;
+    while (!jpeek(j, '}')) {
+        if (!jstring(j, key, sizeof key) || !jexpect(j, ':'))
+            return false;
+        if (strcmp(key, "dtype") == 0) {
+            if (!jstring(j, dt, sizeof dt))
+                return false;
+        } else if (strcmp(key, "shape") == 0) {
+            uint64_t v[LOOM_MAX_DIMS];
+            if (!jint_array(j, v, LOOM_MAX_DIMS, &e->ndim))
+                return false;
+            for (int d = 0; d < e->ndim; d++)
+                e->shape[d] = (int64_t)(v[d] > (1ull << 40) ? (1ull << 40) : v[d]);
+            has_shape = true;
+        } else if (strcmp(key, "data_offsets") == 0) {
+            uint64_t v[2];
+            int n;
+            if (!jint_array(j, v, 2, &n))
+                return false;
+            if (n != 2)
+                return jfail(j, "two data_offsets");
+            e->begin = v[0], e->end = v[1];
+            has_off = true;
+        } else if (!jskip(j)) {
+            return false;
+        }
+        if (!jpeek(j, ',') && !jpeek(j, '}'))
+            return jfail(j, "',' or '}'");
+        if (jpeek(j, ','))
+            j->i++;
+    }
+    j->i++;
+    if (!*dt || !has_shape || !has_off) {
+        j->err = loom__error(LOOM_EFORMAT, "%s: tensor '%s' lacks %s in the header", j->path,
+                             e->name, !*dt ? "a dtype" : !has_shape ? "a shape" : "data_offsets");
+        return false;
+    }
+    j->err = parse_dtype(j->path, e->name, dt, &e->dtype);
+    return !j->err;
+}
+
+static bool parse_header(json *j, loom_tensor_file *f) {
+    if (!jexpect(j, '{'))
+        return false;
+    while (!jpeek(j, '}')) {
+        char name[256];
+        if (!jstring(j, name, sizeof name) || !jexpect(j, ':'))
+            return false;
+        if (strcmp(name, "__metadata__") == 0) {
+            if (!jskip(j))
+                return false;
+        } else {
+            if (loom__grow((void **)&f->e, &f->cap, f->n + 1, sizeof *f->e)) {
+                j->err = LOOM_ENOMEM;
+                return false;
+            }
+            entry *e = &f->e[f->n++];
+            memset(e, 0, sizeof *e);
+            memcpy(e->name, name, sizeof name);
+            if (!parse_entry(j, e))
+                return false;
+        }
+        if (!jpeek(j, ',') && !jpeek(j, '}'))
+            return jfail(j, "',' or '}'");
+        if (jpeek(j, ','))
+            j->i++;
+    }
+    j->i++;
+    jws(j);
+    return j->i == j->n || jfail(j, "the end of the header");
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+static int cmp_begin(const void *a, const void *b) {
+    const entry *x = *(const entry *const *)a, *y = *(const entry *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* Offsets inside the data, byte counts matching shapes, no overlaps. */
+static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t data_size) {
+    entry **sorted = loom__malloc(sizeof(entry *) * (size_t)(f->n + 1));
+    if (!sorted)
+        return LOOM_ENOMEM;
+    loom_status s = LOOM_OK;
+    for (int64_t i = 0; i < f->n && !s; i++) {
+        entry *e = &f->e[i];
+        sorted[i] = e;
+        uint64_t bytes = loom__dtype_size(e->dtype);
+        for (int d = 0; d < e->ndim; d++)
+            bytes *= (uint64_t)e->shape[d];
+        if (e->end < e->begin || e->end > data_size)
+            s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' has data_offsets [%llu, %llu] outside "
+                            "the %llu bytes of data", path, e->name, (unsigned long long)e->begin,
+                            (unsigned long long)e->end, (unsigned long long)data_size);
+        else if (e->end - e->begin != bytes)
+            s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' has %llu bytes of data, its shape "
+                            "needs %llu", path, e->name, (unsigned long long)(e->end - e->begin),
+                            (unsigned long long)bytes);
+        for (int64_t k = 0; k < i && !s; k++)
+            if (strcmp(f->e[k].name, e->name) == 0)
+                s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' appears twice", path, e->name);
+    }
+    if (!s && f->n > 1) {
+        qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
+        for (int64_t i = 1; i < f->n && !s; i++)
+            if (sorted[i]->begin < sorted[i - 1]->end)
+                s = loom__error(LOOM_EFORMAT, "%s: tensors '%s' and '%s' overlap in the data",
+                                path, sorted[i - 1]->name, sorted[i]->name);
+    }
+    loom__free(sorted);
+    return s;
+}
+
+static loom_status read_all(const char *path, unsigned char **buf, size_t *size) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s",
+                           path, strerror(errno));
+    loom_status s = LOOM_OK;
+    long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+    if (n < 0 || fseek(fp, 0, SEEK_SET) != 0)
+        s = loom__error(LOOM_EIO, "%s: cannot determine the file size", path);
+    *buf = s ? NULL : loom__malloc((size_t)n + 1);
+    if (!s && !*buf)
+        s = LOOM_ENOMEM;
+    if (!s && fread(*buf, 1, (size_t)n, fp) != (size_t)n)
+        s = loom__error(LOOM_EIO, "%s: read failed", path);
+    fclose(fp);
+    *size = (size_t)(n < 0 ? 0 : n);
+    return s;
+}
+
+loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
+    *out = NULL;
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    loom_status s = read_all(path, &buf, &size);
+    uint64_t hlen = 0;
+    for (int i = 0; !s && i < 8 && size >= 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    if (!s && size < 8)
+        s = loom__error(LOOM_EFORMAT, "%s: truncated: %zu bytes, a safetensors file starts with "
+                        "an 8-byte header length", path, size);
+    else if (!s && hlen > size - 8)
+        s = loom__error(LOOM_EFORMAT, "%s: truncated: header length %llu at byte 0 exceeds the "
+                        "%zu bytes that follow", path, (unsigned long long)hlen, size - 8);
+    loom_tensor_file *f = s ? NULL : loom__calloc(1, sizeof *f);
+    if (!s && !f)
+        s = LOOM_ENOMEM;
+    if (!s) {
+        json j = {(const char *)buf + 8, (size_t)hlen, 0, path, LOOM_OK};
+        if (!parse_header(&j, f))
+            s = j.err ? j.err : LOOM_EFORMAT;
+    }
+    if (!s)
+        s = check_entries(path, f, size - 8 - hlen);
+    for (int64_t i = 0; f && !s && i < f->n; i++) {
+        entry *e = &f->e[i];
+        e->data = loom__malloc(e->end - e->begin);
+        if (!e->data)
+            s = LOOM_ENOMEM;
+        else
+            memcpy(e->data, buf + 8 + hlen + e->begin, e->end - e->begin);
+    }
+    loom__free(buf);
+    if (s)
+        loom_tensor_file_free(f);
+    else
+        *out = f;
+    return s;
+}
+
+void loom_tensor_file_free(loom_tensor_file *f) {
+    if (!f)
+        return;
+    for (int64_t i = 0; i < f->n; i++)
+        loom__free(f->e[i].data);
+    loom__free(f->e);
+    loom__free(f);
+}
+
+int loom_tensor_file_count(const loom_tensor_file *f) {
+    return (int)f->n;
+}
+
+const char *loom_tensor_file_name(const loom_tensor_file *f, int i) {
+    return i >= 0 && i < f->n ? f->e[i].name : NULL;
+}
+
+static const entry *find(const loom_tensor_file *f, const char *name) {
+    for (int64_t i = 0; i < f->n; i++)
+        if (strcmp(f->e[i].name, name) == 0)
+            return &f->e[i];
+    return NULL;
+}
+
+const void *loom_tensor_file_get(const loom_tensor_file *f, const char *name, loom_dtype *dt,
+                                 int *ndim, const int64_t **shape) {
+    const entry *e = find(f, name);
+    if (!e)
+        return NULL;
+    if (dt)
+        *dt = e->dtype;
+    if (ndim)
+        *ndim = e->ndim;
+    if (shape)
+        *shape = e->shape;
+    return e->data;
+}
+
+static void shape_str(int nd, const int64_t *s, char *buf, size_t size) {
+    loom_tensor t = {.ndim = (uint8_t)nd};
+    memcpy(t.shape, s, sizeof(int64_t) * (size_t)nd);
+    loom__shape_str(&t, buf, size);
+}
+
+loom_status loom_model_load(loom_model *m, const char *path) {
+    loom_tensor_file *f;
+    loom_status s = loom_tensor_file_read(path, &f);
+    if (s)
+        return s;
+    for (int64_t i = 0; i < m->n && !s; i++) {
+        const loom_param *p = m->params[i];
+        const entry *e = find(f, p->name);
+        char a[96], b[96];
+        if (!e) {
+            s = loom__error(LOOM_ENOTFOUND, "%s: tensor '%s' is missing (the model needs it)",
+                            path, p->name);
+        } else if (e->dtype != LOOM_F32 || e->ndim != p->ndim ||
+                   memcmp(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
+            shape_str(e->ndim, e->shape, a, sizeof a);
+            shape_str(p->ndim, p->shape, b, sizeof b);
+            s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects F32 %s",
+                            path, p->name, loom__dtype_name(e->dtype), a, b);
+        }
+    }
+    for (int64_t i = 0; i < f->n && !s; i++)
+        if (!loom_model_find(m, f->e[i].name))
+            s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' is not a parameter of the model", path,
+                            f->e[i].name);
+    for (int64_t i = 0; i < m->n && !s; i++)
+        memcpy(loom_param_data(m->params[i]), find(f, m->params[i]->name)->data,
+               sizeof(float) * (size_t)m->params[i]->numel);
+    loom_tensor_file_free(f);
+    return s;
+}
+
+/* ---- writing ---------------------------------------------------------------------------------- */
+
+static loom_status build_header(const loom_model *m, char **out, size_t *len) {
+    size_t cap = 256 + (size_t)m->n * (64 + 300), k = 0;
+    char *h = loom__malloc(cap);
+    if (!h)
+        return LOOM_ENOMEM;
+    k += (size_t)snprintf(h + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\",\"producer\":"
+                          "\"loom %s\"}", LOOM_VERSION);
+    uint64_t off = 0;
+    for (int64_t i = 0; i < m->n; i++) {
+        const loom_param *p = m->params[i];
+        k += (size_t)snprintf(h + k, cap - k, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", p->name);
+        for (int d = 0; d < p->ndim; d++)
+            k += (size_t)snprintf(h + k, cap - k, "%s%lld", d ? "," : "", (long long)p->shape[d]);
+        uint64_t end = off + 4 * (uint64_t)p->numel;
+        k += (size_t)snprintf(h + k, cap - k, "],\"data_offsets\":[%llu,%llu]}",
+                              (unsigned long long)off, (unsigned long long)end);
+        off = end;
+    }
+    k += (size_t)snprintf(h + k, cap - k, "}");
+    while (k % 8 != 0 && k + 1 < cap) /* pad with spaces so the data is 8-byte aligned */
+        h[k++] = ' ';
+    h[k] = 0;
+    *out = h;
+    *len = k;
+    return LOOM_OK;
+}
+
+loom_status loom_model_save(const loom_model *m, const char *path) {
+    char *h;
+    size_t hlen;
+    loom_status s = build_header(m, &h, &hlen);
+    if (s)
+        return s;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        loom__free(h);
+        return loom__error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    bool ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(h, 1, hlen, fp) == hlen;
+    for (int64_t i = 0; i < m->n && ok; i++) /* x86-64 and aarch64 are little-endian */
+        ok = fwrite(m->slab[LOOM_SLAB_PARAM] + m->params[i]->offset, sizeof(float),
+                    (size_t)m->params[i]->numel, fp) == (size_t)m->params[i]->numel;
+    ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+    ok = (fclose(fp) == 0) && ok;
+    loom__free(h);
+    if (!ok || rename(tmp, path) != 0) {
+        s = loom__error(LOOM_EIO, "%s: cannot write: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    return s;
+}

@@ -1,0 +1,156 @@
+/*
+ * test_data.c - IDX reading (plain and gzip'd) with every malformed case reported by file, byte
+ * offset and expectation; the missing-dataset message; the loader's batching, per-epoch shuffling
+ * from (seed, epoch), and the final short batch kept or dropped.
+ */
+#include "harness.h"
+
+#include <zlib.h>
+
+static void be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+/* Writes an IDX file (gzip'd if gz) of `n` samples of h x w (or labels if h == 0). */
+static void write_idx(const char *path, bool gz, uint32_t magic, int n, int h, int w,
+                      size_t cut, int label_value) {
+    unsigned char buf[4096];
+    size_t k = 0;
+    be32(buf, magic), k = 4;
+    be32(buf + k, (uint32_t)n), k += 4;
+    if (h) {
+        be32(buf + k, (uint32_t)h), k += 4;
+        be32(buf + k, (uint32_t)w), k += 4;
+    }
+    int per = h ? h * w : 1;
+    for (int i = 0; i < n * per; i++)
+        buf[k++] = (unsigned char)(h ? (i * 37) % 256 : (label_value >= 0 ? label_value : i % 10));
+    if (cut)
+        k = cut;
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        gzwrite(f, buf, (unsigned)k);
+        gzclose(f);
+    } else {
+        FILE *f = fopen(path, "wb");
+        fwrite(buf, 1, k, f);
+        fclose(f);
+    }
+}
+
+TEST(idx_reads_plain_and_gzip) {
+    char img[512], lab[512];
+    test_tmp(img, sizeof img, "ok-images.gz");
+    test_tmp(lab, sizeof lab, "ok-labels");
+    write_idx(img, true, 0x803, 5, 3, 4, 0, -1);
+    write_idx(lab, false, 0x801, 5, 0, 0, 0, -1);
+    loom_dataset *d = NULL;
+    ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &d), LOOM_OK);
+    ASSERT_EQ(loom_dataset_count(d), 5);
+    ASSERT_EQ(loom_dataset_sample_ndim(d), 3);
+    ASSERT_EQ(loom_dataset_sample_shape(d)[1], 3);
+    ASSERT_EQ(loom_dataset_sample_shape(d)[2], 4);
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = 5, .no_shuffle = true});
+    loom_batch b;
+    ASSERT(loom_loader_next(l, &b));
+    ASSERT_EQ(b.n, 5);
+    ASSERT(b.x[13] == (float)((13 * 37) % 256) / 255.0f);
+    ASSERT_EQ(b.y[3], 3);
+    loom_loader_free(l);
+    loom_dataset_free(d);
+}
+
+typedef struct {
+    uint32_t magic;
+    size_t cut;
+    int label_value;
+    int nlabels;
+    const char *expect;
+} bad_case;
+
+TEST(idx_errors_name_file_offset_and_expectation) {
+    const bad_case cases[] = {
+        {0x1234, 0, -1, 5, "bad IDX magic 0x00001234 at byte 0, expected 0x00000803"},
+        {0x801, 0, -1, 5, "expected 0x00000803 (unsigned bytes, 3 dims)"},
+        {0x803, 30, -1, 5, "truncated: expected 60 bytes of data at byte 16, found 14"},
+        {0x803, 10, -1, 5, "truncated: expected 12 bytes of IDX dimensions at byte 4, found 6"},
+        {0x803, 0, 12, 5, "label 12 at byte 8 is not below 10 classes"},
+        {0x803, 0, -1, 4, "has 4 labels but"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char img[512], lab[512];
+        test_tmp(img, sizeof img, "bad-images.gz");
+        test_tmp(lab, sizeof lab, "bad-labels");
+        write_idx(img, true, cases[i].magic, 5, 3, 4, cases[i].cut, -1);
+        write_idx(lab, false, 0x801, cases[i].nlabels, 0, 0, 0, cases[i].label_value);
+        loom_dataset *d = (loom_dataset *)1;
+        ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &d), LOOM_EFORMAT);
+        ASSERT(d == NULL);
+        ASSERT_STR_CONTAINS(loom_last_error(), cases[i].expect);
+        ASSERT_STR_CONTAINS(loom_last_error(), i == 4 || i == 5 ? "bad-labels" : "bad-images.gz");
+    }
+}
+
+TEST(missing_dataset_says_what_to_do) {
+    loom_dataset *d;
+    ASSERT_EQ(loom_dataset_fmnist("/nonexistent/dir", "train", &d), LOOM_ENOTFOUND);
+    ASSERT_STR_CONTAINS(loom_last_error(), "apt-get install dataset-fashion-mnist");
+    ASSERT_STR_CONTAINS(loom_last_error(), "--data");
+    ASSERT_EQ(loom_dataset_fmnist(NULL, "validation", &d), LOOM_EINVAL);
+}
+
+TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
+    enum { N = 103 };
+    float x[N];
+    int32_t y[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)i, y[i] = i % 10;
+    int64_t s[1] = {1};
+    loom_dataset *d = loom_dataset_from_arrays(N, 1, s, x, y);
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = 10, .seed = 5});
+    loom_loader *l2 = loom_loader_new(d, &(loom_loader_config){.batch_size = 10, .seed = 5});
+    ASSERT_EQ(loom_loader_batches(l), 11);
+    int order[2][N];
+    for (int e = 0; e < 2; e++) {
+        int seen[N] = {0}, k = 0, batches = 0;
+        loom_batch b, b2;
+        loom_loader_start_epoch(l, e);
+        loom_loader_start_epoch(l2, e);
+        while (loom_loader_next(l, &b)) {
+            ASSERT(loom_loader_next(l2, &b2));
+            ASSERT(!memcmp(b.x, b2.x, sizeof(float) * (size_t)b.n)); /* same (seed, epoch) */
+            batches++;
+            ASSERT_EQ(b.n, batches == 11 ? 3 : 10); /* the final short batch is kept */
+            for (int64_t i = 0; i < b.n; i++) {
+                seen[(int)b.x[i]]++;
+                order[e][k++] = (int)b.x[i];
+            }
+        }
+        for (int i = 0; i < N; i++)
+            ASSERT_EQ(seen[i], 1);
+    }
+    ASSERT(memcmp(order[0], order[1], sizeof order[0]) != 0); /* epochs differ */
+    loom_loader_free(l);
+    loom_loader_free(l2);
+    l = loom_loader_new(d, &(loom_loader_config){.batch_size = 10, .drop_last = true,
+                                                  .no_shuffle = true});
+    ASSERT_EQ(loom_loader_batches(l), 10);
+    loom_batch b;
+    int batches = 0;
+    while (loom_loader_next(l, &b)) {
+        ASSERT_EQ(b.x[0], batches * 10); /* file order */
+        batches++;
+    }
+    ASSERT_EQ(batches, 10);
+    loom_loader_free(l);
+    loom_dataset_free(d);
+}
+
+int main(void) {
+    RUN(idx_reads_plain_and_gzip);
+    RUN(idx_errors_name_file_offset_and_expectation);
+    RUN(missing_dataset_says_what_to_do);
+    RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
+    return HARNESS_EXIT();
+}

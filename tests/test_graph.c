@@ -1,0 +1,173 @@
+/*
+ * test_graph.c - the lazy step graph: builders record without running, shape and dtype errors are
+ * sticky and name the op and both shapes, the program cache is keyed by structure only (a new
+ * batch buffer hits, a new shape misses), and a step repeated from the same state gives
+ * bitwise-identical parameters.
+ */
+#include "harness.h"
+
+TEST(shape_errors_are_sticky_and_named) {
+    float a[64 * 784 / 64], b[4];
+    int64_t sa[2] = {64, 784}, sb[2] = {256, 256};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *x = loom_input(g, LOOM_F32, 2, sa, a);
+    loom_tensor *w = loom_input(g, LOOM_F32, 2, sb, b);
+    ASSERT(loom_graph_error(g) == NULL);
+    loom_tensor *y = loom_matmul(g, x, w);
+    ASSERT(y == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_matmul: (64,784) x (256,256): inner dims 784 != 256");
+    /* later builders return NULL and keep the first message */
+    ASSERT(loom_relu(g, loom_add(g, y, x)) == NULL);
+    ASSERT(loom_add(g, x, w) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "inner dims");
+    ASSERT_EQ(loom_graph_run(g), LOOM_ESHAPE);
+    ASSERT_STR_CONTAINS(loom_last_error(), "loom_matmul");
+    loom_graph_reset(g);
+    ASSERT(loom_graph_error(g) == NULL);
+    x = loom_input(g, LOOM_F32, 2, sa, a);
+    w = loom_input(g, LOOM_F32, 2, sb, b);
+    ASSERT(loom_add(g, x, w) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_add: shapes (64,784) and (256,256) do not broadcast");
+    loom_graph_free(g);
+}
+
+TEST(dtype_errors_are_named) {
+    float a[3];
+    double b[3];
+    int32_t c[3];
+    int64_t s[1] = {3};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *x = loom_input(g, LOOM_F32, 1, s, a), *y = loom_input(g, LOOM_F64, 1, s, b);
+    ASSERT(loom_mul(g, x, y) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_mul: dtype f64 of input 1, expected f32");
+    loom_graph_reset(g);
+    loom_tensor *i = loom_input(g, LOOM_I32, 1, s, c);
+    ASSERT(loom_exp(g, i) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_exp: dtype i32");
+    loom_graph_reset(g);
+    ASSERT(loom_onehot(g, loom_input(g, LOOM_F32, 1, s, a), 10, LOOM_F32) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "expected i32 indices");
+    loom_graph_reset(g);
+    int64_t img[4] = {2, 1, 28, 28}, wt[4] = {32, 3, 3, 3};
+    ASSERT(loom_conv2d(g, loom_input(g, LOOM_F32, 4, img, a), loom_input(g, LOOM_F32, 4, wt, a),
+                       NULL, 1, 0) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_conv2d: input (2,1,28,28) and weight (32,3,3,3)");
+    loom_graph_free(g);
+}
+
+/* A 2-layer MLP step on (batch, 6) inputs; returns the loss. */
+static double mlp_step(loom_graph *g, loom_sequential *s, loom_optim *o, const float *x,
+                       const int32_t *y, int64_t batch) {
+    int64_t sx[2] = {batch, 6};
+    loom_graph_reset(g);
+    loom_tensor *logits = loom_sequential_forward(g, s, loom_input(g, LOOM_F32, 2, sx, x));
+    loom_tensor *loss = loom_cross_entropy(g, logits, loom_input(g, LOOM_I32, 1, &batch, y));
+    loom_backward(g, loss);
+    loom_optim_step(g, o);
+    if (loom_graph_run(g))
+        return NAN;
+    return loom_item(loss);
+}
+
+typedef struct {
+    loom_model *m;
+    loom_sequential *s;
+    loom_optim *o;
+    loom_graph *g;
+} rig;
+
+static void rig_new(rig *r, bool adamw) {
+    r->m = loom_model_new();
+    loom_layer layers[] = {LOOM_LINEAR(6, 5), LOOM_RELU, LOOM_LINEAR(5, 3), LOOM_END};
+    r->s = loom_sequential_new(r->m, layers);
+    loom_sequential_init(r->s, 42);
+    loom_optim_config c = {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+    r->o = adamw ? loom_adamw_new(r->m, &c) : loom_sgd_new(r->m, &c);
+    r->g = loom_graph_new(r->m);
+}
+
+static void rig_free(rig *r) {
+    loom_graph_free(r->g);
+    loom_optim_free(r->o);
+    loom_sequential_free(r->s);
+    loom_model_free(r->m);
+}
+
+TEST(cache_keyed_by_structure_not_data) {
+    rig r;
+    rig_new(&r, false);
+    float x1[8 * 6], x2[8 * 6];
+    int32_t y[8];
+    for (int i = 0; i < 48; i++)
+        x1[i] = (float)test_rand(1, (uint64_t)i, -1, 1), x2[i] = (float)test_rand(2, (uint64_t)i, -1, 1);
+    for (int i = 0; i < 8; i++)
+        y[i] = i % 3;
+    double l1 = mlp_step(r.g, r.s, r.o, x1, y, 8);
+    double l2 = mlp_step(r.g, r.s, r.o, x2, y, 8); /* other buffer, same structure */
+    loom_metrics m;
+    loom_graph_metrics(r.g, &m);
+    ASSERT(isfinite(l1) && isfinite(l2) && l1 != l2);
+    ASSERT_EQ(m.graphs_built, 2);
+    ASSERT_EQ(m.programs_built, 1);
+    ASSERT_EQ(m.cache_hits, 1);
+    mlp_step(r.g, r.s, r.o, x1, y, 5); /* a short batch: a new program */
+    mlp_step(r.g, r.s, r.o, x1, y, 5);
+    loom_graph_metrics(r.g, &m);
+    ASSERT_EQ(m.programs_built, 2);
+    ASSERT_EQ(m.cache_hits, 2);
+    rig_free(&r);
+}
+
+TEST(repeated_steps_are_bitwise_identical) {
+    for (int adamw = 0; adamw < 2; adamw++) {
+        float x[8 * 6];
+        int32_t y[8];
+        for (int i = 0; i < 48; i++)
+            x[i] = (float)test_rand(3, (uint64_t)i, -1, 1);
+        for (int i = 0; i < 8; i++)
+            y[i] = (i * 7) % 3;
+        rig a, b;
+        rig_new(&a, adamw);
+        rig_new(&b, adamw);
+        for (int step = 0; step < 5; step++) {
+            mlp_step(a.g, a.s, a.o, x, y, 8);
+            mlp_step(b.g, b.s, b.o, x, y, 8);
+        }
+        int64_t n = loom_model_numel(a.m);
+        ASSERT(n == 6 * 5 + 5 + 5 * 3 + 3);
+        ASSERT(!memcmp(loom_param_data(loom_model_at(a.m, 0)),
+                       loom_param_data(loom_model_at(b.m, 0)), sizeof(float) * (size_t)n));
+        loom_metrics m;
+        loom_graph_metrics(a.g, &m);
+        ASSERT_EQ(m.programs_built, 1);
+        ASSERT_EQ(m.cache_hits, 4);
+        rig_free(&a);
+        rig_free(&b);
+    }
+}
+
+TEST(training_reduces_the_loss) {
+    rig r;
+    rig_new(&r, false);
+    float x[16 * 6];
+    int32_t y[16];
+    for (int i = 0; i < 16; i++) {
+        y[i] = i % 3;
+        for (int k = 0; k < 6; k++)
+            x[i * 6 + k] = (float)(k == y[i] ? 1.0 : 0.0) + (float)test_rand(4, (uint64_t)(i * 6 + k), -0.2, 0.2);
+    }
+    double first = mlp_step(r.g, r.s, r.o, x, y, 16), last = first;
+    for (int step = 0; step < 50; step++)
+        last = mlp_step(r.g, r.s, r.o, x, y, 16);
+    ASSERT(last < 0.2 * first);
+    rig_free(&r);
+}
+
+int main(void) {
+    RUN(shape_errors_are_sticky_and_named);
+    RUN(dtype_errors_are_named);
+    RUN(cache_keyed_by_structure_not_data);
+    RUN(repeated_steps_are_bitwise_identical);
+    RUN(training_reduces_the_loss);
+    return HARNESS_EXIT();
+}

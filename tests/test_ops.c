@@ -1,0 +1,378 @@
+/*
+ * test_ops.c - every op of the table, checked two ways.
+ *   gradients: for each differentiable op (and each composition) a case builds
+ *     loss = sum(op(inputs) * w) in float64; loom_grad's result is compared with central finite
+ *     differences, computed by re-running the same program with perturbed inputs (which must hit
+ *     the program cache). Shapes include broadcasting, size-1 and odd sizes.
+ *   forward: matmul, conv2d and max-pooling against naive loops, and the non-differentiable ops
+ *     against their definitions.
+ * The op list comes from ops.def, so an op added without a case fails `every_op_has_a_case`.
+ */
+#include "harness.h"
+
+#define MAXIN 3
+
+typedef loom_tensor *(*build_fn)(loom_graph *g, loom_tensor **in);
+
+typedef struct {
+    const char *op; /* the ops.def name it covers, or a composition's name */
+    int nin;
+    int ndim[MAXIN];
+    int64_t shape[MAXIN][LOOM_MAX_DIMS];
+    bool grad[MAXIN];
+    double lo, hi; /* input range */
+    build_fn build;
+} opcase;
+
+static loom_tensor *b_neg(loom_graph *g, loom_tensor **x) { return loom_neg(g, x[0]); }
+static loom_tensor *b_exp(loom_graph *g, loom_tensor **x) { return loom_exp(g, x[0]); }
+static loom_tensor *b_log(loom_graph *g, loom_tensor **x) { return loom_log(g, x[0]); }
+static loom_tensor *b_sqrt(loom_graph *g, loom_tensor **x) { return loom_sqrt(g, x[0]); }
+static loom_tensor *b_relu(loom_graph *g, loom_tensor **x) { return loom_relu(g, x[0]); }
+static loom_tensor *b_add(loom_graph *g, loom_tensor **x) { return loom_add(g, x[0], x[1]); }
+static loom_tensor *b_sub(loom_graph *g, loom_tensor **x) { return loom_sub(g, x[0], x[1]); }
+static loom_tensor *b_mul(loom_graph *g, loom_tensor **x) { return loom_mul(g, x[0], x[1]); }
+static loom_tensor *b_div(loom_graph *g, loom_tensor **x) { return loom_div(g, x[0], x[1]); }
+static loom_tensor *b_where(loom_graph *g, loom_tensor **x) {
+    return loom_where(g, loom_cmpgt(g, x[0], loom_scalar(g, 0.0, LOOM_F64)), x[1], x[2]);
+}
+static loom_tensor *b_sum1(loom_graph *g, loom_tensor **x) { return loom_sum(g, x[0], 1); }
+static loom_tensor *b_sum0(loom_graph *g, loom_tensor **x) { return loom_sum(g, x[0], -3); }
+static loom_tensor *b_max0(loom_graph *g, loom_tensor **x) { return loom_max(g, x[0], 0); }
+static loom_tensor *b_max2(loom_graph *g, loom_tensor **x) { return loom_max(g, x[0], 2); }
+static loom_tensor *b_reshape(loom_graph *g, loom_tensor **x) {
+    int64_t s[3] = {3, -1, 2};
+    return loom_reshape(g, x[0], 3, s);
+}
+static loom_tensor *b_reshape_perm(loom_graph *g, loom_tensor **x) { /* non-contiguous source */
+    int64_t s[2] = {4, 6};
+    return loom_reshape(g, loom_transpose(g, x[0]), 2, s);
+}
+static loom_tensor *b_permute(loom_graph *g, loom_tensor **x) {
+    int p[3] = {2, 0, 1};
+    return loom_permute(g, x[0], p);
+}
+static loom_tensor *b_expand(loom_graph *g, loom_tensor **x) {
+    int64_t s[3] = {2, 3, 4};
+    return loom_expand(g, x[0], 3, s);
+}
+static loom_tensor *b_matmul(loom_graph *g, loom_tensor **x) { return loom_matmul(g, x[0], x[1]); }
+static loom_tensor *b_matmul_t(loom_graph *g, loom_tensor **x) {
+    return loom_matmul(g, loom_transpose(g, x[0]), loom_transpose(g, x[1]));
+}
+static loom_tensor *b_unfold(loom_graph *g, loom_tensor **x) {
+    return loom_unfold(g, x[0], (loom_window){3, 2, 2, 1, 1, 0});
+}
+static loom_tensor *b_fold(loom_graph *g, loom_tensor **x) {
+    return loom_fold(g, x[0], (loom_window){3, 2, 2, 1, 1, 0}, 5, 4);
+}
+static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) { return loom_softmax(g, x[0], 1); }
+static loom_tensor *b_logsm(loom_graph *g, loom_tensor **x) { return loom_log_softmax(g, x[0], -1); }
+static loom_tensor *b_mean(loom_graph *g, loom_tensor **x) { return loom_mean_all(g, x[0]); }
+static loom_tensor *b_linear(loom_graph *g, loom_tensor **x) {
+    return loom_linear(g, x[0], x[1], x[2]);
+}
+static loom_tensor *b_conv(loom_graph *g, loom_tensor **x) {
+    return loom_conv2d(g, x[0], x[1], x[2], 2, 1);
+}
+static loom_tensor *b_pool(loom_graph *g, loom_tensor **x) { return loom_max_pool2d(g, x[0], 2); }
+static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) { return loom_flatten(g, x[0]); }
+static int32_t ce_labels[4] = {2, 0, 4, 4};
+static loom_tensor *b_ce(loom_graph *g, loom_tensor **x) {
+    int64_t n = 4;
+    return loom_cross_entropy(g, x[0], loom_input(g, LOOM_I32, 1, &n, ce_labels));
+}
+
+#define S1(a)          {a}
+#define S2(a, b)       {a, b}
+#define S3(a, b, c)    {a, b, c}
+#define S4(a, b, c, d) {a, b, c, d}
+
+static const opcase cases[] = {
+    {"NEG", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_neg},
+    {"EXP", 1, {3}, {S3(2, 1, 3)}, {1}, -2, 2, b_exp},
+    {"LOG", 1, {1}, {S1(7)}, {1}, 0.5, 3, b_log},
+    {"SQRT", 1, {2}, {S2(1, 5)}, {1}, 0.5, 3, b_sqrt},
+    {"RELU", 1, {2}, {S2(4, 5)}, {1}, -2, 2, b_relu},
+    {"ADD", 2, {3, 2}, {S3(2, 3, 4), S2(3, 1)}, {1, 1}, -2, 2, b_add},
+    {"ADD", 2, {0, 1}, {{0}, S1(5)}, {1, 1}, -2, 2, b_add},
+    {"SUB", 2, {2, 2}, {S2(5, 7), S2(5, 7)}, {1, 1}, -2, 2, b_sub},
+    {"MUL", 2, {2, 1}, {S2(3, 4), S1(1)}, {1, 1}, -2, 2, b_mul},
+    {"DIV", 2, {2, 2}, {S2(3, 1), S2(1, 4)}, {1, 1}, 0.5, 2, b_div},
+    {"WHERE", 3, {2, 2, 1}, {S2(3, 4), S2(3, 4), S1(4)}, {0, 1, 1}, -2, 2, b_where},
+    {"SUM", 1, {3}, {S3(3, 4, 5)}, {1}, -2, 2, b_sum1},
+    {"SUM", 1, {3}, {S3(3, 1, 5)}, {1}, -2, 2, b_sum0},
+    {"MAX", 1, {2}, {S2(4, 3)}, {1}, -2, 2, b_max0},
+    {"MAX", 1, {3}, {S3(2, 3, 5)}, {1}, -2, 2, b_max2},
+    {"RESHAPE", 1, {2}, {S2(4, 6)}, {1}, -2, 2, b_reshape},
+    {"RESHAPE", 1, {2}, {S2(6, 4)}, {1}, -2, 2, b_reshape_perm},
+    {"PERMUTE", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_permute},
+    {"EXPAND", 1, {2}, {S2(3, 1)}, {1}, -2, 2, b_expand},
+    {"MATMUL", 2, {2, 2}, {S2(3, 4), S2(4, 5)}, {1, 1}, -2, 2, b_matmul},
+    {"MATMUL", 2, {3, 2}, {S3(2, 3, 4), S2(4, 1)}, {1, 1}, -2, 2, b_matmul},
+    {"MATMUL", 2, {2, 2}, {S2(4, 3), S2(5, 4)}, {1, 1}, -2, 2, b_matmul_t},
+    {"UNFOLD", 1, {4}, {S4(2, 3, 5, 4)}, {1}, -2, 2, b_unfold},
+    {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
+    {"softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
+    {"log_softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_logsm},
+    {"mean_all", 1, {3}, {S3(2, 3, 3)}, {1}, -2, 2, b_mean},
+    {"linear", 3, {2, 2, 1}, {S2(4, 3), S2(5, 3), S1(5)}, {1, 1, 1}, -2, 2, b_linear},
+    {"conv2d", 3, {4, 4, 1}, {S4(2, 3, 5, 6), S4(4, 3, 3, 3), S1(4)}, {1, 1, 1}, -2, 2, b_conv},
+    {"max_pool2d", 1, {4}, {S4(2, 3, 4, 5)}, {1}, -2, 2, b_pool},
+    {"flatten", 1, {3}, {S3(2, 3, 2)}, {1}, -2, 2, b_flatten},
+    {"cross_entropy", 1, {2}, {S2(4, 5)}, {1}, -3, 3, b_ce},
+};
+#define NCASES (int)(sizeof cases / sizeof *cases)
+
+/* Ops without a gradient, checked by forward tests below. */
+static const char *const forward_only[] = {"INPUT", "CONST", "PERSIST", "CMPGT", "CMPEQ",
+                                           "MAXMASK", "ONEHOT", "STORE"};
+
+static const char *const all_ops[] = {
+#define LOOM_LEAF(name) #name,
+#define LOOM_EW(name, arity, expr) #name,
+#define LOOM_RED(name, combine, ident) #name,
+#define LOOM_MOV(name) #name,
+#define LOOM_OPQ(name, arity) #name,
+#include "../src/graph/ops.def"
+};
+
+TEST(every_op_has_a_case) {
+    for (size_t i = 0; i < sizeof all_ops / sizeof *all_ops; i++) {
+        bool found = false;
+        for (int c = 0; c < NCASES && !found; c++)
+            found = !strcmp(cases[c].op, all_ops[i]);
+        for (size_t k = 0; k < sizeof forward_only / sizeof *forward_only && !found; k++)
+            found = !strcmp(forward_only[k], all_ops[i]);
+        if (!found)
+            FAILF("op %s has no gradient case and is not marked forward-only", all_ops[i]);
+    }
+}
+
+static int64_t numel(int nd, const int64_t *s) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= s[i];
+    return n;
+}
+
+/* One gradient case; returns false after reporting. */
+static bool check_case(int ci) {
+    const opcase *c = &cases[ci];
+    loom_graph *g = loom_graph_new(NULL);
+    double *buf[MAXIN] = {0}, *w = NULL, *an[MAXIN] = {0};
+    loom_tensor *in[MAXIN] = {0}, *gr[MAXIN] = {0};
+    bool ok = true;
+    for (int i = 0; i < c->nin; i++) {
+        int64_t n = numel(c->ndim[i], c->shape[i]);
+        buf[i] = malloc(sizeof(double) * (size_t)(n + 1));
+        for (int64_t j = 0; j < n; j++)
+            buf[i][j] = test_rand((uint64_t)(ci * 8 + i), (uint64_t)j, c->lo, c->hi);
+        in[i] = loom_input(g, LOOM_F64, c->ndim[i], c->shape[i], buf[i]);
+        if (c->grad[i])
+            loom_requires_grad(in[i]);
+    }
+    loom_tensor *y = c->build(g, in);
+    int64_t ny = y ? loom_tensor_numel(y) : 0;
+    w = malloc(sizeof(double) * (size_t)(ny + 1));
+    for (int64_t j = 0; j < ny; j++)
+        w[j] = test_rand(999, (uint64_t)j, -1, 1);
+    loom_tensor *wt = y ? loom_input(g, LOOM_F64, loom_tensor_ndim(y), loom_tensor_shape(y), w)
+                        : NULL;
+    loom_tensor *loss = loom_sum_all(g, loom_mul(g, y, wt));
+    loom_output(loss);
+    for (int i = 0; i < c->nin; i++)
+        if (c->grad[i]) {
+            gr[i] = loom_grad(g, loss, in[i]);
+            loom_output(gr[i]);
+        }
+    if (loom_graph_run(g)) {
+        fprintf(stderr, "case %d (%s): %s\n", ci, c->op, loom_last_error());
+        ok = false;
+    }
+    for (int i = 0; ok && i < c->nin; i++) {
+        if (!c->grad[i])
+            continue;
+        int64_t n = numel(c->ndim[i], c->shape[i]);
+        an[i] = malloc(sizeof(double) * (size_t)(n + 1));
+        memcpy(an[i], loom_tensor_data(gr[i]), sizeof(double) * (size_t)n);
+    }
+    const double h = 1e-6;
+    for (int i = 0; ok && i < c->nin; i++) {
+        if (!c->grad[i])
+            continue;
+        for (int64_t j = 0; ok && j < numel(c->ndim[i], c->shape[i]); j++) {
+            double save = buf[i][j];
+            buf[i][j] = save + h;
+            ok = loom_graph_run(g) == LOOM_OK;
+            double lp = loom_item(loss);
+            buf[i][j] = save - h;
+            ok = ok && loom_graph_run(g) == LOOM_OK;
+            double lm = loom_item(loss);
+            buf[i][j] = save;
+            double fd = (lp - lm) / (2 * h);
+            double tol = 1e-6 * fmax(1.0, fabs(fd));
+            if (!ok || !(fabs(fd - an[i][j]) <= tol)) {
+                fprintf(stderr, "case %d (%s): d/d input%d[%lld]: autograd %.10g, finite "
+                        "difference %.10g\n", ci, c->op, i, (long long)j, an[i][j], fd);
+                ok = false;
+            }
+        }
+    }
+    loom_metrics m;
+    loom_graph_metrics(g, &m);
+    if (ok && m.programs_built != 1) {
+        fprintf(stderr, "case %d (%s): %lld programs built, expected 1 (cache misses)\n", ci,
+                c->op, (long long)m.programs_built);
+        ok = false;
+    }
+    for (int i = 0; i < MAXIN; i++)
+        free(buf[i]), free(an[i]);
+    free(w);
+    loom_graph_free(g);
+    return ok;
+}
+
+TEST(gradients_match_finite_differences) {
+    int bad = 0;
+    for (int ci = 0; ci < NCASES; ci++)
+        bad += !check_case(ci);
+    ASSERT_EQ(bad, 0);
+}
+
+/* ---- forward checks against naive loops ---------------------------------------------------- */
+
+TEST(matmul_blas_matches_naive_loop) {
+    const int64_t m = 37, k = 53, n = 29;
+    float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n);
+    for (int64_t i = 0; i < m * k; i++)
+        a[i] = (float)test_rand(1, (uint64_t)i, -1, 1);
+    for (int64_t i = 0; i < k * n; i++)
+        b[i] = (float)test_rand(2, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sa[2] = {m, k}, sb[2] = {k, n}, sbt[2] = {n, k};
+    loom_tensor *ta = loom_input(g, LOOM_F32, 2, sa, a);
+    loom_tensor *y = loom_matmul(g, ta, loom_input(g, LOOM_F32, 2, sb, b));
+    /* the same product with b read as the transpose of a (n, k) view */
+    loom_tensor *yt = loom_matmul(g, ta, loom_transpose(g, loom_input(g, LOOM_F32, 2, sbt, b)));
+    loom_output(y);
+    loom_output(yt);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *out = loom_tensor_data(y), *out_t = loom_tensor_data(yt);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double ref = 0, ref_t = 0;
+            for (int64_t p = 0; p < k; p++) {
+                ref += (double)a[i * k + p] * b[p * n + j];
+                ref_t += (double)a[i * k + p] * b[j * k + p];
+            }
+            ASSERT_NEAR(out[i * n + j], ref, 1e-5);
+            ASSERT_NEAR(out_t[i * n + j], ref_t, 1e-5);
+        }
+    loom_graph_free(g);
+    free(a), free(b);
+}
+
+TEST(conv2d_and_pool_match_naive_loops) {
+    enum { N = 2, C = 3, H = 7, W = 6, O = 4, K = 3, S = 2, P = 1 };
+    enum { OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1 };
+    float x[N * C * H * W], w[O * C * K * K], bias[O];
+    for (int i = 0; i < N * C * H * W; i++)
+        x[i] = (float)test_rand(3, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O * C * K * K; i++)
+        w[i] = (float)test_rand(4, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O; i++)
+        bias[i] = (float)test_rand(5, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, K, K}, sbias[1] = {O};
+    loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x);
+    loom_tensor *y = loom_conv2d(g, tx, loom_input(g, LOOM_F32, 4, sw, w),
+                                 loom_input(g, LOOM_F32, 1, sbias, bias), S, P);
+    loom_tensor *pool = loom_max_pool2d(g, tx, 2);
+    loom_output(y);
+    loom_output(pool);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    ASSERT_EQ(loom_tensor_shape(y)[2], OH);
+    const float *out = loom_tensor_data(y), *po = loom_tensor_data(pool);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++)
+            for (int oy = 0; oy < OH; oy++)
+                for (int ox = 0; ox < OW; ox++) {
+                    double ref = bias[o];
+                    for (int c = 0; c < C; c++)
+                        for (int i = 0; i < K; i++)
+                            for (int j = 0; j < K; j++) {
+                                int iy = oy * S - P + i, ix = ox * S - P + j;
+                                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                                    ref += (double)x[((n * C + c) * H + iy) * W + ix] *
+                                           w[((o * C + c) * K + i) * K + j];
+                            }
+                    ASSERT_NEAR(out[((n * O + o) * OH + oy) * OW + ox], ref, 1e-5);
+                }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            for (int oy = 0; oy < H / 2; oy++)
+                for (int ox = 0; ox < W / 2; ox++) {
+                    float ref = -INFINITY;
+                    for (int i = 0; i < 2; i++)
+                        for (int j = 0; j < 2; j++)
+                            ref = fmaxf(ref, x[((n * C + c) * H + oy * 2 + i) * W + ox * 2 + j]);
+                    ASSERT(po[((n * C + c) * (H / 2) + oy) * (W / 2) + ox] == ref);
+                }
+    loom_graph_free(g);
+}
+
+TEST(forward_only_ops) {
+    float a[6] = {1, 5, 5, -2, 3, 3}, b[6] = {1, 4, 6, -2, 3, 4};
+    int32_t idx[3] = {2, 0, 1};
+    int64_t s[2] = {2, 3}, si[1] = {3};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *ta = loom_input(g, LOOM_F32, 2, s, a), *tb = loom_input(g, LOOM_F32, 2, s, b);
+    loom_tensor *gt = loom_cmpgt(g, ta, tb), *eq = loom_cmpeq(g, ta, tb);
+    loom_tensor *mm = loom_maxmask(g, ta, 1), *oh = loom_onehot(g, loom_input(g, LOOM_I32, 1, si,
+                                                                              idx), 3, LOOM_F32);
+    loom_tensor *k = loom_add(g, ta, loom_scalar(g, 0.5, LOOM_F32));
+    loom_output(gt), loom_output(eq), loom_output(mm), loom_output(oh), loom_output(k);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pg = loom_tensor_data(gt), *pe = loom_tensor_data(eq), *pm = loom_tensor_data(mm);
+    const float *po = loom_tensor_data(oh), *pk = loom_tensor_data(k);
+    for (int i = 0; i < 6; i++) {
+        ASSERT(pg[i] == (a[i] > b[i] ? 1.0f : 0.0f));
+        ASSERT(pe[i] == (a[i] == b[i] ? 1.0f : 0.0f));
+        ASSERT(pk[i] == a[i] + 0.5f);
+    }
+    const float mask[6] = {0, 1, 0, 0, 1, 0}; /* first maximum of each row */
+    for (int i = 0; i < 6; i++)
+        ASSERT(pm[i] == mask[i]);
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 3; c++)
+            ASSERT(po[r * 3 + c] == (c == idx[r] ? 1.0f : 0.0f));
+    idx[1] = 7; /* out of range: the run fails with a clear message */
+    ASSERT_EQ(loom_graph_run(g), LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(loom_last_error(), "index 7 at position 1");
+    loom_graph_free(g);
+}
+
+TEST(empty_tensors) {
+    int64_t s[2] = {0, 3};
+    float dummy = 0;
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *a = loom_input(g, LOOM_F32, 2, s, &dummy);
+    loom_tensor *y = loom_sum(g, loom_exp(g, loom_add(g, a, a)), 0);
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *p = loom_tensor_data(y);
+    for (int i = 0; i < 3; i++)
+        ASSERT(p[i] == 0.0f);
+    loom_graph_free(g);
+}
+
+int main(void) {
+    RUN(every_op_has_a_case);
+    RUN(gradients_match_finite_differences);
+    RUN(matmul_blas_matches_naive_loop);
+    RUN(conv2d_and_pool_match_naive_loops);
+    RUN(forward_only_ops);
+    RUN(empty_tensors);
+    return HARNESS_EXIT();
+}

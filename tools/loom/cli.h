@@ -1,0 +1,28 @@
+/*
+ * cli.h - shared between the loom command's files: the options of `loom train` and the
+ * helpers that turn bad arguments into one clear line.
+ */
+#ifndef LOOM_CLI_H
+#define LOOM_CLI_H
+
+#include "loom.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *recipe;
+    int64_t epochs, steps, batch;
+    double lr, momentum, weight_decay;
+    bool lr_set, nesterov, no_shuffle, drop_last;
+    const char *optimizer; /* "sgd" or "adamw" */
+    uint64_t seed;
+    const char *data, *init, *save, *log_dir;
+} train_opts;
+
+/* Runs `loom train` with parsed options; returns the process exit code. */
+int cli_train(const train_opts *o);
+/* Prints "loom: <formatted message>" to stderr; returns 1 (the exit code for errors). */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

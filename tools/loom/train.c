@@ -1,0 +1,237 @@
+/*
+ * train.c - `loom train`: the built-in recipes and the training loop on one device. Each step is
+ * one lazy graph (forward, cross-entropy, backward, optimizer update) that the library compiles
+ * once and replays; evaluation is a second, forward-only program. Test accuracy is counted over
+ * every test sample exactly once.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+/* torch.nn.Sequential(Conv2d(1,32,3), ReLU, MaxPool2d(2), Conv2d(32,64,3), ReLU, MaxPool2d(2),
+ * Flatten, Linear(1600,128), ReLU, Linear(128,10)): tensors 0., 3., 7., 9. */
+static const loom_layer cnn[] = {
+    LOOM_CONV2D(1, 32, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
+    LOOM_CONV2D(32, 64, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
+    LOOM_FLATTEN, LOOM_LINEAR(1600, 128), LOOM_RELU, LOOM_LINEAR(128, 10), LOOM_END};
+
+/* fmnist-mlp = Linear(784,256) ReLU Linear(256,256) ReLU Linear(256,10): tensors 0., 2., 4.;
+ * images are flattened to (B, 784) before the Sequential. */
+static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256),
+                                 LOOM_RELU, LOOM_LINEAR(256, 10), LOOM_END};
+
+static const loom_layer *recipe_layers(const char *name, bool *flatten_input) {
+    *flatten_input = false;
+    if (!strcmp(name, "fmnist-mlp")) {
+        *flatten_input = true;
+        return mlp;
+    }
+    if (!strcmp(name, "fmnist-cnn"))
+        return cnn;
+    return NULL;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    loom_graph *g;
+    loom_sequential *net;
+    bool flatten;
+} model_ctx;
+
+/* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784). */
+static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **labels) {
+    int64_t flat[2] = {b->n, b->shape[1] * b->shape[2] * b->shape[3]};
+    loom_tensor *x = m->flatten ? loom_input(m->g, LOOM_F32, 2, flat, b->x)
+                                : loom_input(m->g, LOOM_F32, b->ndim, b->shape, b->x);
+    *labels = loom_input(m->g, LOOM_I32, 1, &b->n, b->y);
+    return loom_sequential_forward(m->g, m->net, x);
+}
+
+/* Accuracy over the whole test set: each sample counted once. */
+static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
+    loom_loader *l = loom_loader_new(test, &(loom_loader_config){.batch_size = 1000,
+                                                                 .no_shuffle = true});
+    if (!l)
+        return cli_fail("evaluation: %s", loom_last_error());
+    loom_batch b;
+    int64_t correct = 0, seen = 0;
+    while (loom_loader_next(l, &b)) {
+        loom_graph_reset(m->g);
+        loom_tensor *y, *logits = forward(m, &b, &y);
+        loom_output(logits);
+        loom_status s = loom_graph_run(m->g);
+        if (s) {
+            loom_loader_free(l);
+            return cli_fail("evaluation: %s", loom_last_error());
+        }
+        const float *z = loom_tensor_data(logits);
+        int64_t c = loom_tensor_shape(logits)[1];
+        for (int64_t i = 0; i < b.n; i++) {
+            int64_t best = 0;
+            for (int64_t k = 1; k < c; k++)
+                if (z[i * c + k] > z[i * c + best])
+                    best = k;
+            correct += best == b.y[i];
+        }
+        seen += b.n;
+    }
+    loom_loader_free(l);
+    *acc = seen ? (double)correct / (double)seen : 0.0;
+    return 0;
+}
+
+static FILE *open_log(const char *dir) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        cli_fail("--log-dir: cannot create '%s': %s", dir, strerror(errno));
+        return NULL;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.csv", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        cli_fail("--log-dir: cannot write '%s': %s", path, strerror(errno));
+    else
+        fputs("step,epoch,loss,lr,samples_per_s,test_accuracy\n", f);
+    return f;
+}
+
+typedef struct {
+    const train_opts *o;
+    model_ctx m;
+    loom_optim *opt;
+    loom_loader *loader;
+    const loom_dataset *test;
+    FILE *log;
+    int64_t step;
+    double train_seconds;
+    int64_t samples;
+    double last_acc;
+} run_state;
+
+/* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
+static int train_epoch(run_state *r, int64_t epoch, bool *done) {
+    const train_opts *o = r->o;
+    loom_batch b;
+    double t0 = now(), last = 0, tick = t0;
+    int64_t nb = loom_loader_batches(r->loader), i = 0, tick_samples = 0;
+    loom_loader_start_epoch(r->loader, epoch);
+    while (!*done && loom_loader_next(r->loader, &b)) {
+        double ts = now();
+        loom_graph_reset(r->m.g);
+        loom_tensor *y, *logits = forward(&r->m, &b, &y);
+        loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
+        loom_backward(r->m.g, loss);
+        loom_optim_step(r->m.g, r->opt);
+        if (loom_graph_run(r->m.g))
+            return cli_fail("step %lld: %s", (long long)r->step + 1, loom_last_error());
+        last = loom_item(loss);
+        r->train_seconds += now() - ts;
+        r->samples += b.n, tick_samples += b.n;
+        r->step++, i++;
+        *done = o->steps && r->step >= o->steps;
+        double rate = tick_samples / (now() - tick + 1e-12);
+        if (r->log)
+            fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step,
+                    (long long)epoch + 1, last, o->lr, rate);
+        if (i % 100 == 0 || i == nb || *done) {
+            printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch + 1,
+                   (long long)i, (long long)nb, last, rate);
+            fflush(stdout);
+            tick = now(), tick_samples = 0;
+        }
+    }
+    double acc = 0;
+    if (evaluate(&r->m, r->test, &acc))
+        return 1;
+    printf("epoch %lld done: last loss %.4f, test accuracy %.4f, %.1f s\n", (long long)epoch + 1,
+           last, acc, now() - t0);
+    if (r->log)
+        fprintf(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1,
+                last, o->lr, acc);
+    r->last_acc = acc;
+    return 0;
+}
+
+static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dataset **test) {
+    const train_opts *o = r->o;
+    const loom_layer *layers = recipe_layers(o->recipe, &r->m.flatten);
+    if (!layers)
+        return cli_fail("train: unknown recipe '%s' (known: fmnist-mlp, fmnist-cnn)", o->recipe);
+    loom_status s = loom_dataset_fmnist(o->data, "train", train);
+    if (!s)
+        s = loom_dataset_fmnist(o->data, "test", test);
+    if (s)
+        return cli_fail("%s", loom_last_error());
+    r->m.net = loom_sequential_new(model, layers);
+    if (!r->m.net)
+        return cli_fail("%s", loom_last_error());
+    loom_sequential_init(r->m.net, o->seed);
+    if (o->init && loom_model_load(model, o->init))
+        return cli_fail("--init: %s", loom_last_error());
+    loom_optim_config oc = {.lr = o->lr, .momentum = o->momentum,
+                            .weight_decay = o->weight_decay, .nesterov = o->nesterov};
+    r->opt = !strcmp(o->optimizer, "adamw") ? loom_adamw_new(model, &oc)
+                                            : loom_sgd_new(model, &oc);
+    if (!r->opt)
+        return cli_fail("%s", loom_last_error());
+    r->loader = loom_loader_new(*train, &(loom_loader_config){.batch_size = o->batch,
+                                .seed = o->seed, .no_shuffle = o->no_shuffle,
+                                .drop_last = o->drop_last});
+    r->m.g = loom_graph_new(model);
+    if (!r->loader || !r->m.g)
+        return cli_fail("%s", loom_last_error());
+    r->test = *test;
+    if (o->log_dir && !(r->log = open_log(o->log_dir)))
+        return 1;
+    return 0;
+}
+
+int cli_train(const train_opts *o) {
+    run_state r = {.o = o};
+    loom_model *model = loom_model_new();
+    loom_dataset *train = NULL, *test = NULL;
+    double t0 = now();
+    int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
+    if (!rc)
+        printf("loom: training %s on 1 device, %lld samples, batch %lld, %s lr %g\n", o->recipe,
+               (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
+    bool done = false;
+    for (int64_t e = 0; !rc && e < o->epochs && !done; e++)
+        rc = train_epoch(&r, e, &done);
+    if (!rc) {
+        printf("test accuracy: %.4f\n", r.last_acc);
+        printf("trained %lld steps in %.1f s (%.0f samples/s training, %.1f s in all)\n",
+               (long long)r.step, r.train_seconds, r.samples / (r.train_seconds + 1e-12),
+               now() - t0);
+        loom_metrics mt;
+        char buf[1024];
+        loom_graph_metrics(r.m.g, &mt);
+        loom_metrics_format(&mt, buf, sizeof buf);
+        printf("%s\n", buf);
+    }
+    if (!rc && o->save) {
+        if (loom_model_save(model, o->save))
+            rc = cli_fail("--save: %s", loom_last_error());
+        else
+            printf("saved %s\n", o->save);
+    }
+    if (r.log)
+        fclose(r.log);
+    loom_graph_free(r.m.g);
+    loom_loader_free(r.loader);
+    loom_optim_free(r.opt);
+    loom_sequential_free(r.m.net);
+    loom_dataset_free(train);
+    loom_dataset_free(test);
+    loom_model_free(model);
+    return rc;
+}
