@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""Golden fixtures from PyTorch for tests/test_golden.c. Run with Debian's python3-torch:
+
+    /usr/bin/python3 tests/golden/make_golden.py
+
+For each recipe (fmnist-mlp, fmnist-cnn) it writes tests/golden/<recipe>.safetensors holding:
+  init.<name>            PyTorch's own initialisation (torch.manual_seed(0)), every element
+  x, y                   3 fixed batches of 16 Fashion-MNIST training images (the first 48)
+  <opt>.loss             the loss at each of 3 steps
+  <opt>.grad.<name>      gradients at the 3rd step (sgd only)
+  <opt>.param.<name>     parameters after 3 steps
+for opt in sgd (lr 0.05, momentum 0.9), sgdn (lr 0.05, momentum 0.9, nesterov, weight decay
+5e-4) and adamw (lr 1e-3, weight decay 1e-2). To keep the files small, gradients and final
+parameters of tensors over 8192 elements are stored at every k-th element, k in stride.<name>.
+"""
+import gzip
+import json
+import os
+import struct
+
+# The same OpenBLAS kernel as loom's tests (set before numpy and torch load OpenBLAS).
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
+B, STEPS, KEEP = 16, 3, 8192
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    nd = raw[3]
+    dims = struct.unpack(">" + "I" * nd, raw[4:4 + 4 * nd])
+    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+
+
+def model(recipe):
+    if recipe == "fmnist-mlp":
+        return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                             nn.Linear(256, 10))
+    return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def save_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[arr.dtype]
+        b = arr.tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def subsample(name, t, out):
+    flat = t.detach().reshape(-1).numpy().astype(np.float32)
+    k = max(1, -(-flat.size // KEEP))
+    out["stride." + name] = np.array([k], np.int32)
+    return flat[::k]
+
+
+def main():
+    torch.set_num_threads(1)
+    x_all = read_idx(os.path.join(DATA, "train-images-idx3-ubyte.gz"))[:B * STEPS]
+    y_all = read_idx(os.path.join(DATA, "train-labels-idx1-ubyte.gz"))[:B * STEPS]
+    x = torch.from_numpy(x_all.astype(np.float32) / 255.0).reshape(STEPS, B, 1, 28, 28)
+    y = torch.from_numpy(y_all.astype(np.int64)).reshape(STEPS, B)
+    for recipe in ("fmnist-mlp", "fmnist-cnn"):
+        torch.manual_seed(0)
+        init = {k: v.clone() for k, v in model(recipe).state_dict().items()}
+        out = {"init." + k: v.numpy() for k, v in init.items()}
+        out["x"] = x.numpy()
+        out["y"] = y.numpy().astype(np.int32)
+        opts = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+                "sgdn": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True,
+                                                  weight_decay=5e-4),
+                "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2)}
+        for oname, make in opts.items():
+            net = model(recipe)
+            net.load_state_dict(init)
+            opt = make(net.parameters())
+            losses = []
+            for s in range(STEPS):
+                xb = x[s].reshape(B, 784) if recipe == "fmnist-mlp" else x[s]
+                loss = F.cross_entropy(net(xb), y[s])
+                opt.zero_grad()
+                loss.backward()
+                if oname == "sgd" and s == STEPS - 1:
+                    for k, p in net.named_parameters():
+                        out["sgd.grad." + k] = subsample(k, p.grad, out)
+                opt.step()
+                losses.append(loss.item())
+            out[oname + ".loss"] = np.array(losses, np.float32)
+            for k, p in net.named_parameters():
+                out[oname + ".param." + k] = subsample(k, p, out)
+        path = os.path.join(HERE, recipe + ".safetensors")
+        save_safetensors(path, out)
+        print(f"{path}: {os.path.getsize(path)} bytes, losses {out['sgd.loss']}")
+
+
+if __name__ == "__main__":
+    main()
