@@ -396,34 +396,63 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
 /* ---- im2col and col2im ------------------------------------------------------------------------ */
 
 /* UNFOLD: x (N,C,H,W) strided -> out (C,KH,KW,N,OH,OW) contiguous; FOLD is its adjoint: it adds
- * cols (C,KH,KW,N,OH,OW) strided into x (N,C,H,W) contiguous, zeroed first. One walk serves both. */
+ * cols (C,KH,KW,N,OH,OW) strided into x (N,C,H,W) contiguous, zeroed first. One walk serves both;
+ * each output row splits into a padded head, an inside run and a padded tail. */
+static void window_range(int64_t len, int64_t out, int k, int s, int p, int64_t *lo, int64_t *hi) {
+    /* o is inside when 0 <= o*s - p + k < len */
+    int64_t a = p - k, b = len - 1 + p - k; /* s*o in [a, b] */
+    *lo = a <= 0 ? 0 : (a + s - 1) / s;
+    *hi = b < 0 ? 0 : b / s + 1;
+    *hi = *hi > out ? out : *hi;
+    *lo = *lo > *hi ? *hi : *lo;
+}
+
+#define WINDOW_ROW(T)                                                                              \
+    static void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow, int64_t lo,  \
+                               int64_t hi, int64_t first, int sw, bool fold) {                     \
+        if (fold) {                                                                                \
+            for (int64_t ox = lo; ox < hi; ox++)                                                   \
+                xrow[(first + (ox - lo) * sw) * xs] += crow[ox * cs];                              \
+            return;                                                                                \
+        }                                                                                          \
+        for (int64_t ox = 0; ox < lo; ox++)                                                        \
+            crow[ox * cs] = (T)0;                                                                  \
+        if (cs == 1 && xs == 1 && sw == 1)                                                         \
+            memcpy(crow + lo, xrow + first, sizeof(T) * (size_t)(hi - lo));                        \
+        else                                                                                       \
+            for (int64_t ox = lo; ox < hi; ox++)                                                   \
+                crow[ox * cs] = xrow[(first + (ox - lo) * sw) * xs];                               \
+        for (int64_t ox = hi; ox < ow; ox++)                                                       \
+            crow[ox * cs] = (T)0;                                                                  \
+    }
+WINDOW_ROW(float)
+WINDOW_ROW(double)
+
 #define WINDOW_KERNEL(T)                                                                           \
     static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
                            const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {      \
         int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];                \
         for (int64_t c = 0; c < C; c++)                                                            \
             for (int64_t i = 0; i < w->kh; i++)                                                    \
-                for (int64_t j = 0; j < w->kw; j++)                                                \
+                for (int64_t j = 0; j < w->kw; j++) {                                              \
+                    int64_t ylo, yhi, xlo, xhi;                                                    \
+                    window_range(H, OH, (int)i, w->sh, w->ph, &ylo, &yhi);                         \
+                    window_range(W, OW, (int)j, w->sw, w->pw, &xlo, &xhi);                         \
+                    int64_t first = xlo * w->sw - w->pw + j;                                       \
                     for (int64_t n = 0; n < N; n++)                                                \
                         for (int64_t oy = 0; oy < OH; oy++) {                                      \
-                            int64_t iy = oy * w->sh - w->ph + i;                                   \
                             T *crow = cols + c * cst[0] + i * cst[1] + j * cst[2] + n * cst[3] +  \
                                       oy * cst[4];                                                 \
-                            if (iy < 0 || iy >= H) {                                               \
+                            if (oy < ylo || oy >= yhi) {                                           \
                                 for (int64_t ox = 0; ox < OW && !fold; ox++)                       \
                                     crow[ox * cst[5]] = (T)0;                                      \
                                 continue;                                                          \
                             }                                                                      \
-                            T *xrow = x + n * xst[0] + c * xst[1] + iy * xst[2];                   \
-                            for (int64_t ox = 0; ox < OW; ox++) {                                  \
-                                int64_t ix = ox * w->sw - w->pw + j;                               \
-                                bool in = ix >= 0 && ix < W;                                       \
-                                if (fold && in)                                                    \
-                                    xrow[ix * xst[3]] += crow[ox * cst[5]];                        \
-                                else if (!fold)                                                    \
-                                    crow[ox * cst[5]] = in ? xrow[ix * xst[3]] : (T)0;             \
-                            }                                                                      \
+                            int64_t iy = oy * w->sh - w->ph + i;                                   \
+                            window_row_##T(x + n * xst[0] + c * xst[1] + iy * xst[2], xst[3],     \
+                                           crow, cst[5], OW, xlo, xhi, first, w->sw, fold);        \
                         }                                                                          \
+                }                                                                                  \
     }
 WINDOW_KERNEL(float)
 WINDOW_KERNEL(double)
