@@ -8,7 +8,7 @@ ASAN_BUILD ?= build-asan
 GENERATOR  := -G Ninja
 WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
 
-.PHONY: all deps build demo test test-asan bench install clean
+.PHONY: all deps build demo test test-asan format-check bench install clean
 
 all: build
 
@@ -25,6 +25,14 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j2
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory format-check
+
+# clang-format (.clang-format) over every C file, where clang-format is installed.
+format-check:
+	@if command -v clang-format >/dev/null; then \
+	    clang-format --dry-run -Werror $$(git ls-files '*.c' '*.h' 2>/dev/null || find src include tools tests examples -name '*.[ch]') \
+	    && echo "format: clean"; \
+	else echo "format: clang-format not installed, skipped"; fi
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs.
 test-asan: deps

@@ -1,4 +1,5 @@
-/* Trains Linear(784,256) ReLU Linear(256,256) ReLU Linear(256,10) on Fashion-MNIST for one epoch. */
+/* Trains Linear(784,256) ReLU Linear(256,256) ReLU Linear(256,10) on Fashion-MNIST for one epoch.
+ */
 #include <loom.h>
 #include <stdio.h>
 
@@ -10,7 +11,7 @@ int main(void) {
     }
     loom_model *m = loom_model_new();
     loom_layer layers[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256), LOOM_RELU,
-                           LOOM_LINEAR(256, 10), LOOM_END};
+                           LOOM_LINEAR(256, 10),  LOOM_END};
     loom_sequential *net = loom_sequential_new(m, layers);
     loom_sequential_init(net, 0);
     loom_optim *opt = loom_sgd_new(m, &(loom_optim_config){.lr = 0.05, .momentum = 0.9});

@@ -42,16 +42,16 @@ extern "C" {
 /* ---- status ------------------------------------------------------------------------------- */
 
 /* X(name, value, message): the one list of error codes. */
-#define LOOM_STATUS_MAP(X)                                                                         \
-    X(OK, 0, "success")                                                                            \
-    X(EINVAL, -1, "invalid argument")                                                              \
-    X(ENOMEM, -2, "out of memory")                                                                 \
-    X(EIO, -3, "input/output error")                                                               \
-    X(EFORMAT, -4, "malformed file")                                                               \
-    X(ESHAPE, -5, "shape or dtype mismatch")                                                       \
-    X(ENOTFOUND, -6, "not found")                                                                  \
-    X(EUNSUPPORTED, -7, "not supported")                                                           \
-    X(ERANGE, -8, "value out of range")                                                            \
+#define LOOM_STATUS_MAP(X)                   \
+    X(OK, 0, "success")                      \
+    X(EINVAL, -1, "invalid argument")        \
+    X(ENOMEM, -2, "out of memory")           \
+    X(EIO, -3, "input/output error")         \
+    X(EFORMAT, -4, "malformed file")         \
+    X(ESHAPE, -5, "shape or dtype mismatch") \
+    X(ENOTFOUND, -6, "not found")            \
+    X(EUNSUPPORTED, -7, "not supported")     \
+    X(ERANGE, -8, "value out of range")      \
     X(EINTERNAL, -9, "internal error")
 
 typedef enum {
@@ -129,8 +129,8 @@ LOOM_API float *loom_param_grad(loom_param *p);
  * file in the same directory is written, fsync'd and renamed. EIO on failure. */
 LOOM_API loom_status loom_model_save(const loom_model *m, const char *path);
 /* Reads parameters from a safetensors file. Every parameter of the model must be present with its
- * exact shape and dtype F32, and the file must hold nothing else; otherwise EFORMAT/ENOTFOUND/ESHAPE
- * naming the tensor, and the model is left unchanged. */
+ * exact shape and dtype F32, and the file must hold nothing else; otherwise
+ * EFORMAT/ENOTFOUND/ESHAPE naming the tensor, and the model is left unchanged. */
 LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
 
 /* Any safetensors file, read whole and validated: header length within the file, well-formed JSON,
@@ -146,7 +146,8 @@ LOOM_API const char *loom_tensor_file_name(const loom_tensor_file *f, int i);
 LOOM_API const void *loom_tensor_file_get(const loom_tensor_file *f, const char *name,
                                           loom_dtype *dt, int *ndim, const int64_t **shape);
 
-/* ---- the step graph --------------------------------------------------------------------------- */
+/* ---- the step graph ---------------------------------------------------------------------------
+ */
 
 typedef struct loom_graph loom_graph;
 typedef struct loom_tensor loom_tensor;
@@ -166,14 +167,14 @@ LOOM_API loom_status loom_graph_run(loom_graph *g);
 LOOM_API const char *loom_graph_error(const loom_graph *g);
 
 typedef struct {
-    int64_t graphs_built;   /* steps run (each a graph hashed) */
-    int64_t programs_built; /* cache misses: programs planned */
-    int64_t cache_hits;     /* steps that reused a program */
-    int64_t nodes;          /* nodes of the last graph */
-    int64_t kernels;        /* kernels executed by the last program */
-    int64_t workspace_bytes;/* peak workspace of the programs planned so far */
-    double plan_seconds;    /* total time spent planning programs */
-    double exec_seconds;    /* total time spent executing programs */
+    int64_t graphs_built;    /* steps run (each a graph hashed) */
+    int64_t programs_built;  /* cache misses: programs planned */
+    int64_t cache_hits;      /* steps that reused a program */
+    int64_t nodes;           /* nodes of the last graph */
+    int64_t kernels;         /* kernels executed by the last program */
+    int64_t workspace_bytes; /* peak workspace of the programs planned so far */
+    double plan_seconds;     /* total time spent planning programs */
+    double exec_seconds;     /* total time spent executing programs */
 } loom_metrics;
 LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */
@@ -237,9 +238,9 @@ LOOM_API loom_tensor *loom_transpose(loom_graph *g, loom_tensor *a); /* swaps th
 LOOM_API loom_tensor *loom_matmul(loom_graph *g, loom_tensor *a, loom_tensor *b);
 
 typedef struct {
-    int kh, kw;         /* window */
-    int sh, sw;         /* stride (0 means 1) */
-    int ph, pw;         /* zero padding */
+    int kh, kw; /* window */
+    int sh, sw; /* stride (0 means 1) */
+    int ph, pw; /* zero padding */
 } loom_window;
 /* im2col: (N, C, H, W) -> (C, KH, KW, N, OH, OW). */
 LOOM_API loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w);
@@ -264,8 +265,8 @@ LOOM_API loom_tensor *loom_max_pool2d(loom_graph *g, loom_tensor *x, int k);
 /* (N, ...) -> (N, prod(...)). */
 LOOM_API loom_tensor *loom_flatten(loom_graph *g, loom_tensor *x);
 
-/* Autograd. loom_grad records the gradient of a scalar `loss` with respect to `wrt` (an input marked
- * with loom_requires_grad, or a parameter node); zeros if loss does not depend on it.
+/* Autograd. loom_grad records the gradient of a scalar `loss` with respect to `wrt` (an input
+ * marked with loom_requires_grad, or a parameter node); zeros if loss does not depend on it.
  * loom_backward records, for every parameter of the model that loss depends on, the store of its
  * gradient into the model's gradient slab (overwriting it; others are set to zero). */
 LOOM_API loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt);
@@ -289,12 +290,21 @@ typedef struct {
 } loom_layer;
 
 /* Initialisers for arrays of layers: loom_layer net[] = {LOOM_LINEAR(784, 10), LOOM_END}; */
-#define LOOM_LINEAR(i, o)          {.kind = LOOM_LAYER_LINEAR, .in = (i), .out = (o)}
-#define LOOM_CONV2D(i, o, k, s, p) {.kind = LOOM_LAYER_CONV2D, .in = (i), .out = (o), .kernel = (k), .stride = (s), .padding = (p)}
-#define LOOM_MAXPOOL2D(k)          {.kind = LOOM_LAYER_MAXPOOL, .kernel = (k)}
-#define LOOM_RELU                  {.kind = LOOM_LAYER_RELU}
-#define LOOM_FLATTEN               {.kind = LOOM_LAYER_FLATTEN}
-#define LOOM_END                   {.kind = LOOM_LAYER_END}
+#define LOOM_LINEAR(i, o) \
+    { .kind = LOOM_LAYER_LINEAR, .in = (i), .out = (o) }
+#define LOOM_CONV2D(i, o, k, s, p)                                                      \
+    {                                                                                   \
+        .kind = LOOM_LAYER_CONV2D, .in = (i), .out = (o), .kernel = (k), .stride = (s), \
+        .padding = (p)                                                                  \
+    }
+#define LOOM_MAXPOOL2D(k) \
+    { .kind = LOOM_LAYER_MAXPOOL, .kernel = (k) }
+#define LOOM_RELU \
+    { .kind = LOOM_LAYER_RELU }
+#define LOOM_FLATTEN \
+    { .kind = LOOM_LAYER_FLATTEN }
+#define LOOM_END \
+    { .kind = LOOM_LAYER_END }
 
 typedef struct loom_sequential loom_sequential;
 /* Builds the layers (terminated by LOOM_LAYER_END) into m with names "<index>.weight" and
@@ -306,7 +316,8 @@ LOOM_API void loom_sequential_free(loom_sequential *s);
 LOOM_API void loom_sequential_init(loom_sequential *s, uint64_t seed);
 LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_tensor *x);
 
-/* ---- optimizers --------------------------------------------------------------------------------- */
+/* ---- optimizers ---------------------------------------------------------------------------------
+ */
 
 typedef struct loom_optim loom_optim;
 typedef struct {
@@ -327,14 +338,15 @@ LOOM_API void loom_optim_set_lr(loom_optim *o, double lr);
  * previous calls). Must follow loom_backward() in the same step. */
 LOOM_API void loom_optim_step(loom_graph *g, loom_optim *o);
 
-/* ---- data ------------------------------------------------------------------------------------- */
+/* ---- data -------------------------------------------------------------------------------------
+ */
 
 typedef struct loom_dataset loom_dataset;
 /* Reads an IDX image file (unsigned bytes, 3 dims) and label file (1 dim), gzip'd or plain.
  * Pixels become float32 in [0, 1], shape (N, 1, H, W); labels int32 and must be < num_classes.
  * EIO/EFORMAT with the file, the offset and what was expected. */
-LOOM_API loom_status loom_dataset_load_idx(const char *images, const char *labels,
-                                           int num_classes, loom_dataset **out);
+LOOM_API loom_status loom_dataset_load_idx(const char *images, const char *labels, int num_classes,
+                                           loom_dataset **out);
 /* Fashion-MNIST from dir (NULL: $LOOM_DATA or /usr/share/datasets/fashion-mnist): "train" or
  * "test". ENOTFOUND says which package to install or flag to pass. */
 LOOM_API loom_status loom_dataset_fmnist(const char *dir, const char *split, loom_dataset **out);
@@ -351,8 +363,8 @@ LOOM_API const int64_t *loom_dataset_sample_shape(const loom_dataset *d);
 typedef struct {
     int64_t batch_size; /* 0 means 128 */
     uint64_t seed;
-    bool no_shuffle;    /* batches in file order */
-    bool drop_last;     /* drop the final short batch (default: keep it) */
+    bool no_shuffle; /* batches in file order */
+    bool drop_last;  /* drop the final short batch (default: keep it) */
 } loom_loader_config;
 
 typedef struct {
@@ -375,7 +387,8 @@ LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
 LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
 LOOM_API int64_t loom_loader_batches(const loom_loader *l);
 
-/* ---- information ------------------------------------------------------------------------------ */
+/* ---- information ------------------------------------------------------------------------------
+ */
 
 /* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
 LOOM_API void loom_info(char *buf, size_t size);

@@ -18,51 +18,51 @@ static const char *harness_current;
 
 #define TEST(name) static void name(void)
 
-#define FAILF(...)                                                                                 \
-    do {                                                                                           \
-        fprintf(stderr, "FAIL %s (%s:%d): ", harness_current, __FILE__, __LINE__);                \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fputc('\n', stderr);                                                                       \
-        harness_failed++;                                                                          \
-        return;                                                                                    \
+#define FAILF(...)                                                                 \
+    do {                                                                           \
+        fprintf(stderr, "FAIL %s (%s:%d): ", harness_current, __FILE__, __LINE__); \
+        fprintf(stderr, __VA_ARGS__);                                              \
+        fputc('\n', stderr);                                                       \
+        harness_failed++;                                                          \
+        return;                                                                    \
     } while (0)
 
-#define ASSERT(c)                                                                                  \
-    do {                                                                                           \
-        if (!(c))                                                                                  \
-            FAILF("%s", #c);                                                                       \
+#define ASSERT(c)            \
+    do {                     \
+        if (!(c))            \
+            FAILF("%s", #c); \
     } while (0)
 
-#define ASSERT_EQ(a, b)                                                                            \
-    do {                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
-        if (a_ != b_)                                                                              \
-            FAILF("%s == %s: %lld != %lld", #a, #b, a_, b_);                                       \
+#define ASSERT_EQ(a, b)                                      \
+    do {                                                     \
+        long long a_ = (long long)(a), b_ = (long long)(b);  \
+        if (a_ != b_)                                        \
+            FAILF("%s == %s: %lld != %lld", #a, #b, a_, b_); \
     } while (0)
 
-#define ASSERT_STR_CONTAINS(s, sub)                                                                \
-    do {                                                                                           \
-        const char *s_ = (s);                                                                      \
-        if (!s_ || !strstr(s_, (sub)))                                                             \
-            FAILF("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub));                        \
+#define ASSERT_STR_CONTAINS(s, sub)                                         \
+    do {                                                                    \
+        const char *s_ = (s);                                               \
+        if (!s_ || !strstr(s_, (sub)))                                      \
+            FAILF("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
     } while (0)
 
 /* |a - b| <= tol * max(1, |b|) */
-#define ASSERT_NEAR(a, b, tol)                                                                     \
-    do {                                                                                           \
-        double a_ = (double)(a), b_ = (double)(b);                                                 \
-        double lim_ = (tol) * (fabs(b_) > 1.0 ? fabs(b_) : 1.0);                                  \
-        if (!(fabs(a_ - b_) <= lim_))                                                              \
-            FAILF("%s ~ %s: %.9g vs %.9g (tolerance %.3g)", #a, #b, a_, b_, lim_);                \
+#define ASSERT_NEAR(a, b, tol)                                                     \
+    do {                                                                           \
+        double a_ = (double)(a), b_ = (double)(b);                                 \
+        double lim_ = (tol) * (fabs(b_) > 1.0 ? fabs(b_) : 1.0);                   \
+        if (!(fabs(a_ - b_) <= lim_))                                              \
+            FAILF("%s ~ %s: %.9g vs %.9g (tolerance %.3g)", #a, #b, a_, b_, lim_); \
     } while (0)
 
-#define RUN(name)                                                                                  \
-    do {                                                                                           \
-        int before_ = harness_failed;                                                              \
-        harness_current = #name;                                                                   \
-        name();                                                                                    \
-        if (harness_failed == before_)                                                             \
-            fprintf(stderr, "ok   %s\n", #name);                                                   \
+#define RUN(name)                                \
+    do {                                         \
+        int before_ = harness_failed;            \
+        harness_current = #name;                 \
+        name();                                  \
+        if (harness_failed == before_)           \
+            fprintf(stderr, "ok   %s\n", #name); \
     } while (0)
 
 #define HARNESS_EXIT() (harness_failed ? (fprintf(stderr, "%d failed\n", harness_failed), 1) : 0)

@@ -13,8 +13,8 @@ static void be32(unsigned char *p, uint32_t v) {
 }
 
 /* Writes an IDX file (gzip'd if gz) of `n` samples of h x w (or labels if h == 0). */
-static void write_idx(const char *path, bool gz, uint32_t magic, int n, int h, int w,
-                      size_t cut, int label_value) {
+static void write_idx(const char *path, bool gz, uint32_t magic, int n, int h, int w, size_t cut,
+                      int label_value) {
     unsigned char buf[4096];
     size_t k = 0;
     be32(buf, magic), k = 4;
@@ -133,8 +133,8 @@ TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
     ASSERT(memcmp(order[0], order[1], sizeof order[0]) != 0); /* epochs differ */
     loom_loader_free(l);
     loom_loader_free(l2);
-    l = loom_loader_new(d, &(loom_loader_config){.batch_size = 10, .drop_last = true,
-                                                  .no_shuffle = true});
+    l = loom_loader_new(
+        d, &(loom_loader_config){.batch_size = 10, .drop_last = true, .no_shuffle = true});
     ASSERT_EQ(loom_loader_batches(l), 10);
     loom_batch b;
     int batches = 0;

@@ -9,18 +9,25 @@
  */
 #include "harness.h"
 
-#define TOL 1e-5
+#define TOL       1e-5
 /* AdamW divides each update by sqrt(v) + eps: for an element whose gradient is near eps (1e-8),
  * float32 rounding differences in the gradient (normwise ~3e-7 here) are amplified. Measured: one
  * or two elements per run reach 2.3e-5 normwise, every other element stays below 1e-6. */
 #define TOL_ADAMW 5e-5
 
-static const loom_layer cnn[] = {LOOM_CONV2D(1, 32, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
-                                 LOOM_CONV2D(32, 64, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
-                                 LOOM_FLATTEN, LOOM_LINEAR(1600, 128), LOOM_RELU,
-                                 LOOM_LINEAR(128, 10), LOOM_END};
-static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256),
-                                 LOOM_RELU, LOOM_LINEAR(256, 10), LOOM_END};
+static const loom_layer cnn[] = {LOOM_CONV2D(1, 32, 3, 1, 0),
+                                 LOOM_RELU,
+                                 LOOM_MAXPOOL2D(2),
+                                 LOOM_CONV2D(32, 64, 3, 1, 0),
+                                 LOOM_RELU,
+                                 LOOM_MAXPOOL2D(2),
+                                 LOOM_FLATTEN,
+                                 LOOM_LINEAR(1600, 128),
+                                 LOOM_RELU,
+                                 LOOM_LINEAR(128, 10),
+                                 LOOM_END};
+static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256), LOOM_RELU,
+                                 LOOM_LINEAR(256, 10),  LOOM_END};
 
 static double worst; /* the largest error seen, reported at the end */
 
@@ -116,8 +123,8 @@ static int run_recipe(const loom_tensor_file *f, bool is_mlp, const char *opt) {
         const char *name = loom_param_name(p);
         int64_t n, ns;
         char pre[64];
-        const int32_t *stride = loom_tensor_file_get(f, (snprintf(key, sizeof key, "stride.%s",
-                                                                  name), key), NULL, NULL, NULL);
+        const int32_t *stride = loom_tensor_file_get(
+            f, (snprintf(key, sizeof key, "stride.%s", name), key), NULL, NULL, NULL);
         snprintf(pre, sizeof pre, "%s.param.", opt);
         const float *ref = fixture(f, pre, name, &n);
         ns = stride ? stride[0] : 1;

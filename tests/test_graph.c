@@ -15,7 +15,8 @@ TEST(shape_errors_are_sticky_and_named) {
     ASSERT(loom_graph_error(g) == NULL);
     loom_tensor *y = loom_matmul(g, x, w);
     ASSERT(y == NULL);
-    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_matmul: (64,784) x (256,256): inner dims 784 != 256");
+    ASSERT_STR_CONTAINS(loom_graph_error(g),
+                        "loom_matmul: (64,784) x (256,256): inner dims 784 != 256");
     /* later builders return NULL and keep the first message */
     ASSERT(loom_relu(g, loom_add(g, y, x)) == NULL);
     ASSERT(loom_add(g, x, w) == NULL);
@@ -27,7 +28,8 @@ TEST(shape_errors_are_sticky_and_named) {
     x = loom_input(g, LOOM_F32, 2, sa, a);
     w = loom_input(g, LOOM_F32, 2, sb, b);
     ASSERT(loom_add(g, x, w) == NULL);
-    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_add: shapes (64,784) and (256,256) do not broadcast");
+    ASSERT_STR_CONTAINS(loom_graph_error(g),
+                        "loom_add: shapes (64,784) and (256,256) do not broadcast");
     loom_graph_free(g);
 }
 
@@ -51,7 +53,8 @@ TEST(dtype_errors_are_named) {
     int64_t img[4] = {2, 1, 28, 28}, wt[4] = {32, 3, 3, 3};
     ASSERT(loom_conv2d(g, loom_input(g, LOOM_F32, 4, img, a), loom_input(g, LOOM_F32, 4, wt, a),
                        NULL, 1, 0) == NULL);
-    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_conv2d: input (2,1,28,28) and weight (32,3,3,3)");
+    ASSERT_STR_CONTAINS(loom_graph_error(g),
+                        "loom_conv2d: input (2,1,28,28) and weight (32,3,3,3)");
     loom_graph_free(g);
 }
 
@@ -99,7 +102,8 @@ TEST(cache_keyed_by_structure_not_data) {
     float x1[8 * 6], x2[8 * 6];
     int32_t y[8];
     for (int i = 0; i < 48; i++)
-        x1[i] = (float)test_rand(1, (uint64_t)i, -1, 1), x2[i] = (float)test_rand(2, (uint64_t)i, -1, 1);
+        x1[i] = (float)test_rand(1, (uint64_t)i, -1, 1),
+        x2[i] = (float)test_rand(2, (uint64_t)i, -1, 1);
     for (int i = 0; i < 8; i++)
         y[i] = i % 3;
     double l1 = mlp_step(r.g, r.s, r.o, x1, y, 8);
@@ -154,7 +158,8 @@ TEST(training_reduces_the_loss) {
     for (int i = 0; i < 16; i++) {
         y[i] = i % 3;
         for (int k = 0; k < 6; k++)
-            x[i * 6 + k] = (float)(k == y[i] ? 1.0 : 0.0) + (float)test_rand(4, (uint64_t)(i * 6 + k), -0.2, 0.2);
+            x[i * 6 + k] = (float)(k == y[i] ? 1.0 : 0.0) +
+                           (float)test_rand(4, (uint64_t)(i * 6 + k), -0.2, 0.2);
     }
     double first = mlp_step(r.g, r.s, r.o, x, y, 16), last = first;
     for (int step = 0; step < 50; step++)

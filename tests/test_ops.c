@@ -24,22 +24,48 @@ typedef struct {
     build_fn build;
 } opcase;
 
-static loom_tensor *b_neg(loom_graph *g, loom_tensor **x) { return loom_neg(g, x[0]); }
-static loom_tensor *b_exp(loom_graph *g, loom_tensor **x) { return loom_exp(g, x[0]); }
-static loom_tensor *b_log(loom_graph *g, loom_tensor **x) { return loom_log(g, x[0]); }
-static loom_tensor *b_sqrt(loom_graph *g, loom_tensor **x) { return loom_sqrt(g, x[0]); }
-static loom_tensor *b_relu(loom_graph *g, loom_tensor **x) { return loom_relu(g, x[0]); }
-static loom_tensor *b_add(loom_graph *g, loom_tensor **x) { return loom_add(g, x[0], x[1]); }
-static loom_tensor *b_sub(loom_graph *g, loom_tensor **x) { return loom_sub(g, x[0], x[1]); }
-static loom_tensor *b_mul(loom_graph *g, loom_tensor **x) { return loom_mul(g, x[0], x[1]); }
-static loom_tensor *b_div(loom_graph *g, loom_tensor **x) { return loom_div(g, x[0], x[1]); }
+static loom_tensor *b_neg(loom_graph *g, loom_tensor **x) {
+    return loom_neg(g, x[0]);
+}
+static loom_tensor *b_exp(loom_graph *g, loom_tensor **x) {
+    return loom_exp(g, x[0]);
+}
+static loom_tensor *b_log(loom_graph *g, loom_tensor **x) {
+    return loom_log(g, x[0]);
+}
+static loom_tensor *b_sqrt(loom_graph *g, loom_tensor **x) {
+    return loom_sqrt(g, x[0]);
+}
+static loom_tensor *b_relu(loom_graph *g, loom_tensor **x) {
+    return loom_relu(g, x[0]);
+}
+static loom_tensor *b_add(loom_graph *g, loom_tensor **x) {
+    return loom_add(g, x[0], x[1]);
+}
+static loom_tensor *b_sub(loom_graph *g, loom_tensor **x) {
+    return loom_sub(g, x[0], x[1]);
+}
+static loom_tensor *b_mul(loom_graph *g, loom_tensor **x) {
+    return loom_mul(g, x[0], x[1]);
+}
+static loom_tensor *b_div(loom_graph *g, loom_tensor **x) {
+    return loom_div(g, x[0], x[1]);
+}
 static loom_tensor *b_where(loom_graph *g, loom_tensor **x) {
     return loom_where(g, loom_cmpgt(g, x[0], loom_scalar(g, 0.0, LOOM_F64)), x[1], x[2]);
 }
-static loom_tensor *b_sum1(loom_graph *g, loom_tensor **x) { return loom_sum(g, x[0], 1); }
-static loom_tensor *b_sum0(loom_graph *g, loom_tensor **x) { return loom_sum(g, x[0], -3); }
-static loom_tensor *b_max0(loom_graph *g, loom_tensor **x) { return loom_max(g, x[0], 0); }
-static loom_tensor *b_max2(loom_graph *g, loom_tensor **x) { return loom_max(g, x[0], 2); }
+static loom_tensor *b_sum1(loom_graph *g, loom_tensor **x) {
+    return loom_sum(g, x[0], 1);
+}
+static loom_tensor *b_sum0(loom_graph *g, loom_tensor **x) {
+    return loom_sum(g, x[0], -3);
+}
+static loom_tensor *b_max0(loom_graph *g, loom_tensor **x) {
+    return loom_max(g, x[0], 0);
+}
+static loom_tensor *b_max2(loom_graph *g, loom_tensor **x) {
+    return loom_max(g, x[0], 2);
+}
 static loom_tensor *b_reshape(loom_graph *g, loom_tensor **x) {
     int64_t s[3] = {3, -1, 2};
     return loom_reshape(g, x[0], 3, s);
@@ -56,7 +82,9 @@ static loom_tensor *b_expand(loom_graph *g, loom_tensor **x) {
     int64_t s[3] = {2, 3, 4};
     return loom_expand(g, x[0], 3, s);
 }
-static loom_tensor *b_matmul(loom_graph *g, loom_tensor **x) { return loom_matmul(g, x[0], x[1]); }
+static loom_tensor *b_matmul(loom_graph *g, loom_tensor **x) {
+    return loom_matmul(g, x[0], x[1]);
+}
 static loom_tensor *b_matmul_t(loom_graph *g, loom_tensor **x) {
     return loom_matmul(g, loom_transpose(g, x[0]), loom_transpose(g, x[1]));
 }
@@ -66,27 +94,41 @@ static loom_tensor *b_unfold(loom_graph *g, loom_tensor **x) {
 static loom_tensor *b_fold(loom_graph *g, loom_tensor **x) {
     return loom_fold(g, x[0], (loom_window){3, 2, 2, 1, 1, 0}, 5, 4);
 }
-static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) { return loom_softmax(g, x[0], 1); }
-static loom_tensor *b_logsm(loom_graph *g, loom_tensor **x) { return loom_log_softmax(g, x[0], -1); }
-static loom_tensor *b_mean(loom_graph *g, loom_tensor **x) { return loom_mean_all(g, x[0]); }
+static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) {
+    return loom_softmax(g, x[0], 1);
+}
+static loom_tensor *b_logsm(loom_graph *g, loom_tensor **x) {
+    return loom_log_softmax(g, x[0], -1);
+}
+static loom_tensor *b_mean(loom_graph *g, loom_tensor **x) {
+    return loom_mean_all(g, x[0]);
+}
 static loom_tensor *b_linear(loom_graph *g, loom_tensor **x) {
     return loom_linear(g, x[0], x[1], x[2]);
 }
 static loom_tensor *b_conv(loom_graph *g, loom_tensor **x) {
     return loom_conv2d(g, x[0], x[1], x[2], 2, 1);
 }
-static loom_tensor *b_pool(loom_graph *g, loom_tensor **x) { return loom_max_pool2d(g, x[0], 2); }
-static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) { return loom_flatten(g, x[0]); }
+static loom_tensor *b_pool(loom_graph *g, loom_tensor **x) {
+    return loom_max_pool2d(g, x[0], 2);
+}
+static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) {
+    return loom_flatten(g, x[0]);
+}
 static int32_t ce_labels[4] = {2, 0, 4, 4};
 static loom_tensor *b_ce(loom_graph *g, loom_tensor **x) {
     int64_t n = 4;
     return loom_cross_entropy(g, x[0], loom_input(g, LOOM_I32, 1, &n, ce_labels));
 }
 
-#define S1(a)          {a}
-#define S2(a, b)       {a, b}
-#define S3(a, b, c)    {a, b, c}
-#define S4(a, b, c, d) {a, b, c, d}
+#define S1(a) \
+    { a }
+#define S2(a, b) \
+    { a, b }
+#define S3(a, b, c) \
+    { a, b, c }
+#define S4(a, b, c, d) \
+    { a, b, c, d }
 
 static const opcase cases[] = {
     {"NEG", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_neg},
@@ -125,15 +167,15 @@ static const opcase cases[] = {
 #define NCASES (int)(sizeof cases / sizeof *cases)
 
 /* Ops without a gradient, checked by forward tests below. */
-static const char *const forward_only[] = {"INPUT", "CONST", "PERSIST", "CMPGT", "CMPEQ",
-                                           "MAXMASK", "ONEHOT", "STORE"};
+static const char *const forward_only[] = {"INPUT", "CONST",   "PERSIST", "CMPGT",
+                                           "CMPEQ", "MAXMASK", "ONEHOT",  "STORE"};
 
 static const char *const all_ops[] = {
-#define LOOM_LEAF(name) #name,
-#define LOOM_EW(name, arity, expr) #name,
+#define LOOM_LEAF(name)                #name,
+#define LOOM_EW(name, arity, expr)     #name,
 #define LOOM_RED(name, combine, ident) #name,
-#define LOOM_MOV(name) #name,
-#define LOOM_OPQ(name, arity) #name,
+#define LOOM_MOV(name)                 #name,
+#define LOOM_OPQ(name, arity)          #name,
 #include "../src/graph/ops.def"
 };
 
@@ -177,8 +219,8 @@ static bool check_case(int ci) {
     w = malloc(sizeof(double) * (size_t)(ny + 1));
     for (int64_t j = 0; j < ny; j++)
         w[j] = test_rand(999, (uint64_t)j, -1, 1);
-    loom_tensor *wt = y ? loom_input(g, LOOM_F64, loom_tensor_ndim(y), loom_tensor_shape(y), w)
-                        : NULL;
+    loom_tensor *wt =
+        y ? loom_input(g, LOOM_F64, loom_tensor_ndim(y), loom_tensor_shape(y), w) : NULL;
     loom_tensor *loss = loom_sum_all(g, loom_mul(g, y, wt));
     loom_output(loss);
     for (int i = 0; i < c->nin; i++)
@@ -213,8 +255,10 @@ static bool check_case(int ci) {
             double fd = (lp - lm) / (2 * h);
             double tol = 1e-6 * fmax(1.0, fabs(fd));
             if (!ok || !(fabs(fd - an[i][j]) <= tol)) {
-                fprintf(stderr, "case %d (%s): d/d input%d[%lld]: autograd %.10g, finite "
-                        "difference %.10g\n", ci, c->op, i, (long long)j, an[i][j], fd);
+                fprintf(stderr,
+                        "case %d (%s): d/d input%d[%lld]: autograd %.10g, finite "
+                        "difference %.10g\n",
+                        ci, c->op, i, (long long)j, an[i][j], fd);
                 ok = false;
             }
         }
@@ -222,8 +266,8 @@ static bool check_case(int ci) {
     loom_metrics m;
     loom_graph_metrics(g, &m);
     if (ok && m.programs_built != 1) {
-        fprintf(stderr, "case %d (%s): %lld programs built, expected 1 (cache misses)\n", ci,
-                c->op, (long long)m.programs_built);
+        fprintf(stderr, "case %d (%s): %lld programs built, expected 1 (cache misses)\n", ci, c->op,
+                (long long)m.programs_built);
         ok = false;
     }
     for (int i = 0; i < MAXIN; i++)
@@ -329,8 +373,8 @@ TEST(forward_only_ops) {
     loom_graph *g = loom_graph_new(NULL);
     loom_tensor *ta = loom_input(g, LOOM_F32, 2, s, a), *tb = loom_input(g, LOOM_F32, 2, s, b);
     loom_tensor *gt = loom_cmpgt(g, ta, tb), *eq = loom_cmpeq(g, ta, tb);
-    loom_tensor *mm = loom_maxmask(g, ta, 1), *oh = loom_onehot(g, loom_input(g, LOOM_I32, 1, si,
-                                                                              idx), 3, LOOM_F32);
+    loom_tensor *mm = loom_maxmask(g, ta, 1),
+                *oh = loom_onehot(g, loom_input(g, LOOM_I32, 1, si, idx), 3, LOOM_F32);
     loom_tensor *k = loom_add(g, ta, loom_scalar(g, 0.5, LOOM_F32));
     loom_output(gt), loom_output(eq), loom_output(mm), loom_output(oh), loom_output(k);
     ASSERT_EQ(loom_graph_run(g), LOOM_OK);

@@ -43,13 +43,13 @@ typedef struct {
 
 struct loom__program {
     uint64_t hash;
-    int64_t n;           /* nodes */
+    int64_t n; /* nodes */
     loom__pnode *nodes;
-    int32_t *exec;       /* ids of nodes that run, in order */
+    int32_t *exec; /* ids of nodes that run, in order */
     int64_t nexec;
-    double *consts;      /* constant slots (8 bytes each, holding the node's dtype) */
+    double *consts; /* constant slots (8 bytes each, holding the node's dtype) */
     int64_t nconsts;
-    size_t ws_bytes;     /* workspace needed */
+    size_t ws_bytes; /* workspace needed */
 };
 
 typedef struct {

@@ -113,116 +113,118 @@ typedef loom_status (*kernel_fn)(const loom__program *p, const loom__bind *b, in
 
 /* ---- elementwise: one loop per op and type, from ops.def ------------------------------------ */
 
-#define EW_KERNEL(T, SFX, NAME, ARITY, EXPR)                                                       \
-    static void ew_##NAME##_##SFX(const iter *it, T *o, const T *x0, const T *x1, const T *x2) {   \
-        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
-        int L = it->nd - 1;                                                                        \
-        int64_t inner = it->shape[L], so = it->st[0][L], s0 = it->st[1][L];                        \
-        int64_t s1 = ARITY > 1 ? it->st[2][L] : 0, s2 = ARITY > 2 ? it->st[3][L] : 0;             \
-        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                             \
-            T *po = o + off[0];                                                                    \
-            const T *pa = x0 + off[1];                                                             \
-            const T *pb = ARITY > 1 ? x1 + off[2] : pa, *pc = ARITY > 2 ? x2 + off[3] : pa;        \
-            if (so == 1 && s0 == 1 && (ARITY < 2 || s1 == 1) && (ARITY < 3 || s2 == 1)) {          \
-                for (int64_t i = 0; i < inner; i++) {                                              \
-                    T a = pa[i], b = pb[i], c = pc[i];                                             \
-                    (void)b, (void)c;                                                              \
-                    po[i] = (T)(EXPR);                                                             \
-                }                                                                                  \
-            } else {                                                                               \
-                for (int64_t i = 0; i < inner; i++) {                                              \
-                    T a = pa[i * s0], b = pb[i * s1], c = pc[i * s2];                              \
-                    (void)b, (void)c;                                                              \
-                    po[i * so] = (T)(EXPR);                                                        \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
+#define EW_KERNEL(T, SFX, NAME, ARITY, EXPR)                                                     \
+    static void ew_##NAME##_##SFX(const iter *it, T *o, const T *x0, const T *x1, const T *x2) { \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                  \
+        int L = it->nd - 1;                                                                      \
+        int64_t inner = it->shape[L], so = it->st[0][L], s0 = it->st[1][L];                      \
+        int64_t s1 = ARITY > 1 ? it->st[2][L] : 0, s2 = ARITY > 2 ? it->st[3][L] : 0;            \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                           \
+            T *po = o + off[0];                                                                  \
+            const T *pa = x0 + off[1];                                                           \
+            const T *pb = ARITY > 1 ? x1 + off[2] : pa, *pc = ARITY > 2 ? x2 + off[3] : pa;      \
+            if (so == 1 && s0 == 1 && (ARITY < 2 || s1 == 1) && (ARITY < 3 || s2 == 1)) {        \
+                for (int64_t i = 0; i < inner; i++) {                                            \
+                    T a = pa[i], b = pb[i], c = pc[i];                                           \
+                    (void)b, (void)c;                                                            \
+                    po[i] = (T)(EXPR);                                                           \
+                }                                                                                \
+            } else {                                                                             \
+                for (int64_t i = 0; i < inner; i++) {                                            \
+                    T a = pa[i * s0], b = pb[i * s1], c = pc[i * s2];                            \
+                    (void)b, (void)c;                                                            \
+                    po[i * so] = (T)(EXPR);                                                      \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
     }
 
-#define LOOM_EW(NAME, ARITY, EXPR)                                                                 \
-    EW_KERNEL(float, f32, NAME, ARITY, EXPR)                                                       \
-    EW_KERNEL(double, f64, NAME, ARITY, EXPR)                                                      \
-    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) {         \
-        const loom__pnode *t = &p->nodes[id];                                                      \
-        int64_t st[MAXD];                                                                          \
-        contiguous_strides(t->ndim, t->shape, st);                                                 \
-        const int64_t *strides[4] = {st, p->nodes[t->src[0]].lay.stride,                           \
-                                     p->nodes[t->src[ARITY > 1 ? 1 : 0]].lay.stride,               \
-                                     p->nodes[t->src[ARITY > 2 ? 2 : 0]].lay.stride};              \
-        if (loom__numel(t->ndim, t->shape) == 0)                                                   \
-            return LOOM_OK;                                                                        \
-        iter it;                                                                                   \
-        iter_init(&it, t->ndim, t->shape, ARITY + 1, strides);                                     \
-        void *o = loom__addr(p, b, id), *x0 = loom__addr(p, b, t->src[0]);                         \
-        void *x1 = ARITY > 1 ? loom__addr(p, b, t->src[1]) : x0;                                   \
-        void *x2 = ARITY > 2 ? loom__addr(p, b, t->src[2]) : x0;                                   \
-        if (t->dtype == LOOM_F64)                                                                  \
-            ew_##NAME##_f64(&it, o, x0, x1, x2);                                                   \
-        else                                                                                       \
-            ew_##NAME##_f32(&it, o, x0, x1, x2);                                                   \
-        return LOOM_OK;                                                                            \
-    }
-#include "../graph/ops.def"
-
-/* ---- reductions over one axis: out = combine over k of in[k along axis] ----------------------- */
-
-#define RED_KERNEL(T, SFX, NAME, COMBINE, IDENT)                                                   \
-    static void red_##NAME##_##SFX(const iter *it, T *o, const T *x, int64_t len, int64_t sax) {   \
-        int L = it->nd - 1;                                                                        \
-        int64_t outer = iter_outer(it), inner = it->shape[L];                                      \
-        int64_t so = it->st[0][L], sx = it->st[1][L];                                              \
-        {                                                                                          \
-            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                        \
-            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                           \
-                for (int64_t i = 0; i < inner; i++)                                                \
-                    o[off[0] + i * so] = (T)(IDENT);                                               \
-        }                                                                                          \
-        for (int64_t k = 0; k < len; k++) {                                                        \
-            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                        \
-            const T *xk = x + k * sax;                                                             \
-            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                         \
-                T *po = o + off[0];                                                                \
-                const T *px = xk + off[1];                                                         \
-                for (int64_t i = 0; i < inner; i++) {                                              \
-                    T acc = po[i * so], a = px[i * sx];                                            \
-                    po[i * so] = (T)(COMBINE);                                                     \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-#define LOOM_RED(NAME, COMBINE, IDENT)                                                             \
-    RED_KERNEL(float, f32, NAME, COMBINE, IDENT)                                                   \
-    RED_KERNEL(double, f64, NAME, COMBINE, IDENT)                                                  \
-    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) {         \
-        const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];                           \
-        int ax = t->attr.axis;                                                                     \
-        int64_t st[MAXD];                                                                          \
-        contiguous_strides(t->ndim, t->shape, st);                                                 \
-        const int64_t *strides[2] = {st, s->lay.stride};                                           \
-        if (loom__numel(t->ndim, t->shape) == 0)                                                   \
-            return LOOM_OK;                                                                        \
-        iter it;                                                                                   \
-        iter_init(&it, t->ndim, t->shape, 2, strides);                                             \
-        void *o = loom__addr(p, b, id), *x = loom__addr(p, b, t->src[0]);                          \
-        if (t->dtype == LOOM_F64)                                                                  \
-            red_##NAME##_f64(&it, o, x, s->shape[ax], s->lay.stride[ax]);                          \
-        else                                                                                       \
-            red_##NAME##_f32(&it, o, x, s->shape[ax], s->lay.stride[ax]);                          \
-        return LOOM_OK;                                                                            \
+#define LOOM_EW(NAME, ARITY, EXPR)                                                         \
+    EW_KERNEL(float, f32, NAME, ARITY, EXPR)                                               \
+    EW_KERNEL(double, f64, NAME, ARITY, EXPR)                                              \
+    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) { \
+        const loom__pnode *t = &p->nodes[id];                                              \
+        int64_t st[MAXD];                                                                  \
+        contiguous_strides(t->ndim, t->shape, st);                                         \
+        const int64_t *strides[4] = {st, p->nodes[t->src[0]].lay.stride,                   \
+                                     p->nodes[t->src[ARITY > 1 ? 1 : 0]].lay.stride,       \
+                                     p->nodes[t->src[ARITY > 2 ? 2 : 0]].lay.stride};      \
+        if (loom__numel(t->ndim, t->shape) == 0)                                           \
+            return LOOM_OK;                                                                \
+        iter it;                                                                           \
+        iter_init(&it, t->ndim, t->shape, ARITY + 1, strides);                             \
+        void *o = loom__addr(p, b, id), *x0 = loom__addr(p, b, t->src[0]);                 \
+        void *x1 = ARITY > 1 ? loom__addr(p, b, t->src[1]) : x0;                           \
+        void *x2 = ARITY > 2 ? loom__addr(p, b, t->src[2]) : x0;                           \
+        if (t->dtype == LOOM_F64)                                                          \
+            ew_##NAME##_f64(&it, o, x0, x1, x2);                                           \
+        else                                                                               \
+            ew_##NAME##_f32(&it, o, x0, x1, x2);                                           \
+        return LOOM_OK;                                                                    \
     }
 #include "../graph/ops.def"
 
-/* ---- movement: views have no kernel; a materialized view is a strided copy -------------------- */
+/* ---- reductions over one axis: out = combine over k of in[k along axis] -----------------------
+ */
 
-#define COPY_KERNEL(T)                                                                             \
-    static void copy_##T(const iter *it, T *o, const T *x) {                                       \
-        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
-        int L = it->nd - 1;                                                                        \
-        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];                        \
-        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                               \
-            for (int64_t i = 0; i < inner; i++)                                                    \
-                o[off[0] + i * so] = x[off[1] + i * sx];                                           \
+#define RED_KERNEL(T, SFX, NAME, COMBINE, IDENT)                                                 \
+    static void red_##NAME##_##SFX(const iter *it, T *o, const T *x, int64_t len, int64_t sax) { \
+        int L = it->nd - 1;                                                                      \
+        int64_t outer = iter_outer(it), inner = it->shape[L];                                    \
+        int64_t so = it->st[0][L], sx = it->st[1][L];                                            \
+        {                                                                                        \
+            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                      \
+            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                         \
+                for (int64_t i = 0; i < inner; i++)                                              \
+                    o[off[0] + i * so] = (T)(IDENT);                                             \
+        }                                                                                        \
+        for (int64_t k = 0; k < len; k++) {                                                      \
+            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                      \
+            const T *xk = x + k * sax;                                                           \
+            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                       \
+                T *po = o + off[0];                                                              \
+                const T *px = xk + off[1];                                                       \
+                for (int64_t i = 0; i < inner; i++) {                                            \
+                    T acc = po[i * so], a = px[i * sx];                                          \
+                    po[i * so] = (T)(COMBINE);                                                   \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+#define LOOM_RED(NAME, COMBINE, IDENT)                                                     \
+    RED_KERNEL(float, f32, NAME, COMBINE, IDENT)                                           \
+    RED_KERNEL(double, f64, NAME, COMBINE, IDENT)                                          \
+    static loom_status k_##NAME(const loom__program *p, const loom__bind *b, int32_t id) { \
+        const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];                   \
+        int ax = t->attr.axis;                                                             \
+        int64_t st[MAXD];                                                                  \
+        contiguous_strides(t->ndim, t->shape, st);                                         \
+        const int64_t *strides[2] = {st, s->lay.stride};                                   \
+        if (loom__numel(t->ndim, t->shape) == 0)                                           \
+            return LOOM_OK;                                                                \
+        iter it;                                                                           \
+        iter_init(&it, t->ndim, t->shape, 2, strides);                                     \
+        void *o = loom__addr(p, b, id), *x = loom__addr(p, b, t->src[0]);                  \
+        if (t->dtype == LOOM_F64)                                                          \
+            red_##NAME##_f64(&it, o, x, s->shape[ax], s->lay.stride[ax]);                  \
+        else                                                                               \
+            red_##NAME##_f32(&it, o, x, s->shape[ax], s->lay.stride[ax]);                  \
+        return LOOM_OK;                                                                    \
+    }
+#include "../graph/ops.def"
+
+/* ---- movement: views have no kernel; a materialized view is a strided copy --------------------
+ */
+
+#define COPY_KERNEL(T)                                                          \
+    static void copy_##T(const iter *it, T *o, const T *x) {                    \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it); \
+        int L = it->nd - 1;                                                     \
+        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];     \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))            \
+            for (int64_t i = 0; i < inner; i++)                                 \
+                o[off[0] + i * so] = x[off[1] + i * sx];                        \
     }
 COPY_KERNEL(uint32_t)
 COPY_KERNEL(uint64_t)
@@ -273,27 +275,27 @@ static loom_status k_STORE(const loom__program *p, const loom__bind *b, int32_t 
 
 /* ---- first-max mask along an axis ----------------------------------------------------------- */
 
-#define MAXMASK_KERNEL(T)                                                                          \
-    static void maxmask_##T(const iter *it, T *o, const T *x, int64_t len, int64_t sax,            \
-                            int64_t oax) {                                                         \
-        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);                   \
-        int L = it->nd - 1;                                                                        \
-        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];                        \
-        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                             \
-            for (int64_t i = 0; i < inner; i++) {                                                  \
-                const T *px = x + off[1] + i * sx;                                                 \
-                T *po = o + off[0] + i * so;                                                       \
-                int64_t best = 0;                                                                  \
-                T acc = px[0];                                                                     \
-                for (int64_t k = 1; k < len; k++) {                                                \
-                    T a = px[k * sax];                                                             \
-                    if (a > acc || a != a)                                                         \
-                        acc = a, best = k;                                                         \
-                }                                                                                  \
-                for (int64_t k = 0; k < len; k++)                                                  \
-                    po[k * oax] = k == best ? (T)1 : (T)0;                                         \
-            }                                                                                      \
-        }                                                                                          \
+#define MAXMASK_KERNEL(T)                                                               \
+    static void maxmask_##T(const iter *it, T *o, const T *x, int64_t len, int64_t sax, \
+                            int64_t oax) {                                              \
+        int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0}, outer = iter_outer(it);         \
+        int L = it->nd - 1;                                                             \
+        int64_t inner = it->shape[L], so = it->st[0][L], sx = it->st[1][L];             \
+        for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off)) {                  \
+            for (int64_t i = 0; i < inner; i++) {                                       \
+                const T *px = x + off[1] + i * sx;                                      \
+                T *po = o + off[0] + i * so;                                            \
+                int64_t best = 0;                                                       \
+                T acc = px[0];                                                          \
+                for (int64_t k = 1; k < len; k++) {                                     \
+                    T a = px[k * sax];                                                  \
+                    if (a > acc || a != a)                                              \
+                        acc = a, best = k;                                              \
+                }                                                                       \
+                for (int64_t k = 0; k < len; k++)                                       \
+                    po[k * oax] = k == best ? (T)1 : (T)0;                              \
+            }                                                                           \
+        }                                                                               \
     }
 MAXMASK_KERNEL(float)
 MAXMASK_KERNEL(double)
@@ -319,7 +321,8 @@ static loom_status k_MAXMASK(const loom__program *p, const loom__bind *b, int32_
     return LOOM_OK;
 }
 
-/* ---- matmul through BLAS ---------------------------------------------------------------------- */
+/* ---- matmul through BLAS ----------------------------------------------------------------------
+ */
 
 bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
                        int64_t *ld) {
@@ -371,15 +374,17 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
         if (k == 0 && m * n > 0) {
             memset(po, 0, (size_t)(m * n) * es);
         } else if (m * n > 0 && t->dtype == LOOM_F64) {
-            cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                        (int)m, (int)n, (int)k, 1.0, (const double *)(pa + (size_t)oa * es),
-                        (int)lda, (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0,
-                        (double *)po, (int)(n > 1 ? n : 1));
+            cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0,
+                        (const double *)(pa + (size_t)oa * es), (int)lda,
+                        (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0, (double *)po,
+                        (int)(n > 1 ? n : 1));
         } else if (m * n > 0) {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                        (int)m, (int)n, (int)k, 1.0f, (const float *)(pa + (size_t)oa * es),
-                        (int)lda, (const float *)(pb + (size_t)ob * es), (int)ldb, 0.0f,
-                        (float *)po, (int)(n > 1 ? n : 1));
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
+                        (const float *)(pa + (size_t)oa * es), (int)lda,
+                        (const float *)(pb + (size_t)ob * es), (int)ldb, 0.0f, (float *)po,
+                        (int)(n > 1 ? n : 1));
         }
         for (int d = nd - 3; d >= 0; d--) { /* next batch index */
             idx[d]++;
@@ -393,7 +398,8 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
     return LOOM_OK;
 }
 
-/* ---- im2col and col2im ------------------------------------------------------------------------ */
+/* ---- im2col and col2im ------------------------------------------------------------------------
+ */
 
 /* UNFOLD: x (N,C,H,W) strided -> out (C,KH,KW,N,OH,OW) contiguous; FOLD is its adjoint: it adds
  * cols (C,KH,KW,N,OH,OW) strided into x (N,C,H,W) contiguous, zeroed first. One walk serves both;
@@ -407,52 +413,52 @@ static void window_range(int64_t len, int64_t out, int k, int s, int p, int64_t 
     *lo = *lo > *hi ? *hi : *lo;
 }
 
-#define WINDOW_ROW(T)                                                                              \
-    static void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow, int64_t lo,  \
-                               int64_t hi, int64_t first, int sw, bool fold) {                     \
-        if (fold) {                                                                                \
-            for (int64_t ox = lo; ox < hi; ox++)                                                   \
-                xrow[(first + (ox - lo) * sw) * xs] += crow[ox * cs];                              \
-            return;                                                                                \
-        }                                                                                          \
-        for (int64_t ox = 0; ox < lo; ox++)                                                        \
-            crow[ox * cs] = (T)0;                                                                  \
-        if (cs == 1 && xs == 1 && sw == 1)                                                         \
-            memcpy(crow + lo, xrow + first, sizeof(T) * (size_t)(hi - lo));                        \
-        else                                                                                       \
-            for (int64_t ox = lo; ox < hi; ox++)                                                   \
-                crow[ox * cs] = xrow[(first + (ox - lo) * sw) * xs];                               \
-        for (int64_t ox = hi; ox < ow; ox++)                                                       \
-            crow[ox * cs] = (T)0;                                                                  \
+#define WINDOW_ROW(T)                                                                            \
+    static void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow, int64_t lo, \
+                               int64_t hi, int64_t first, int sw, bool fold) {                   \
+        if (fold) {                                                                              \
+            for (int64_t ox = lo; ox < hi; ox++)                                                 \
+                xrow[(first + (ox - lo) * sw) * xs] += crow[ox * cs];                            \
+            return;                                                                              \
+        }                                                                                        \
+        for (int64_t ox = 0; ox < lo; ox++)                                                      \
+            crow[ox * cs] = (T)0;                                                                \
+        if (cs == 1 && xs == 1 && sw == 1)                                                       \
+            memcpy(crow + lo, xrow + first, sizeof(T) * (size_t)(hi - lo));                      \
+        else                                                                                     \
+            for (int64_t ox = lo; ox < hi; ox++)                                                 \
+                crow[ox * cs] = xrow[(first + (ox - lo) * sw) * xs];                             \
+        for (int64_t ox = hi; ox < ow; ox++)                                                     \
+            crow[ox * cs] = (T)0;                                                                \
     }
 WINDOW_ROW(float)
 WINDOW_ROW(double)
 
-#define WINDOW_KERNEL(T)                                                                           \
-    static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
-                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {      \
-        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];                \
-        for (int64_t c = 0; c < C; c++)                                                            \
-            for (int64_t i = 0; i < w->kh; i++)                                                    \
-                for (int64_t j = 0; j < w->kw; j++) {                                              \
-                    int64_t ylo, yhi, xlo, xhi;                                                    \
-                    window_range(H, OH, (int)i, w->sh, w->ph, &ylo, &yhi);                         \
-                    window_range(W, OW, (int)j, w->sw, w->pw, &xlo, &xhi);                         \
-                    int64_t first = xlo * w->sw - w->pw + j;                                       \
-                    for (int64_t n = 0; n < N; n++)                                                \
-                        for (int64_t oy = 0; oy < OH; oy++) {                                      \
-                            T *crow = cols + c * cst[0] + i * cst[1] + j * cst[2] + n * cst[3] +  \
-                                      oy * cst[4];                                                 \
-                            if (oy < ylo || oy >= yhi) {                                           \
-                                for (int64_t ox = 0; ox < OW && !fold; ox++)                       \
-                                    crow[ox * cst[5]] = (T)0;                                      \
-                                continue;                                                          \
-                            }                                                                      \
-                            int64_t iy = oy * w->sh - w->ph + i;                                   \
-                            window_row_##T(x + n * xst[0] + c * xst[1] + iy * xst[2], xst[3],     \
-                                           crow, cst[5], OW, xlo, xhi, first, w->sw, fold);        \
-                        }                                                                          \
-                }                                                                                  \
+#define WINDOW_KERNEL(T)                                                                         \
+    static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,          \
+                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {    \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];              \
+        for (int64_t c = 0; c < C; c++)                                                          \
+            for (int64_t i = 0; i < w->kh; i++)                                                  \
+                for (int64_t j = 0; j < w->kw; j++) {                                            \
+                    int64_t ylo, yhi, xlo, xhi;                                                  \
+                    window_range(H, OH, (int)i, w->sh, w->ph, &ylo, &yhi);                       \
+                    window_range(W, OW, (int)j, w->sw, w->pw, &xlo, &xhi);                       \
+                    int64_t first = xlo * w->sw - w->pw + j;                                     \
+                    for (int64_t n = 0; n < N; n++)                                              \
+                        for (int64_t oy = 0; oy < OH; oy++) {                                    \
+                            T *crow = cols + c * cst[0] + i * cst[1] + j * cst[2] + n * cst[3] + \
+                                      oy * cst[4];                                               \
+                            if (oy < ylo || oy >= yhi) {                                         \
+                                for (int64_t ox = 0; ox < OW && !fold; ox++)                     \
+                                    crow[ox * cst[5]] = (T)0;                                    \
+                                continue;                                                        \
+                            }                                                                    \
+                            int64_t iy = oy * w->sh - w->ph + i;                                 \
+                            window_row_##T(x + n * xst[0] + c * xst[1] + iy * xst[2], xst[3],    \
+                                           crow, cst[5], OW, xlo, xhi, first, w->sw, fold);      \
+                        }                                                                        \
+                }                                                                                \
     }
 WINDOW_KERNEL(float)
 WINDOW_KERNEL(double)
@@ -487,7 +493,8 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
     return window_kernel(p, b, id, true);
 }
 
-/* ---- one-hot ---------------------------------------------------------------------------------- */
+/* ---- one-hot ----------------------------------------------------------------------------------
+ */
 
 static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
@@ -502,8 +509,10 @@ static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t
     for (int64_t r = 0; r < rows; r++) {
         int32_t v = idx[off];
         if (v < 0 || v >= n)
-            return loom__error(LOOM_ERANGE, "loom_onehot: index %d at position %lld is outside "
-                               "[0, %lld)", v, (long long)r, (long long)n);
+            return loom__error(LOOM_ERANGE,
+                               "loom_onehot: index %d at position %lld is outside "
+                               "[0, %lld)",
+                               v, (long long)r, (long long)n);
         if (t->dtype == LOOM_F64)
             ((double *)o)[r * n + v] = 1.0;
         else
@@ -520,14 +529,15 @@ static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t
     return LOOM_OK;
 }
 
-/* ---- the dispatch table, from ops.def --------------------------------------------------------- */
+/* ---- the dispatch table, from ops.def ---------------------------------------------------------
+ */
 
 static const kernel_fn kernels[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name) [LOOM_OP_##name] = k_##name,
-#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = k_##name,
+#define LOOM_LEAF(name)                [LOOM_OP_##name] = k_##name,
+#define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = k_##name,
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = k_##name,
-#define LOOM_MOV(name) [LOOM_OP_##name] = k_##name,
-#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = k_##name,
+#define LOOM_MOV(name)                 [LOOM_OP_##name] = k_##name,
+#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = k_##name,
 #include "../graph/ops.def"
 };
 

@@ -162,8 +162,8 @@ static void assign_layouts(loom__program *p, const bool *live, const bool *is_ou
                 break;
             case LOOM_KIND_MOV: {
                 const loom__pnode *s = &p->nodes[t->src[0]];
-                bool reshape_ok = t->op != LOOM_OP_RESHAPE ||
-                                  is_contiguous(s->ndim, s->shape, s->lay.stride);
+                bool reshape_ok =
+                    t->op != LOOM_OP_RESHAPE || is_contiguous(s->ndim, s->shape, s->lay.stride);
                 if (reshape_ok)
                     view_layout(t, s, l);
                 if (!reshape_ok || (is_out[i] && !is_contiguous(t->ndim, t->shape, l->stride)))

@@ -12,10 +12,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define LOOM_ASSERT(cond)                                                                          \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            loom__assert_fail(__FILE__, __LINE__, #cond);                                          \
+#define LOOM_ASSERT(cond)                                 \
+    do {                                                  \
+        if (!(cond))                                      \
+            loom__assert_fail(__FILE__, __LINE__, #cond); \
     } while (0)
 
 #if defined(__GNUC__)
@@ -57,8 +57,8 @@ uint64_t loom__hash_final(const loom__hash *h);
 
 /* The environment, read once per process. */
 typedef struct {
-    bool metrics;        /* LOOM_METRICS=1 */
-    const char *data;    /* LOOM_DATA, or NULL */
+    bool metrics;     /* LOOM_METRICS=1 */
+    const char *data; /* LOOM_DATA, or NULL */
 } loom__env;
 const loom__env *loom__getenv(void);
 

@@ -5,17 +5,17 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <time.h>
 
 static _Thread_local char last_error[1024];
 
 const char *loom_status_name(loom_status s) {
     switch (s) {
-#define NAME_CASE(name, value, msg)                                                                \
-    case LOOM_##name:                                                                              \
+#define NAME_CASE(name, value, msg) \
+    case LOOM_##name:               \
         return #name;
         LOOM_STATUS_MAP(NAME_CASE)
 #undef NAME_CASE
@@ -25,8 +25,8 @@ const char *loom_status_name(loom_status s) {
 
 const char *loom_status_str(loom_status s) {
     switch (s) {
-#define STR_CASE(name, value, msg)                                                                 \
-    case LOOM_##name:                                                                              \
+#define STR_CASE(name, value, msg) \
+    case LOOM_##name:              \
         return msg;
         LOOM_STATUS_MAP(STR_CASE)
 #undef STR_CASE

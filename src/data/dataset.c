@@ -60,8 +60,10 @@ static loom_status read_exact(gzFile f, const char *path, void *buf, size_t n, s
                                at + got, msg);
         }
         if (r == 0)
-            return loom__error(LOOM_EFORMAT, "%s: truncated: expected %zu bytes of %s at byte "
-                               "%zu, found %zu", path, n, what, at, got);
+            return loom__error(LOOM_EFORMAT,
+                               "%s: truncated: expected %zu bytes of %s at byte "
+                               "%zu, found %zu",
+                               path, n, what, at, got);
         got += (size_t)r;
     }
     return LOOM_OK;
@@ -76,22 +78,26 @@ static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned 
     *data = NULL;
     gzFile f = gzopen(path, "rb");
     if (!f)
-        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s",
-                           path, strerror(errno ? errno : EIO));
+        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s", path,
+                           strerror(errno ? errno : EIO));
     unsigned char hdr[4 + 4 * 3];
     loom_status s = read_exact(f, path, hdr, 4, 0, "IDX magic");
     uint32_t magic = s ? 0 : be32(hdr), want = 0x0800u | (uint32_t)ndim;
     if (!s && magic != want)
-        s = loom__error(LOOM_EFORMAT, "%s: bad IDX magic 0x%08x at byte 0, expected 0x%08x "
-                        "(unsigned bytes, %d dims)", path, magic, want, ndim);
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: bad IDX magic 0x%08x at byte 0, expected 0x%08x "
+                        "(unsigned bytes, %d dims)",
+                        path, magic, want, ndim);
     if (!s)
         s = read_exact(f, path, hdr + 4, 4 * (size_t)ndim, 4, "IDX dimensions");
     int64_t total = 1;
     for (int i = 0; i < ndim && !s; i++) {
         dims[i] = be32(hdr + 4 + 4 * i);
         if (dims[i] == 0 || dims[i] > (1 << 28))
-            s = loom__error(LOOM_EFORMAT, "%s: dimension %d is %lld at byte %d, expected 1 to "
-                            "2^28", path, i, (long long)dims[i], 4 + 4 * i);
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: dimension %d is %lld at byte %d, expected 1 to "
+                            "2^28",
+                            path, i, (long long)dims[i], 4 + 4 * i);
         total *= dims[i];
     }
     if (!s && total > ((int64_t)1 << 33))
@@ -103,8 +109,10 @@ static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned 
         s = read_exact(f, path, *data, (size_t)total, at, "data");
     unsigned char extra;
     if (!s && gzread(f, &extra, 1) > 0)
-        s = loom__error(LOOM_EFORMAT, "%s: trailing data after byte %zu, expected the file to "
-                        "end there", path, at + (size_t)total);
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: trailing data after byte %zu, expected the file to "
+                        "end there",
+                        path, at + (size_t)total);
     gzclose(f);
     if (s) {
         loom__free(*data);
@@ -170,18 +178,21 @@ loom_status loom_dataset_fmnist(const char *dir, const char *split, loom_dataset
     *out = NULL;
     bool train = split && strcmp(split, "train") == 0;
     if (!split || (!train && strcmp(split, "test") != 0))
-        return loom__error(LOOM_EINVAL, "loom_dataset_fmnist: split '%s', expected 'train' or "
-                           "'test'", split ? split : "(null)");
+        return loom__error(LOOM_EINVAL,
+                           "loom_dataset_fmnist: split '%s', expected 'train' or "
+                           "'test'",
+                           split ? split : "(null)");
     if (!dir)
         dir = loom__getenv()->data ? loom__getenv()->data : "/usr/share/datasets/fashion-mnist";
     char img[4096], lab[4096];
     find_file(dir, train ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte", img, sizeof img);
     find_file(dir, train ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte", lab, sizeof lab);
     if (!exists(img) || !exists(lab))
-        return loom__error(LOOM_ENOTFOUND, "Fashion-MNIST not found in %s (no %s): install it with "
+        return loom__error(LOOM_ENOTFOUND,
+                           "Fashion-MNIST not found in %s (no %s): install it with "
                            "'apt-get install dataset-fashion-mnist', or pass --data DIR or set "
-                           "LOOM_DATA to a directory with the IDX files", dir,
-                           exists(img) ? lab : img);
+                           "LOOM_DATA to a directory with the IDX files",
+                           dir, exists(img) ? lab : img);
     return loom_dataset_load_idx(img, lab, 10, out);
 }
 

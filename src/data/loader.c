@@ -22,8 +22,8 @@ loom_loader *loom_loader_new(const loom_dataset *d, const loom_loader_config *c)
     if (cfg.batch_size == 0)
         cfg.batch_size = 128;
     if (!d || cfg.batch_size < 1) {
-        loom__error(LOOM_EINVAL, "loom_loader_new: %s", d ? "batch size must be >= 1"
-                                                          : "NULL dataset");
+        loom__error(LOOM_EINVAL, "loom_loader_new: %s",
+                    d ? "batch size must be >= 1" : "NULL dataset");
         return NULL;
     }
     int64_t n = loom_dataset_count(d), sn;

@@ -9,21 +9,21 @@
 
 typedef void (*grad_rule)(loom_graph *g, loom_tensor *t, loom_tensor *gy, loom_tensor **gx);
 
-#define RULE(name) static void grad_##name(loom_graph *g, loom_tensor *t, loom_tensor *gy, \
-                                           loom_tensor **gx)
-#define LOOM_LEAF(name) RULE(name);
-#define LOOM_EW(name, arity, expr) RULE(name);
+#define RULE(name) \
+    static void grad_##name(loom_graph *g, loom_tensor *t, loom_tensor *gy, loom_tensor **gx)
+#define LOOM_LEAF(name)                RULE(name);
+#define LOOM_EW(name, arity, expr)     RULE(name);
 #define LOOM_RED(name, combine, ident) RULE(name);
-#define LOOM_MOV(name) RULE(name);
-#define LOOM_OPQ(name, arity) RULE(name);
+#define LOOM_MOV(name)                 RULE(name);
+#define LOOM_OPQ(name, arity)          RULE(name);
 #include "ops.def"
 
 static const grad_rule rules[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name) [LOOM_OP_##name] = grad_##name,
-#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = grad_##name,
+#define LOOM_LEAF(name)                [LOOM_OP_##name] = grad_##name,
+#define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = grad_##name,
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = grad_##name,
-#define LOOM_MOV(name) [LOOM_OP_##name] = grad_##name,
-#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = grad_##name,
+#define LOOM_MOV(name)                 [LOOM_OP_##name] = grad_##name,
+#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = grad_##name,
 #include "ops.def"
 };
 
@@ -33,9 +33,9 @@ static const grad_rule rules[LOOM_OP_COUNT] = {
 #define ZERO (loom__scalar_like(g, gy, 0.0))
 
 /* Rules for ops without a gradient (leaves, comparisons, indices, side effects). */
-#define NO_GRAD(name)                                                                              \
-    RULE(name) {                                                                                   \
-        (void)g, (void)t, (void)gy, (void)gx;                                                      \
+#define NO_GRAD(name)                         \
+    RULE(name) {                              \
+        (void)g, (void)t, (void)gy, (void)gx; \
     }
 NO_GRAD(INPUT)
 NO_GRAD(CONST)
@@ -157,8 +157,8 @@ loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
     if (!g || g->err)
         return NULL;
     if (!loss || !wrt || loom_tensor_numel(loss) != 1) {
-        loom__graph_fail(g, LOOM_EINVAL, "loom_grad: %s", !loss || !wrt ? "NULL argument"
-                                                          : "loss must have one element");
+        loom__graph_fail(g, LOOM_EINVAL, "loom_grad: %s",
+                         !loss || !wrt ? "NULL argument" : "loss must have one element");
         return NULL;
     }
     loom_tensor *r;
@@ -171,12 +171,14 @@ void loom_backward(loom_graph *g, loom_tensor *loss) {
         return;
     if (!loss || loom_tensor_numel(loss) != 1 || loss->dtype != LOOM_F32 || !g->model) {
         loom__graph_fail(g, LOOM_EINVAL, "loom_backward: %s",
-                         !loss ? "NULL loss" : !g->model ? "the graph has no model"
-                                             : "loss must be one f32 element");
+                         !loss       ? "NULL loss"
+                         : !g->model ? "the graph has no model"
+                                     : "loss must be one f32 element");
         return;
     }
     loom_model *m = g->model;
-    loom_tensor **wrt = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(2 * m->n + 1));
+    loom_tensor **wrt =
+        loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(2 * m->n + 1));
     if (!wrt) {
         loom__graph_fail(g, LOOM_ENOMEM, "loom_backward: out of memory");
         return;

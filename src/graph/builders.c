@@ -96,8 +96,10 @@ loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *perm) {
     bool identity = true;
     for (int i = 0; i < a->ndim; i++) {
         if (perm[i] < 0 || perm[i] >= a->ndim || (seen >> perm[i]) & 1u) {
-            loom__graph_fail(g, LOOM_ESHAPE, "loom_permute: entry %d (%d) is not a permutation of "
-                             "0..%d", i, perm[i], a->ndim - 1);
+            loom__graph_fail(g, LOOM_ESHAPE,
+                             "loom_permute: entry %d (%d) is not a permutation of "
+                             "0..%d",
+                             i, perm[i], a->ndim - 1);
             return NULL;
         }
         seen |= 1u << perm[i];
@@ -106,7 +108,8 @@ loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *perm) {
     }
     if (identity)
         return a;
-    loom_tensor *t = loom__node(g, LOOM_OP_PERMUTE, (loom_dtype)a->dtype, a->ndim, s, a, NULL, NULL);
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_PERMUTE, (loom_dtype)a->dtype, a->ndim, s, a, NULL, NULL);
     if (t)
         for (int i = 0; i < a->ndim; i++)
             t->attr.perm[i] = perm[i];
@@ -327,8 +330,10 @@ loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w) {
     int64_t oh = x->ndim == 4 ? out_size(x->shape[2], w.kh, w.sh, w.ph) : -1;
     int64_t ow = x->ndim == 4 ? out_size(x->shape[3], w.kw, w.sw, w.pw) : -1;
     if (oh < 0 || ow < 0) {
-        loom__graph_fail(g, LOOM_ESHAPE, "loom_unfold: input %s, expected (N,C,H,W) with H,W >= "
-                         "the %dx%d window", sx, w.kh, w.kw);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_unfold: input %s, expected (N,C,H,W) with H,W >= "
+                         "the %dx%d window",
+                         sx, w.kh, w.kw);
         return NULL;
     }
     int64_t s[6] = {x->shape[1], w.kh, w.kw, x->shape[0], oh, ow};
@@ -347,8 +352,10 @@ loom_tensor *loom_fold(loom_graph *g, loom_tensor *cols, loom_window w, int64_t 
         out_size(wd, w.kw, w.sw, w.pw) != c[5]) {
         char sc[96];
         loom__shape_str(cols, sc, sizeof sc);
-        loom__graph_fail(g, LOOM_ESHAPE, "loom_fold: input %s does not match window %dx%d into "
-                         "%lldx%lld", sc, w.kh, w.kw, (long long)h, (long long)wd);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_fold: input %s does not match window %dx%d into "
+                         "%lldx%lld",
+                         sc, w.kh, w.kw, (long long)h, (long long)wd);
         return NULL;
     }
     int64_t s[4] = {c[3], c[0], h, wd};
@@ -364,9 +371,10 @@ loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype 
     if (idx->dtype != LOOM_I32 || idx->ndim >= LOOM_MAX_DIMS || n < 1 || dt == LOOM_I32) {
         char s[96];
         loom__shape_str(idx, s, sizeof s);
-        loom__graph_fail(g, LOOM_ESHAPE, "loom_onehot: indices %s %s into %lld classes of %s, "
-                         "expected i32 indices, >= 1 class, a float dtype", s,
-                         loom__dtype_name((loom_dtype)idx->dtype), (long long)n,
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_onehot: indices %s %s into %lld classes of %s, "
+                         "expected i32 indices, >= 1 class, a float dtype",
+                         s, loom__dtype_name((loom_dtype)idx->dtype), (long long)n,
                          loom__dtype_name(dt));
         return NULL;
     }

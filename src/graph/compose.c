@@ -47,8 +47,10 @@ loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor 
             loom__shape_str(logits, sa, sizeof sa);
         if (labels)
             loom__shape_str(labels, sb, sizeof sb);
-        loom__graph_fail(g, LOOM_ESHAPE, "loom_cross_entropy: logits %s and labels %s, expected "
-                         "(B,C) and (B)", sa, sb);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_cross_entropy: logits %s and labels %s, expected "
+                         "(B,C) and (B)",
+                         sa, sb);
         return NULL;
     }
     loom_tensor *lsm = loom_log_softmax(g, logits, 1);
@@ -62,8 +64,8 @@ loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
     return b ? loom_add(g, y, b) : y;
 }
 
-loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b,
-                         int stride, int padding) {
+loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b, int stride,
+                         int padding) {
     if (!g || g->err)
         return NULL;
     if (!x || !w || x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1] ||
@@ -73,8 +75,10 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
             loom__shape_str(x, sx, sizeof sx);
         if (w)
             loom__shape_str(w, sw, sizeof sw);
-        loom__graph_fail(g, LOOM_ESHAPE, "loom_conv2d: input %s and weight %s, expected "
-                         "(N,C,H,W) and (O,C,KH,KW) with the same C", sx, sw);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_conv2d: input %s and weight %s, expected "
+                         "(N,C,H,W) and (O,C,KH,KW) with the same C",
+                         sx, sw);
         return NULL;
     }
     loom_window win = {(int)w->shape[2], (int)w->shape[3], stride, stride, padding, padding};

@@ -10,11 +10,11 @@
 #include <string.h>
 
 const loom__opinfo loom__ops[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name) [LOOM_OP_##name] = {#name, LOOM_KIND_LEAF, 0},
-#define LOOM_EW(name, arity, expr) [LOOM_OP_##name] = {#name, LOOM_KIND_EW, arity},
+#define LOOM_LEAF(name)                [LOOM_OP_##name] = {#name, LOOM_KIND_LEAF, 0},
+#define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = {#name, LOOM_KIND_EW, arity},
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = {#name, LOOM_KIND_RED, 1},
-#define LOOM_MOV(name) [LOOM_OP_##name] = {#name, LOOM_KIND_MOV, 1},
-#define LOOM_OPQ(name, arity) [LOOM_OP_##name] = {#name, LOOM_KIND_OPQ, arity},
+#define LOOM_MOV(name)                 [LOOM_OP_##name] = {#name, LOOM_KIND_MOV, 1},
+#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = {#name, LOOM_KIND_OPQ, arity},
 #include "ops.def"
 };
 
@@ -100,8 +100,8 @@ loom_tensor *loom__node(loom_graph *g, loom__op op, loom_dtype dt, int ndim, con
     if (g->err)
         return NULL;
     if (ndim < 0 || ndim > LOOM_MAX_DIMS) {
-        loom__graph_fail(g, LOOM_ESHAPE, "%s: %d dims, at most %d supported",
-                         loom__ops[op].name, ndim, LOOM_MAX_DIMS);
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: %d dims, at most %d supported", loom__ops[op].name,
+                         ndim, LOOM_MAX_DIMS);
         return NULL;
     }
     if (loom__grow((void **)&g->nodes, &g->cap, g->n + 1, sizeof *g->nodes)) {
@@ -187,8 +187,8 @@ loom_tensor *loom__persist(loom_graph *g, loom__slab slab, int64_t offset, int n
 void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset) {
     if (!v)
         return;
-    loom_tensor *t = loom__node(g, LOOM_OP_STORE, (loom_dtype)v->dtype, v->ndim, v->shape, v,
-                                NULL, NULL);
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_STORE, (loom_dtype)v->dtype, v->ndim, v->shape, v, NULL, NULL);
     if (t) {
         t->requires_grad = false;
         t->attr.persist.slab = slab;
@@ -205,8 +205,8 @@ loom_tensor *loom_parameter(loom_graph *g, loom_param *p) {
         return NULL;
     }
     if (!g->persist_nodes) {
-        g->persist_nodes = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) *
-                                                            (size_t)(g->model->n + 1));
+        g->persist_nodes =
+            loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(g->model->n + 1));
         if (!g->persist_nodes) {
             loom__graph_fail(g, LOOM_ENOMEM, "loom_parameter: out of memory");
             return NULL;

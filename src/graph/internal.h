@@ -12,16 +12,22 @@
 #include "../core/internal.h"
 
 typedef enum {
-#define LOOM_LEAF(name) LOOM_OP_##name,
-#define LOOM_EW(name, arity, expr) LOOM_OP_##name,
+#define LOOM_LEAF(name)                LOOM_OP_##name,
+#define LOOM_EW(name, arity, expr)     LOOM_OP_##name,
 #define LOOM_RED(name, combine, ident) LOOM_OP_##name,
-#define LOOM_MOV(name) LOOM_OP_##name,
-#define LOOM_OPQ(name, arity) LOOM_OP_##name,
+#define LOOM_MOV(name)                 LOOM_OP_##name,
+#define LOOM_OPQ(name, arity)          LOOM_OP_##name,
 #include "ops.def"
     LOOM_OP_COUNT
 } loom__op;
 
-typedef enum { LOOM_KIND_LEAF, LOOM_KIND_EW, LOOM_KIND_RED, LOOM_KIND_MOV, LOOM_KIND_OPQ } loom__kind;
+typedef enum {
+    LOOM_KIND_LEAF,
+    LOOM_KIND_EW,
+    LOOM_KIND_RED,
+    LOOM_KIND_MOV,
+    LOOM_KIND_OPQ
+} loom__kind;
 
 typedef struct {
     const char *name; /* "ADD" */
@@ -41,9 +47,9 @@ typedef union {
     double value;            /* CONST */
     int32_t input;           /* INPUT: ordinal among the graph's inputs */
     struct {
-        int32_t slab;        /* loom__slab */
-        int64_t offset;      /* in elements */
-    } persist;               /* PERSIST, STORE (the target) */
+        int32_t slab;   /* loom__slab */
+        int64_t offset; /* in elements */
+    } persist;          /* PERSIST, STORE (the target) */
 } loom__attr;
 
 struct loom_tensor {
@@ -74,7 +80,7 @@ struct loom_graph {
     /* compile state (compile/program.c) */
     loom__program **programs;
     int64_t nprograms, programs_cap;
-    loom__program *last; /* program of the last successful run, NULL before */
+    loom__program *last;      /* program of the last successful run, NULL before */
     const void **last_inputs; /* its input bindings (in the arena) */
     void *workspace;
     size_t workspace_size;

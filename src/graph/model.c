@@ -50,8 +50,8 @@ loom_param *loom_model_add(loom_model *m, const char *name, int ndim, const int6
     }
     for (int i = 0; i < ndim; i++) {
         if (shape[i] <= 0) {
-            loom__error(LOOM_EINVAL, "loom_model_add: '%s' dim %d is %lld, expected > 0", name,
-                        i, (long long)shape[i]);
+            loom__error(LOOM_EINVAL, "loom_model_add: '%s' dim %d is %lld, expected > 0", name, i,
+                        (long long)shape[i]);
             return NULL;
         }
     }

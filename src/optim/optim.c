@@ -35,9 +35,10 @@ static loom_optim *optim_new(loom_model *m, const loom_optim_config *c, opt_kind
     if (!m || !(cfg.lr > 0) || cfg.momentum < 0 || cfg.weight_decay < 0 || cfg.beta1 < 0 ||
         cfg.beta1 >= 1 || cfg.beta2 < 0 || cfg.beta2 >= 1 || cfg.eps < 0 ||
         (cfg.nesterov && cfg.momentum <= 0)) {
-        loom__error(LOOM_EINVAL, "optimizer: invalid configuration (lr %g, momentum %g, weight "
-                    "decay %g, nesterov %d)", cfg.lr, cfg.momentum, cfg.weight_decay,
-                    (int)cfg.nesterov);
+        loom__error(LOOM_EINVAL,
+                    "optimizer: invalid configuration (lr %g, momentum %g, weight "
+                    "decay %g, nesterov %d)",
+                    cfg.lr, cfg.momentum, cfg.weight_decay, (int)cfg.nesterov);
         return NULL;
     }
     loom_optim *o = loom__calloc(1, sizeof *o);
@@ -111,8 +112,8 @@ static void adamw_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tenso
     loom_tensor *m1 = loom__persist(g, LOOM_SLAB_STATE, o1, p->ndim, p->shape);
     loom_tensor *m2 = loom__persist(g, LOOM_SLAB_STATE, o2, p->ndim, p->shape);
     loom_tensor *wd = loom_mul(g, w, h[H_DECAY]);
-    loom_tensor *n1 = loom_add(g, loom_mul(g, m1, k(g, c->beta1)),
-                               loom_mul(g, k(g, 1.0 - c->beta1), grad));
+    loom_tensor *n1 =
+        loom_add(g, loom_mul(g, m1, k(g, c->beta1)), loom_mul(g, k(g, 1.0 - c->beta1), grad));
     loom_tensor *n2 = loom_add(g, loom_mul(g, m2, k(g, c->beta2)),
                                loom_mul(g, k(g, 1.0 - c->beta2), loom_mul(g, grad, grad)));
     loom__store(g, n1, LOOM_SLAB_STATE, o1);

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 
 void loom_info(char *buf, size_t size) {
-    const char *data = loom__getenv()->data ? loom__getenv()->data
-                                            : "/usr/share/datasets/fashion-mnist";
+    const char *data =
+        loom__getenv()->data ? loom__getenv()->data : "/usr/share/datasets/fashion-mnist";
     struct stat st;
     snprintf(buf, size,
              "loom %s\n"

@@ -42,8 +42,10 @@ static bool jfail(json *j, const char *what) {
             snprintf(found, sizeof found, "'%c'", j->s[j->i]);
         else
             snprintf(found, sizeof found, "the end");
-        j->err = loom__error(LOOM_EFORMAT, "%s: malformed safetensors header at byte %zu: expected "
-                             "%s, found %s", j->path, 8 + j->i, what, found);
+        j->err = loom__error(LOOM_EFORMAT,
+                             "%s: malformed safetensors header at byte %zu: expected "
+                             "%s, found %s",
+                             j->path, 8 + j->i, what, found);
     }
     return false;
 }
@@ -151,19 +153,22 @@ static bool jint_array(json *j, uint64_t *v, int max, int *count) {
     return jexpect(j, ']');
 }
 
-/* ---- dtypes ----------------------------------------------------------------------------------- */
+/* ---- dtypes -----------------------------------------------------------------------------------
+ */
 
 static loom_status parse_dtype(const char *path, const char *name, const char *s, loom_dtype *dt) {
-    static const char *const other[] = {"F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I16", "I8",
-                                        "U64", "U32", "U16", "U8", "BOOL"};
+    static const char *const other[] = {"F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I16",
+                                        "I8",  "U64",  "U32",     "U16",     "U8",  "BOOL"};
     if (strcmp(s, "F32") == 0 || strcmp(s, "F64") == 0 || strcmp(s, "I32") == 0) {
         *dt = s[0] == 'I' ? LOOM_I32 : s[1] == '6' ? LOOM_F64 : LOOM_F32;
         return LOOM_OK;
     }
     for (size_t i = 0; i < sizeof other / sizeof *other; i++)
         if (strcmp(s, other[i]) == 0)
-            return loom__error(LOOM_EUNSUPPORTED, "%s: tensor '%s' has dtype %s; loom reads F32, "
-                               "F64 and I32", path, name, s);
+            return loom__error(LOOM_EUNSUPPORTED,
+                               "%s: tensor '%s' has dtype %s; loom reads F32, "
+                               "F64 and I32",
+                               path, name, s);
     return loom__error(LOOM_EFORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, name, s);
 }
 
@@ -204,8 +209,11 @@ static bool parse_entry(json *j, entry *e) {
     }
     j->i++;
     if (!*dt || !has_shape || !has_off) {
-        j->err = loom__error(LOOM_EFORMAT, "%s: tensor '%s' lacks %s in the header", j->path,
-                             e->name, !*dt ? "a dtype" : !has_shape ? "a shape" : "data_offsets");
+        j->err =
+            loom__error(LOOM_EFORMAT, "%s: tensor '%s' lacks %s in the header", j->path, e->name,
+                        !*dt         ? "a dtype"
+                        : !has_shape ? "a shape"
+                                     : "data_offsets");
         return false;
     }
     j->err = parse_dtype(j->path, e->name, dt, &e->dtype);
@@ -243,7 +251,8 @@ static bool parse_header(json *j, loom_tensor_file *f) {
     return j->i == j->n || jfail(j, "the end of the header");
 }
 
-/* ---- reading ---------------------------------------------------------------------------------- */
+/* ---- reading ----------------------------------------------------------------------------------
+ */
 
 static int cmp_begin(const void *a, const void *b) {
     const entry *x = *(const entry *const *)a, *y = *(const entry *const *)b;
@@ -263,12 +272,16 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
         for (int d = 0; d < e->ndim; d++)
             bytes *= (uint64_t)e->shape[d];
         if (e->end < e->begin || e->end > data_size)
-            s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' has data_offsets [%llu, %llu] outside "
-                            "the %llu bytes of data", path, e->name, (unsigned long long)e->begin,
-                            (unsigned long long)e->end, (unsigned long long)data_size);
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: tensor '%s' has data_offsets [%llu, %llu] outside "
+                            "the %llu bytes of data",
+                            path, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                            (unsigned long long)data_size);
         else if (e->end - e->begin != bytes)
-            s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' has %llu bytes of data, its shape "
-                            "needs %llu", path, e->name, (unsigned long long)(e->end - e->begin),
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: tensor '%s' has %llu bytes of data, its shape "
+                            "needs %llu",
+                            path, e->name, (unsigned long long)(e->end - e->begin),
                             (unsigned long long)bytes);
         for (int64_t k = 0; k < i && !s; k++)
             if (strcmp(f->e[k].name, e->name) == 0)
@@ -278,8 +291,8 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
         qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
         for (int64_t i = 1; i < f->n && !s; i++)
             if (sorted[i]->begin < sorted[i - 1]->end)
-                s = loom__error(LOOM_EFORMAT, "%s: tensors '%s' and '%s' overlap in the data",
-                                path, sorted[i - 1]->name, sorted[i]->name);
+                s = loom__error(LOOM_EFORMAT, "%s: tensors '%s' and '%s' overlap in the data", path,
+                                sorted[i - 1]->name, sorted[i]->name);
     }
     loom__free(sorted);
     return s;
@@ -288,8 +301,8 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
 static loom_status read_all(const char *path, unsigned char **buf, size_t *size) {
     FILE *fp = fopen(path, "rb");
     if (!fp)
-        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s",
-                           path, strerror(errno));
+        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s", path,
+                           strerror(errno));
     loom_status s = LOOM_OK;
     long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
     if (n < 0 || fseek(fp, 0, SEEK_SET) != 0)
@@ -313,11 +326,15 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     for (int i = 0; !s && i < 8 && size >= 8; i++)
         hlen |= (uint64_t)buf[i] << (8 * i);
     if (!s && size < 8)
-        s = loom__error(LOOM_EFORMAT, "%s: truncated: %zu bytes, a safetensors file starts with "
-                        "an 8-byte header length", path, size);
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: truncated: %zu bytes, a safetensors file starts with "
+                        "an 8-byte header length",
+                        path, size);
     else if (!s && hlen > size - 8)
-        s = loom__error(LOOM_EFORMAT, "%s: truncated: header length %llu at byte 0 exceeds the "
-                        "%zu bytes that follow", path, (unsigned long long)hlen, size - 8);
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: truncated: header length %llu at byte 0 exceeds the "
+                        "%zu bytes that follow",
+                        path, (unsigned long long)hlen, size - 8);
     loom_tensor_file *f = s ? NULL : loom__calloc(1, sizeof *f);
     if (!s && !f)
         s = LOOM_ENOMEM;
@@ -398,14 +415,14 @@ loom_status loom_model_load(loom_model *m, const char *path) {
         const entry *e = find(f, p->name);
         char a[96], b[96];
         if (!e) {
-            s = loom__error(LOOM_ENOTFOUND, "%s: tensor '%s' is missing (the model needs it)",
-                            path, p->name);
+            s = loom__error(LOOM_ENOTFOUND, "%s: tensor '%s' is missing (the model needs it)", path,
+                            p->name);
         } else if (e->dtype != LOOM_F32 || e->ndim != p->ndim ||
                    memcmp(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
             shape_str(e->ndim, e->shape, a, sizeof a);
             shape_str(p->ndim, p->shape, b, sizeof b);
-            s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects F32 %s",
-                            path, p->name, loom__dtype_name(e->dtype), a, b);
+            s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects F32 %s", path,
+                            p->name, loom__dtype_name(e->dtype), a, b);
         }
     }
     for (int64_t i = 0; i < f->n && !s; i++)
@@ -419,15 +436,18 @@ loom_status loom_model_load(loom_model *m, const char *path) {
     return s;
 }
 
-/* ---- writing ---------------------------------------------------------------------------------- */
+/* ---- writing ----------------------------------------------------------------------------------
+ */
 
 static loom_status build_header(const loom_model *m, char **out, size_t *len) {
     size_t cap = 256 + (size_t)m->n * (64 + 300), k = 0;
     char *h = loom__malloc(cap);
     if (!h)
         return LOOM_ENOMEM;
-    k += (size_t)snprintf(h + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\",\"producer\":"
-                          "\"loom %s\"}", LOOM_VERSION);
+    k += (size_t)snprintf(h + k, cap - k,
+                          "{\"__metadata__\":{\"format\":\"pt\",\"producer\":"
+                          "\"loom %s\"}",
+                          LOOM_VERSION);
     uint64_t off = 0;
     for (int64_t i = 0; i < m->n; i++) {
         const loom_param *p = m->params[i];

@@ -95,8 +95,10 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         ok = v && *v;
         if (!ok)
             cli_fail("%s: expected a path", f);
-        const char **dst = !strcmp(f, "--data") ? &o->data : !strcmp(f, "--init") ? &o->init
-                           : !strcmp(f, "--save") ? &o->save : &o->log_dir;
+        const char **dst = !strcmp(f, "--data")   ? &o->data
+                           : !strcmp(f, "--init") ? &o->init
+                           : !strcmp(f, "--save") ? &o->save
+                                                  : &o->log_dir;
         *dst = v;
     } else {
         takes = false;

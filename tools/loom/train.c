@@ -14,15 +14,22 @@
 
 /* torch.nn.Sequential(Conv2d(1,32,3), ReLU, MaxPool2d(2), Conv2d(32,64,3), ReLU, MaxPool2d(2),
  * Flatten, Linear(1600,128), ReLU, Linear(128,10)): tensors 0., 3., 7., 9. */
-static const loom_layer cnn[] = {
-    LOOM_CONV2D(1, 32, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
-    LOOM_CONV2D(32, 64, 3, 1, 0), LOOM_RELU, LOOM_MAXPOOL2D(2),
-    LOOM_FLATTEN, LOOM_LINEAR(1600, 128), LOOM_RELU, LOOM_LINEAR(128, 10), LOOM_END};
+static const loom_layer cnn[] = {LOOM_CONV2D(1, 32, 3, 1, 0),
+                                 LOOM_RELU,
+                                 LOOM_MAXPOOL2D(2),
+                                 LOOM_CONV2D(32, 64, 3, 1, 0),
+                                 LOOM_RELU,
+                                 LOOM_MAXPOOL2D(2),
+                                 LOOM_FLATTEN,
+                                 LOOM_LINEAR(1600, 128),
+                                 LOOM_RELU,
+                                 LOOM_LINEAR(128, 10),
+                                 LOOM_END};
 
 /* fmnist-mlp = Linear(784,256) ReLU Linear(256,256) ReLU Linear(256,10): tensors 0., 2., 4.;
  * images are flattened to (B, 784) before the Sequential. */
-static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256),
-                                 LOOM_RELU, LOOM_LINEAR(256, 10), LOOM_END};
+static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256), LOOM_RELU,
+                                 LOOM_LINEAR(256, 10),  LOOM_END};
 
 static const loom_layer *recipe_layers(const char *name, bool *flatten_input) {
     *flatten_input = false;
@@ -58,8 +65,8 @@ static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **lab
 
 /* Accuracy over the whole test set: each sample counted once. */
 static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
-    loom_loader *l = loom_loader_new(test, &(loom_loader_config){.batch_size = 1000,
-                                                                 .no_shuffle = true});
+    loom_loader *l =
+        loom_loader_new(test, &(loom_loader_config){.batch_size = 1000, .no_shuffle = true});
     if (!l)
         return cli_fail("evaluation: %s", loom_last_error());
     loom_batch b;
@@ -140,8 +147,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         *done = o->steps && r->step >= o->steps;
         double rate = tick_samples / (now() - tick + 1e-12);
         if (r->log)
-            fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step,
-                    (long long)epoch + 1, last, o->lr, rate);
+            fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step, (long long)epoch + 1,
+                    last, o->lr, rate);
         if (i % 100 == 0 || i == nb || *done) {
             printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch + 1,
                    (long long)i, (long long)nb, last, rate);
@@ -155,8 +162,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     printf("epoch %lld done: last loss %.4f, test accuracy %.4f, %.1f s\n", (long long)epoch + 1,
            last, acc, now() - t0);
     if (r->log)
-        fprintf(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1,
-                last, o->lr, acc);
+        fprintf(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1, last,
+                o->lr, acc);
     r->last_acc = acc;
     return 0;
 }
@@ -177,15 +184,17 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     loom_sequential_init(r->m.net, o->seed);
     if (o->init && loom_model_load(model, o->init))
         return cli_fail("--init: %s", loom_last_error());
-    loom_optim_config oc = {.lr = o->lr, .momentum = o->momentum,
-                            .weight_decay = o->weight_decay, .nesterov = o->nesterov};
-    r->opt = !strcmp(o->optimizer, "adamw") ? loom_adamw_new(model, &oc)
-                                            : loom_sgd_new(model, &oc);
+    loom_optim_config oc = {.lr = o->lr,
+                            .momentum = o->momentum,
+                            .weight_decay = o->weight_decay,
+                            .nesterov = o->nesterov};
+    r->opt = !strcmp(o->optimizer, "adamw") ? loom_adamw_new(model, &oc) : loom_sgd_new(model, &oc);
     if (!r->opt)
         return cli_fail("%s", loom_last_error());
     r->loader = loom_loader_new(*train, &(loom_loader_config){.batch_size = o->batch,
-                                .seed = o->seed, .no_shuffle = o->no_shuffle,
-                                .drop_last = o->drop_last});
+                                                              .seed = o->seed,
+                                                              .no_shuffle = o->no_shuffle,
+                                                              .drop_last = o->drop_last});
     r->m.g = loom_graph_new(model);
     if (!r->loader || !r->m.g)
         return cli_fail("%s", loom_last_error());
