@@ -23,6 +23,7 @@ demo: build
 	./$(BUILD)/loom train fmnist-cnn --epochs 1
 
 test: build
+	@bash scripts/interop-venv.sh $(BUILD)/venv
 	cd $(BUILD) && ctest --output-on-failure -j2
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory format-check
@@ -34,11 +35,12 @@ format-check:
 	    && echo "format: clean"; \
 	else echo "format: clang-format not installed, skipped"; fi
 
-# AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs.
+# AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs and
+# the install check (a sanitized library cannot serve an unsanitized program).
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON $(WERROR)
 	cmake --build $(ASAN_BUILD)
-	cd $(ASAN_BUILD) && ctest --output-on-failure -j2 -LE e2e
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j2 -LE "e2e|install"
 
 bench: build
 	bash bench/run.sh

@@ -2,7 +2,7 @@
 # Installs the Debian packages loom needs to build and test, if any is missing (as root, or
 # through sudo). Idempotent: with everything present it only checks.
 set -euo pipefail
-pkgs=(cmake ninja-build gcc pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+pkgs=(cmake ninja-build gcc pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

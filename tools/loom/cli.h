@@ -15,12 +15,13 @@ typedef struct {
     int64_t epochs, steps, batch;
     double lr, momentum, weight_decay;
     bool lr_set, nesterov, no_shuffle, drop_last;
+    bool eval_only;        /* `loom eval`: test accuracy of --init weights */
     const char *optimizer; /* "sgd" or "adamw" */
     uint64_t seed;
     const char *data, *init, *save, *log_dir;
 } train_opts;
 
-/* Runs `loom train` with parsed options; returns the process exit code. */
+/* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */
 int cli_train(const train_opts *o);
 /* Prints "loom: <formatted message>" to stderr; returns 1 (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -22,6 +22,7 @@ int cli_fail(const char *fmt, ...) {
 
 static const char usage[] =
     "usage: loom train RECIPE [options]   train a built-in recipe (fmnist-mlp, fmnist-cnn)\n"
+    "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "\n"
     "train options:\n"
@@ -116,8 +117,13 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
     return ok;
 }
 
-static int cmd_train(int argc, char **argv) {
-    train_opts o = {.epochs = 1, .batch = 128, .lr = 0.05, .momentum = 0.9, .optimizer = "sgd"};
+static int cmd_train(int argc, char **argv, bool eval_only) {
+    train_opts o = {.epochs = 1,
+                    .batch = 128,
+                    .lr = 0.05,
+                    .momentum = 0.9,
+                    .optimizer = "sgd",
+                    .eval_only = eval_only};
     for (int i = 2; i < argc; i++) {
         if (argv[i][0] == '-' && argv[i][1] == '-') {
             if (!parse_opt(argc, argv, &i, &o))
@@ -131,6 +137,10 @@ static int cmd_train(int argc, char **argv) {
     }
     if (!o.recipe) {
         cli_fail("train: expected a recipe: fmnist-mlp or fmnist-cnn");
+        return 2;
+    }
+    if (eval_only && !o.init) {
+        cli_fail("eval: expected --init FILE with the weights to evaluate");
         return 2;
     }
     if (!strcmp(o.optimizer, "adamw") && !o.lr_set)
@@ -150,8 +160,8 @@ int main(int argc, char **argv) {
         fputs(buf, stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "train"))
-        return cmd_train(argc, argv);
-    cli_fail("unknown command '%s' (expected train or info; see loom --help)", argv[1]);
+    if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval"))
+        return cmd_train(argc, argv, !strcmp(argv[1], "eval"));
+    cli_fail("unknown command '%s' (expected train, eval or info; see loom --help)", argv[1]);
     return 2;
 }

@@ -173,7 +173,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     const loom_layer *layers = recipe_layers(o->recipe, &r->m.flatten);
     if (!layers)
         return cli_fail("train: unknown recipe '%s' (known: fmnist-mlp, fmnist-cnn)", o->recipe);
-    loom_status s = loom_dataset_fmnist(o->data, "train", train);
+    loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
         s = loom_dataset_fmnist(o->data, "test", test);
     if (s)
@@ -184,6 +184,12 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     loom_sequential_init(r->m.net, o->seed);
     if (o->init && loom_model_load(model, o->init))
         return cli_fail("--init: %s", loom_last_error());
+    r->test = *test;
+    r->m.g = loom_graph_new(model);
+    if (!r->m.g)
+        return cli_fail("%s", loom_last_error());
+    if (o->eval_only)
+        return 0;
     loom_optim_config oc = {.lr = o->lr,
                             .momentum = o->momentum,
                             .weight_decay = o->weight_decay,
@@ -195,10 +201,8 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
                                                               .seed = o->seed,
                                                               .no_shuffle = o->no_shuffle,
                                                               .drop_last = o->drop_last});
-    r->m.g = loom_graph_new(model);
-    if (!r->loader || !r->m.g)
+    if (!r->loader)
         return cli_fail("%s", loom_last_error());
-    r->test = *test;
     if (o->log_dir && !(r->log = open_log(o->log_dir)))
         return 1;
     return 0;
@@ -210,13 +214,15 @@ int cli_train(const train_opts *o) {
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
-    if (!rc)
+    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)))
+        printf("test accuracy: %.4f\n", r.last_acc);
+    if (!rc && !o->eval_only)
         printf("loom: training %s on 1 device, %lld samples, batch %lld, %s lr %g\n", o->recipe,
                (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
     bool done = false;
-    for (int64_t e = 0; !rc && e < o->epochs && !done; e++)
+    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done; e++)
         rc = train_epoch(&r, e, &done);
-    if (!rc) {
+    if (!rc && !o->eval_only) {
         printf("test accuracy: %.4f\n", r.last_acc);
         printf("trained %lld steps in %.1f s (%.0f samples/s training, %.1f s in all)\n",
                (long long)r.step, r.train_seconds, r.samples / (r.train_seconds + 1e-12),

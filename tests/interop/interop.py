@@ -1,0 +1,105 @@
+"""Weights move between loom and the real readers, both ways, for both recipes.
+
+    python interop.py LOOM TMPDIR
+
+Needs numpy and safetensors (the PyPI package); with torch importable too, it also loads loom's
+file into the equivalent torch.nn.Sequential (strict load_state_dict) and compares test accuracy,
+and has loom evaluate weights that PyTorch trained and saved. Exit 77 (skipped) without
+safetensors."""
+import os
+import re
+import subprocess
+import sys
+
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+try:
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+try:
+    import torch
+    import torch.nn as nn
+    from safetensors.torch import save_file as torch_save_file
+except ImportError:
+    torch = None
+
+LOOM, TMP = sys.argv[1], sys.argv[2]
+DATA = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
+SHAPES = {
+    "fmnist-mlp": {"0.weight": (256, 784), "0.bias": (256,), "2.weight": (256, 256),
+                   "2.bias": (256,), "4.weight": (10, 256), "4.bias": (10,)},
+    "fmnist-cnn": {"0.weight": (32, 1, 3, 3), "0.bias": (32,), "3.weight": (64, 32, 3, 3),
+                   "3.bias": (64,), "7.weight": (128, 1600), "7.bias": (128,),
+                   "9.weight": (10, 128), "9.bias": (10,)},
+}
+
+
+def loom(*args):
+    out = subprocess.run([LOOM, *args], check=True, capture_output=True, text=True).stdout
+    return float(re.search(r"^test accuracy: ([0-9.]+)$", out, re.M).group(1))
+
+
+def torch_model(recipe):
+    if recipe == "fmnist-mlp":
+        return nn.Sequential(nn.Flatten(), nn.Sequential(
+            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)))
+    return nn.Sequential(nn.Identity(), nn.Sequential(
+        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10)))
+
+
+def test_set():
+    import gzip
+    def idx(name):
+        with gzip.open(os.path.join(DATA, name), "rb") as f:
+            raw = f.read()
+        nd = raw[3]
+        dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
+        return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+    x = torch.from_numpy(idx("t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
+    return x.unsqueeze(1), torch.from_numpy(idx("t10k-labels-idx1-ubyte.gz").astype(np.int64))
+
+
+def accuracy(net, x, y):
+    with torch.no_grad():
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
+def check(recipe):
+    a = os.path.join(TMP, recipe + "-loom.safetensors")
+    acc_loom = loom("train", recipe, "--steps", "30", "--save", a)
+    w = load_file(a)  # the real reader
+    assert {k: v.shape for k, v in w.items()} == SHAPES[recipe], w.keys()
+    assert all(v.dtype == np.float32 for v in w.values())
+    b = os.path.join(TMP, recipe + "-numpy.safetensors")
+    save_file(w, b)  # the real writer; loom must read it and get the same accuracy exactly
+    assert loom("eval", recipe, "--init", b) == acc_loom
+    print(f"{recipe}: safetensors reads loom's file and writes one loom reads (accuracy {acc_loom})")
+    if torch is None:
+        return
+    torch.set_num_threads(1)
+    x, y = test_set()
+    net = torch_model(recipe)
+    net[1].load_state_dict({k: torch.from_numpy(v) for k, v in w.items()}, strict=True)
+    acc_torch = accuracy(net, x, y)
+    assert abs(acc_torch - acc_loom) <= 5e-4, (acc_torch, acc_loom)
+    torch.manual_seed(1)
+    net = torch_model(recipe)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for i in range(30):
+        loss = nn.functional.cross_entropy(net(x[i * 64:(i + 1) * 64]), y[i * 64:(i + 1) * 64])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    c = os.path.join(TMP, recipe + "-torch.safetensors")
+    torch_save_file(net[1].state_dict(), c)
+    acc_t, acc_l = accuracy(net, x, y), loom("eval", recipe, "--init", c)
+    assert abs(acc_t - acc_l) <= 5e-4, (acc_t, acc_l)
+    print(f"{recipe}: torch {torch.__version__} loads loom's weights ({acc_torch} vs {acc_loom}); "
+          f"loom evaluates torch's ({acc_l} vs {acc_t})")
+
+
+for r in SHAPES:
+    check(r)
