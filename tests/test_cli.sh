@@ -50,5 +50,13 @@ else
 fi
 expect_fail "tensor '0.weight' is f32 (256,784), the model expects F32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
 
+# LOOM_METRICS=1 reports the program cache when a graph is freed.
+if LOOM_METRICS=1 "$loom" eval fmnist-mlp --init "$tmp/w.safetensors" 2>"$tmp/err" >/dev/null &&
+   grep -q "metrics: graphs built 10, programs built 1, cache hits 9" "$tmp/err"; then
+    echo "ok   LOOM_METRICS=1"
+else
+    echo "FAIL: LOOM_METRICS=1: $(cat "$tmp/err")"; fails=$((fails + 1))
+fi
+
 rm -rf "$tmp"
 [ "$fails" -eq 0 ] || { echo "$fails failed"; exit 1; }
