@@ -168,7 +168,38 @@ TEST(training_reduces_the_loss) {
     rig_free(&r);
 }
 
+/* PyTorch's defaults: weight and bias uniform in +-1/sqrt(fan_in); fan_in = in * kh * kw. */
+TEST(init_follows_pytorch_distributions) {
+    loom_model *m = loom_model_new();
+    loom_layer layers[] = {LOOM_CONV2D(3, 64, 5, 1, 0), LOOM_FLATTEN, LOOM_LINEAR(300, 400),
+                           LOOM_END};
+    loom_sequential *s = loom_sequential_new(m, layers);
+    loom_sequential_init(s, 9);
+    const double fan[4] = {75, 75, 300, 300};
+    for (int i = 0; i < 4; i++) {
+        loom_param *p = loom_model_at(m, i);
+        const float *d = loom_param_data(p);
+        double bound = 1 / sqrt(fan[i]), sum = 0, sq = 0, n = (double)loom_param_numel(p);
+        for (int64_t k = 0; k < loom_param_numel(p); k++) {
+            ASSERT(fabs(d[k]) <= bound);
+            sum += d[k], sq += (double)d[k] * d[k];
+        }
+        if (n > 1000) { /* mean 0, variance bound^2 / 3 */
+            ASSERT_NEAR(sum / n / bound, 0.0, 0.02);
+            ASSERT_NEAR(sq / n / (bound * bound / 3), 1.0, 0.03);
+        }
+    }
+    float first = loom_param_data(loom_model_at(m, 0))[0];
+    loom_sequential_init(s, 9);
+    ASSERT(loom_param_data(loom_model_at(m, 0))[0] == first); /* seeded */
+    loom_sequential_init(s, 10);
+    ASSERT(loom_param_data(loom_model_at(m, 0))[0] != first);
+    loom_sequential_free(s);
+    loom_model_free(m);
+}
+
 int main(void) {
+    RUN(init_follows_pytorch_distributions);
     RUN(shape_errors_are_sticky_and_named);
     RUN(dtype_errors_are_named);
     RUN(cache_keyed_by_structure_not_data);
