@@ -306,6 +306,11 @@ typedef struct {
 #define LOOM_END \
     { .kind = LOOM_LAYER_END }
 
+/* The layers of a built-in recipe ("fmnist-mlp", "fmnist-cnn"), terminated by LOOM_LAYER_END;
+ * *flatten_input says whether images are flattened to (B, H*W) first. NULL (ENOTFOUND) if unknown.
+ * Static storage, thread-safe. */
+LOOM_API const loom_layer *loom_recipe(const char *name, bool *flatten_input);
+
 typedef struct loom_sequential loom_sequential;
 /* Builds the layers (terminated by LOOM_LAYER_END) into m with names "<index>.weight" and
  * "<index>.bias", as torch.nn.Sequential names them. NULL on error (loom_last_error). */

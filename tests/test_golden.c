@@ -15,20 +15,6 @@
  * or two elements per run reach 2.3e-5 normwise, every other element stays below 1e-6. */
 #define TOL_ADAMW 5e-5
 
-static const loom_layer cnn[] = {LOOM_CONV2D(1, 32, 3, 1, 0),
-                                 LOOM_RELU,
-                                 LOOM_MAXPOOL2D(2),
-                                 LOOM_CONV2D(32, 64, 3, 1, 0),
-                                 LOOM_RELU,
-                                 LOOM_MAXPOOL2D(2),
-                                 LOOM_FLATTEN,
-                                 LOOM_LINEAR(1600, 128),
-                                 LOOM_RELU,
-                                 LOOM_LINEAR(128, 10),
-                                 LOOM_END};
-static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256), LOOM_RELU,
-                                 LOOM_LINEAR(256, 10),  LOOM_END};
-
 static double worst; /* the largest error seen, reported at the end */
 
 static const float *fixture(const loom_tensor_file *f, const char *prefix, const char *name,
@@ -77,7 +63,8 @@ static bool compare(const char *what, const char *name, const float *got, const 
 /* Three steps of `opt` from the fixture's init; returns the number of mismatches. */
 static int run_recipe(const loom_tensor_file *f, bool is_mlp, const char *opt) {
     loom_model *m = loom_model_new();
-    loom_sequential *s = loom_sequential_new(m, is_mlp ? mlp : cnn);
+    loom_sequential *s =
+        loom_sequential_new(m, loom_recipe(is_mlp ? "fmnist-mlp" : "fmnist-cnn", NULL));
     int bad = 0;
     for (int i = 0; i < loom_model_count(m); i++) {
         loom_param *p = loom_model_at(m, i);

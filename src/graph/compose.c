@@ -37,22 +37,25 @@ loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis) {
     return loom_sub(g, s, loom_log(g, loom_sum(g, loom_exp(g, s), axis)));
 }
 
+/* Sticky error "<op>: <what> <shape a> and <shape b>, expected <expect>" (NULL shows as NULL). */
+static loom_tensor *fail_shapes(loom_graph *g, const char *what, const loom_tensor *a,
+                                const char *and_what, const loom_tensor *b, const char *expect) {
+    char sa[96] = "NULL", sb[96] = "NULL";
+    if (a)
+        loom__shape_str(a, sa, sizeof sa);
+    if (b)
+        loom__shape_str(b, sb, sizeof sb);
+    loom__graph_fail(g, LOOM_ESHAPE, "%s %s %s %s, expected %s", what, sa, and_what, sb, expect);
+    return NULL;
+}
+
 loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels) {
     if (!g || g->err)
         return NULL;
     if (!logits || !labels || logits->ndim != 2 || labels->ndim != 1 ||
-        labels->shape[0] != logits->shape[0]) {
-        char sa[96] = "NULL", sb[96] = "NULL";
-        if (logits)
-            loom__shape_str(logits, sa, sizeof sa);
-        if (labels)
-            loom__shape_str(labels, sb, sizeof sb);
-        loom__graph_fail(g, LOOM_ESHAPE,
-                         "loom_cross_entropy: logits %s and labels %s, expected "
-                         "(B,C) and (B)",
-                         sa, sb);
-        return NULL;
-    }
+        labels->shape[0] != logits->shape[0])
+        return fail_shapes(g, "loom_cross_entropy: logits", logits, "and labels", labels,
+                           "(B,C) and (B)");
     loom_tensor *lsm = loom_log_softmax(g, logits, 1);
     loom_tensor *oh = loom_onehot(g, labels, logits->shape[1], (loom_dtype)logits->dtype);
     loom_tensor *picked = loom_sum(g, loom_mul(g, lsm, oh), 1); /* (B,1) */
@@ -69,18 +72,9 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
     if (!g || g->err)
         return NULL;
     if (!x || !w || x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1] ||
-        (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))) {
-        char sx[96] = "NULL", sw[96] = "NULL";
-        if (x)
-            loom__shape_str(x, sx, sizeof sx);
-        if (w)
-            loom__shape_str(w, sw, sizeof sw);
-        loom__graph_fail(g, LOOM_ESHAPE,
-                         "loom_conv2d: input %s and weight %s, expected "
-                         "(N,C,H,W) and (O,C,KH,KW) with the same C",
-                         sx, sw);
-        return NULL;
-    }
+        (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
+        return fail_shapes(g, "loom_conv2d: input", x, "and weight", w,
+                           "(N,C,H,W) and (O,C,KH,KW) with the same C, bias (O)");
     loom_window win = {(int)w->shape[2], (int)w->shape[3], stride, stride, padding, padding};
     loom_tensor *cols = loom_unfold(g, x, win); /* (C,KH,KW,N,OH,OW) */
     if (!cols)

@@ -1,5 +1,5 @@
 /*
- * train.c - `loom train`: the built-in recipes and the training loop on one device. Each step is
+ * train.c - `loom train` and `loom eval`: the training loop on one device. Each step is
  * one lazy graph (forward, cross-entropy, backward, optimizer update) that the library compiles
  * once and replays; evaluation is a second, forward-only program. Test accuracy is counted over
  * every test sample exactly once.
@@ -11,36 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
-/* torch.nn.Sequential(Conv2d(1,32,3), ReLU, MaxPool2d(2), Conv2d(32,64,3), ReLU, MaxPool2d(2),
- * Flatten, Linear(1600,128), ReLU, Linear(128,10)): tensors 0., 3., 7., 9. */
-static const loom_layer cnn[] = {LOOM_CONV2D(1, 32, 3, 1, 0),
-                                 LOOM_RELU,
-                                 LOOM_MAXPOOL2D(2),
-                                 LOOM_CONV2D(32, 64, 3, 1, 0),
-                                 LOOM_RELU,
-                                 LOOM_MAXPOOL2D(2),
-                                 LOOM_FLATTEN,
-                                 LOOM_LINEAR(1600, 128),
-                                 LOOM_RELU,
-                                 LOOM_LINEAR(128, 10),
-                                 LOOM_END};
-
-/* fmnist-mlp = Linear(784,256) ReLU Linear(256,256) ReLU Linear(256,10): tensors 0., 2., 4.;
- * images are flattened to (B, 784) before the Sequential. */
-static const loom_layer mlp[] = {LOOM_LINEAR(784, 256), LOOM_RELU, LOOM_LINEAR(256, 256), LOOM_RELU,
-                                 LOOM_LINEAR(256, 10),  LOOM_END};
-
-static const loom_layer *recipe_layers(const char *name, bool *flatten_input) {
-    *flatten_input = false;
-    if (!strcmp(name, "fmnist-mlp")) {
-        *flatten_input = true;
-        return mlp;
-    }
-    if (!strcmp(name, "fmnist-cnn"))
-        return cnn;
-    return NULL;
-}
 
 static double now(void) {
     struct timespec ts;
@@ -170,9 +140,9 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
 
 static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dataset **test) {
     const train_opts *o = r->o;
-    const loom_layer *layers = recipe_layers(o->recipe, &r->m.flatten);
+    const loom_layer *layers = loom_recipe(o->recipe, &r->m.flatten);
     if (!layers)
-        return cli_fail("train: unknown recipe '%s' (known: fmnist-mlp, fmnist-cnn)", o->recipe);
+        return cli_fail("train: %s", loom_last_error());
     loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
         s = loom_dataset_fmnist(o->data, "test", test);
