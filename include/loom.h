@@ -52,7 +52,9 @@ extern "C" {
     X(ENOTFOUND, -6, "not found")            \
     X(EUNSUPPORTED, -7, "not supported")     \
     X(ERANGE, -8, "value out of range")      \
-    X(EINTERNAL, -9, "internal error")
+    X(EINTERNAL, -9, "internal error")       \
+    X(ETIMEDOUT, -10, "deadline passed")     \
+    X(EABORTED, -11, "aborted because another device failed")
 
 typedef enum {
 #define LOOM_STATUS_ENUM_(name, value, msg) LOOM_##name = value,
@@ -391,6 +393,39 @@ LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
  * false at the end of the epoch. */
 LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
 LOOM_API int64_t loom_loader_batches(const loom_loader *l);
+
+/* ---- process groups: collectives between ranks ------------------------------------------------
+ */
+
+/* A group of `world` ranks. The local backend's ranks are threads of this process that share
+ * memory; each collective is entered by every rank (each from its own thread, with its own
+ * loom_comm handle) with the same arguments except the buffers. Results are bitwise identical on
+ * every rank and from run to run: every reduction adds the ranks in order 0..world-1. */
+typedef struct loom_group loom_group;
+typedef struct loom_comm loom_comm;
+typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN } loom_reduce_op;
+
+/* timeout_s: how long a rank waits in a collective for the others before the group is aborted
+ * with ETIMEDOUT, naming the ranks that did not arrive (0 means 60 s). NULL on bad arguments. */
+LOOM_API loom_group *loom_group_local_new(int world, double timeout_s);
+LOOM_API void loom_group_free(loom_group *g);
+/* Rank r's handle, owned by the group; one thread uses it at a time. */
+LOOM_API loom_comm *loom_group_comm(loom_group *g, int rank);
+LOOM_API int loom_comm_rank(const loom_comm *c);
+LOOM_API int loom_comm_world(const loom_comm *c);
+/* In place over buf (n floats on every rank): sum, or sum / world. Each rank reduces 1/world of
+ * the elements and writes them to every rank (reduce-scatter + all-gather in shared memory). */
+LOOM_API loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op);
+/* Copies root's n floats into every other rank's buf. */
+LOOM_API loom_status loom_comm_broadcast(loom_comm *c, float *buf, int64_t n, int root);
+/* out (world * n floats) = the n floats of in from rank 0, then rank 1, ... */
+LOOM_API loom_status loom_comm_allgather(loom_comm *c, const float *in, int64_t n, float *out);
+LOOM_API loom_status loom_comm_barrier(loom_comm *c);
+/* Fails the group: every rank waiting in or later entering a collective gets EABORTED, and
+ * loom_last_error() on that thread carries `reason`. Thread-safe. */
+LOOM_API void loom_comm_abort(loom_comm *c, const char *reason);
+/* Collectives entered by this rank so far (the sequence number the watchdog reports). */
+LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
 
 /* ---- information ------------------------------------------------------------------------------
  */

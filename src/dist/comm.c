@@ -1,0 +1,222 @@
+/*
+ * comm.c - the local process group: ranks are threads of one process, collectives run in shared
+ * memory. Every collective is built from one primitive, a barrier that (a) spins briefly, then
+ * blocks on a condition variable, (b) gives up at the group's deadline, naming the ranks that did
+ * not arrive (the watchdog), and (c) returns at once for everyone when any rank aborts the group.
+ * Invariants: a rank publishes its buffer pointer before the first barrier of a collective and
+ * does not touch another rank's buffer after the last one; the reduction of element i always adds
+ * ranks 0..world-1 in order, so results are bitwise repeatable.
+ */
+#include "../core/internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_RANKS 256
+
+struct loom_comm {
+    loom_group *g;
+    int rank;
+    uint64_t seq; /* collectives entered */
+    uint64_t barriers;
+};
+
+struct loom_group {
+    int world;
+    double timeout;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int count;
+    atomic_uint_fast64_t gen;
+    atomic_int aborted;
+    loom_status abort_status;
+    char reason[512];
+    const void *ptr[MAX_RANKS];
+    atomic_uint_fast64_t seq_of[MAX_RANKS]; /* each rank's collective sequence number */
+    loom_comm comms[MAX_RANKS];
+};
+
+loom_group *loom_group_local_new(int world, double timeout_s) {
+    if (world < 1 || world > MAX_RANKS || timeout_s < 0) {
+        loom__error(LOOM_EINVAL, "loom_group_local_new: world %d (expected 1 to %d), timeout %g",
+                    world, MAX_RANKS, timeout_s);
+        return NULL;
+    }
+    loom_group *g = loom__calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->world = world;
+    g->timeout = timeout_s > 0 ? timeout_s : 60.0;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    for (int r = 0; r < world; r++)
+        g->comms[r] = (loom_comm){g, r, 0, 0};
+    return g;
+}
+
+void loom_group_free(loom_group *g) {
+    if (!g)
+        return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    loom__free(g);
+}
+
+loom_comm *loom_group_comm(loom_group *g, int rank) {
+    return g && rank >= 0 && rank < g->world ? &g->comms[rank] : NULL;
+}
+int loom_comm_rank(const loom_comm *c) {
+    return c->rank;
+}
+int loom_comm_world(const loom_comm *c) {
+    return c->g->world;
+}
+uint64_t loom_comm_seq(const loom_comm *c) {
+    return c->seq;
+}
+
+static void fail_group(loom_group *g, loom_status s, const char *reason) {
+    pthread_mutex_lock(&g->mu);
+    if (!atomic_load(&g->aborted)) {
+        snprintf(g->reason, sizeof g->reason, "%s", reason);
+        g->abort_status = s;
+        atomic_store(&g->aborted, 1);
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void loom_comm_abort(loom_comm *c, const char *reason) {
+    fail_group(c->g, LOOM_EABORTED, reason);
+}
+
+/* The status and reason of an aborted group, on this thread. */
+static loom_status aborted(loom_group *g) {
+    pthread_mutex_lock(&g->mu);
+    loom_status s = loom__error(g->abort_status, "%s", g->reason);
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+/* The watchdog's message: which ranks have not reached this rank's collective. */
+static void name_missing(loom_comm *c, char *buf, size_t size) {
+    loom_group *g = c->g;
+    size_t k = (size_t)snprintf(buf, size,
+                                "watchdog: device %d waited %.1f s in collective #%llu "
+                                "for device(s)",
+                                c->rank, g->timeout, (unsigned long long)c->seq);
+    for (int r = 0; r < g->world && k < size; r++) {
+        uint64_t s = atomic_load(&g->seq_of[r]);
+        if (s < c->seq)
+            k += (size_t)snprintf(buf + k, size - k, " %d (at #%llu)", r, (unsigned long long)s);
+    }
+}
+
+static loom_status barrier(loom_comm *c) {
+    loom_group *g = c->g;
+    if (atomic_load(&g->aborted))
+        return aborted(g);
+    if (g->world == 1)
+        return LOOM_OK;
+    uint64_t gen = atomic_load(&g->gen);
+    if (atomic_fetch_add(&g->count, 1) == g->world - 1) {
+        atomic_store(&g->count, 0);
+        pthread_mutex_lock(&g->mu);
+        atomic_fetch_add(&g->gen, 1);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        return LOOM_OK;
+    }
+    for (int i = 0; i < 20000; i++) {
+        if (atomic_load(&g->gen) != gen)
+            return LOOM_OK;
+        if (atomic_load(&g->aborted))
+            return aborted(g);
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double t = (double)dl.tv_nsec * 1e-9 + g->timeout;
+    dl.tv_sec += (time_t)t;
+    dl.tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+    pthread_mutex_lock(&g->mu);
+    int rc = 0;
+    while (atomic_load(&g->gen) == gen && !atomic_load(&g->aborted) && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+    bool passed = atomic_load(&g->gen) != gen;
+    pthread_mutex_unlock(&g->mu);
+    if (passed)
+        return LOOM_OK;
+    if (rc == ETIMEDOUT && !atomic_load(&g->aborted)) {
+        char msg[512];
+        name_missing(c, msg, sizeof msg);
+        fail_group(g, LOOM_ETIMEDOUT, msg);
+        return loom__error(LOOM_ETIMEDOUT, "%s", msg);
+    }
+    return aborted(g);
+}
+
+/* Starts a collective: counts it and publishes this rank's buffer. */
+static loom_status enter(loom_comm *c, const void *buf) {
+    c->seq++;
+    atomic_store(&c->g->seq_of[c->rank], c->seq);
+    c->g->ptr[c->rank] = buf;
+    return barrier(c);
+}
+
+static void slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi) {
+    int64_t per = n / world, extra = n % world;
+    *lo = rank * per + (rank < extra ? rank : extra);
+    *hi = *lo + per + (rank < extra ? 1 : 0);
+}
+
+loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
+    loom_status s = enter(c, buf);
+    if (s)
+        return s;
+    loom_group *g = c->g;
+    int w = g->world;
+    int64_t lo, hi;
+    slice(n, w, c->rank, &lo, &hi);
+    float *const *p = (float *const *)(uintptr_t)g->ptr;
+    for (int64_t i = lo; i < hi; i++) {
+        float v = p[0][i];
+        for (int r = 1; r < w; r++)
+            v += p[r][i];
+        if (op == LOOM_REDUCE_MEAN)
+            v /= (float)w;
+        for (int r = 0; r < w; r++)
+            p[r][i] = v;
+    }
+    return barrier(c);
+}
+
+loom_status loom_comm_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
+    if (root < 0 || root >= c->g->world)
+        return loom__error(LOOM_EINVAL, "loom_comm_broadcast: root %d of %d ranks", root,
+                           c->g->world);
+    loom_status s = enter(c, buf);
+    if (s)
+        return s;
+    if (c->rank != root && n > 0)
+        memcpy(buf, c->g->ptr[root], sizeof(float) * (size_t)n);
+    return barrier(c);
+}
+
+loom_status loom_comm_allgather(loom_comm *c, const float *in, int64_t n, float *out) {
+    loom_status s = enter(c, in);
+    if (s)
+        return s;
+    for (int r = 0; r < c->g->world && n > 0; r++)
+        memcpy(out + (size_t)r * (size_t)n, c->g->ptr[r], sizeof(float) * (size_t)n);
+    return barrier(c);
+}
+
+loom_status loom_comm_barrier(loom_comm *c) {
+    return enter(c, NULL);
+}
