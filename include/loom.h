@@ -104,6 +104,7 @@ LOOM_API float loom_rand_uniform(uint64_t seed, uint64_t stream, uint64_t i);
 /* ---- persistent tensors: the model --------------------------------------------------------- */
 
 typedef enum { LOOM_F32, LOOM_F64, LOOM_I32 } loom_dtype;
+typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN } loom_reduce_op;
 
 typedef struct loom_model loom_model;
 typedef struct loom_param loom_param;
@@ -123,6 +124,9 @@ LOOM_API const char *loom_param_name(const loom_param *p);
 LOOM_API int loom_param_ndim(const loom_param *p);
 LOOM_API const int64_t *loom_param_shape(const loom_param *p);
 LOOM_API int64_t loom_param_numel(const loom_param *p);
+/* Tells the model that the host changed its values (through the pointers below): replicas on other
+ * devices are refreshed from these before the next step. Loading and initialising do it. */
+LOOM_API void loom_model_touch(loom_model *m);
 /* Pointers into the model's slabs; valid until the next loom_model_add(). */
 LOOM_API float *loom_param_data(loom_param *p);
 LOOM_API float *loom_param_grad(loom_param *p);
@@ -187,6 +191,12 @@ LOOM_API void loom_metrics_format(const loom_metrics *m, char *buf, size_t size)
  * program's identity, so a new batch in a new buffer reuses the program. */
 LOOM_API loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
                                  const void *data);
+/* A batch input: `shape` and `data` are the whole global batch (rows along dim 0). On a graph
+ * running on D devices the node has ceil(rows / D) rows and each device reads its own shard; the
+ * last shards are padded with masked rows when rows do not divide by D. All batch inputs of a
+ * step have the same rows. On one device it is loom_input. */
+LOOM_API loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                                       const void *data);
 /* A scalar constant (shape ()); its value is part of the program's structure. */
 LOOM_API loom_tensor *loom_scalar(loom_graph *g, double value, loom_dtype dt);
 /* The current value of a parameter of the graph's model (shape of the parameter). */
@@ -203,7 +213,11 @@ LOOM_API int64_t loom_tensor_numel(const loom_tensor *t);
 /* After a successful run: the output's elements, contiguous row-major; NULL if t was not marked
  * with loom_output() or the step has not run. Owned by the graph. */
 LOOM_API const void *loom_tensor_data(const loom_tensor *t);
-/* The first element of an output as double (NaN if unavailable). */
+/* Concatenates the real rows (dim 0) of output t from every device, without padding, into dst
+ * (room for the global batch); returns the rows written, or -1. On one device: a copy of t. */
+LOOM_API int64_t loom_tensor_gather(const loom_tensor *t, void *dst);
+/* The first element of an output as double (NaN if unavailable); on several devices, the mean of
+ * the devices' values (a loss of loom_cross_entropy is then the global mean). */
 LOOM_API double loom_item(const loom_tensor *t);
 
 /* Elementwise, with PyTorch's broadcasting. Shapes: any; result: the broadcast shape. */
@@ -236,6 +250,8 @@ LOOM_API loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *per
 LOOM_API loom_tensor *loom_expand(loom_graph *g, loom_tensor *a, int ndim, const int64_t *shape);
 LOOM_API loom_tensor *loom_transpose(loom_graph *g, loom_tensor *a); /* swaps the last two axes */
 
+/* The element-wise sum or mean of t over the devices of the graph (t itself on one device). */
+LOOM_API loom_tensor *loom_allreduce(loom_graph *g, loom_tensor *t, loom_reduce_op op);
 /* (..., M, K) x (..., K, N) -> (..., M, N); batch dims broadcast. */
 LOOM_API loom_tensor *loom_matmul(loom_graph *g, loom_tensor *a, loom_tensor *b);
 
@@ -255,7 +271,9 @@ LOOM_API loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, lo
 /* Compositions (their gradients come from the primitives). */
 LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);
 LOOM_API loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis);
-/* logits (B, C), labels (B) int32 -> mean negative log-likelihood, shape (). */
+/* logits (B, C), labels (B) int32 -> mean negative log-likelihood, shape (). With labels from
+ * loom_input_batch, padded rows weigh 0 and the sum is divided by the global real rows / devices,
+ * so that the mean over devices (and the averaged gradient) is the global batch's. */
 LOOM_API loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels);
 /* x (B, in), w (out, in), b (out) or NULL -> (B, out). */
 LOOM_API loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b);
@@ -403,8 +421,6 @@ LOOM_API int64_t loom_loader_batches(const loom_loader *l);
  * every rank and from run to run: every reduction adds the ranks in order 0..world-1. */
 typedef struct loom_group loom_group;
 typedef struct loom_comm loom_comm;
-typedef enum { LOOM_REDUCE_SUM, LOOM_REDUCE_MEAN } loom_reduce_op;
-
 /* timeout_s: how long a rank waits in a collective for the others before the group is aborted
  * with ETIMEDOUT, naming the ranks that did not arrive (0 means 60 s). NULL on bad arguments. */
 LOOM_API loom_group *loom_group_local_new(int world, double timeout_s);
@@ -426,6 +442,33 @@ LOOM_API loom_status loom_comm_barrier(loom_comm *c);
 LOOM_API void loom_comm_abort(loom_comm *c, const char *reason);
 /* Collectives entered by this rank so far (the sequence number the watchdog reports). */
 LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
+
+/* ---- devices: data parallelism inside one process ---------------------------------------------
+ */
+
+/* Devices are worker threads, one per core (pinned), each with its own replica of the model and its
+ * own workspace; a graph set to run on them is compiled once and run by every device on its shard
+ * of each batch, gradients averaged by all-reduces inside the step. */
+typedef struct loom_devices loom_devices;
+typedef struct {
+    int count;            /* 0 means one per core this process may run on (its CPU affinity) */
+    double timeout_s;     /* deadline of a step and of each collective (0 means 60 s) */
+    int64_t bucket_bytes; /* gradients are all-reduced in buckets of about this size (0: 1 MiB) */
+    bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
+    bool no_pin;          /* leave the worker threads unpinned */
+} loom_devices_config;
+/* Starts the worker threads. NULL on bad config or failure (loom_last_error). LOOM_FAULT=D:S
+ * (environment) makes device D fail at its step S, to test failure handling. */
+LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);
+/* Stops the workers. Graphs using d must be freed first. */
+LOOM_API void loom_devices_free(loom_devices *d);
+LOOM_API int loom_devices_count(const loom_devices *d);
+/* Runs g's steps on d from now on; call before recording the first node of a step (shards depend
+ * on the device count). g's model is replicated from device 0 (the model's own slabs) at the next
+ * run and whenever loom_model_touch() says it changed; replicas are verified by checksum. A
+ * failed step (any device) fails every device within the deadline: loom_graph_run returns its
+ * status naming the device, the step and the reason; d cannot run further steps. */
+LOOM_API loom_status loom_graph_set_devices(loom_graph *g, loom_devices *d);
 
 /* ---- information ------------------------------------------------------------------------------
  */

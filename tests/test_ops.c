@@ -94,6 +94,9 @@ static loom_tensor *b_unfold(loom_graph *g, loom_tensor **x) {
 static loom_tensor *b_fold(loom_graph *g, loom_tensor **x) {
     return loom_fold(g, x[0], (loom_window){3, 2, 2, 1, 1, 0}, 5, 4);
 }
+static loom_tensor *b_allreduce(loom_graph *g, loom_tensor **x) { /* one device: the identity */
+    return loom_allreduce(g, x[0], LOOM_REDUCE_MEAN);
+}
 static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) {
     return loom_softmax(g, x[0], 1);
 }
@@ -155,6 +158,7 @@ static const opcase cases[] = {
     {"MATMUL", 2, {2, 2}, {S2(4, 3), S2(5, 4)}, {1, 1}, -2, 2, b_matmul_t},
     {"UNFOLD", 1, {4}, {S4(2, 3, 5, 4)}, {1}, -2, 2, b_unfold},
     {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
+    {"ALLREDUCE", 1, {2}, {S2(2, 3)}, {1}, -2, 2, b_allreduce},
     {"softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
     {"log_softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_logsm},
     {"mean_all", 1, {3}, {S3(2, 3, 3)}, {1}, -2, 2, b_mean},
@@ -167,8 +171,8 @@ static const opcase cases[] = {
 #define NCASES (int)(sizeof cases / sizeof *cases)
 
 /* Ops without a gradient, checked by forward tests below. */
-static const char *const forward_only[] = {"INPUT", "CONST",   "PERSIST", "CMPGT",
-                                           "CMPEQ", "MAXMASK", "ONEHOT",  "STORE"};
+static const char *const forward_only[] = {"INPUT",   "CONST",  "PERSIST", "CMPGT", "CMPEQ",
+                                           "MAXMASK", "ONEHOT", "STORE",   "SYNC"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name)                #name,

@@ -30,7 +30,8 @@ typedef struct {
 
 typedef struct {
     uint8_t op, dtype, ndim;
-    bool copy; /* a movement node materialized by copying src_lay (shape: copy_shape) */
+    bool copy;  /* a movement node materialized by copying src_lay (shape: copy_shape) */
+    bool check; /* anomaly detection: the run fails if this node's values are not finite */
     int64_t shape[LOOM_MAX_DIMS];
     int32_t src[3]; /* node ids, -1 for none */
     loom__attr attr;
@@ -52,10 +53,16 @@ struct loom__program {
     size_t ws_bytes; /* workspace needed */
 };
 
+/* Collectives of the device running a program (set by dist/; NULL on a single device, where a
+ * collective over one device is the identity). */
+typedef loom_status (*loom__allreduce_fn)(void *comm, float *buf, int64_t n, loom_reduce_op op);
+
 typedef struct {
     unsigned char *ws;
     const void *const *inputs;
     float *slab[LOOM_SLAB_COUNT];
+    loom__allreduce_fn allreduce;
+    void *comm;
 } loom__bind;
 
 /* Address of node id's first element (which may be strided). */

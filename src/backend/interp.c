@@ -529,6 +529,45 @@ static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t
     return LOOM_OK;
 }
 
+/* ---- collectives ----------------------------------------------------------------------------- */
+
+static loom_status k_ALLREDUCE(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    void *o = loom__addr(p, b, id);
+    int64_t n = loom__numel(t->ndim, t->shape);
+    strided_copy(o, loom__addr(p, b, t->src[0]), &s->lay, s->ndim, s->shape, es);
+    if (!b->allreduce)
+        return LOOM_OK;
+    if (t->dtype != LOOM_F32)
+        return loom__error(LOOM_EUNSUPPORTED,
+                           "loom_allreduce: %s across devices is not supported, "
+                           "only f32",
+                           loom__dtype_name((loom_dtype)t->dtype));
+    return b->allreduce(b->comm, o, n, t->attr.reduce);
+}
+
+static loom_status k_SYNC(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    if (!b->allreduce)
+        return LOOM_OK;
+    return b->allreduce(b->comm, b->slab[t->attr.persist.slab] + t->attr.persist.offset,
+                        t->shape[0], LOOM_REDUCE_MEAN);
+}
+
+/* Anomaly detection: the first non-finite value of a checked node fails the run. */
+static loom_status check_finite(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    const void *v = loom__addr(p, b, id);
+    for (int64_t i = 0; i < loom__numel(t->ndim, t->shape); i++) {
+        double x = t->dtype == LOOM_F64 ? ((const double *)v)[i] : ((const float *)v)[i];
+        if (!isfinite(x))
+            return loom__error(LOOM_ERANGE, "the loss is %s (anomaly detection)",
+                               isnan(x) ? "NaN" : "infinite");
+    }
+    return LOOM_OK;
+}
+
 /* ---- the dispatch table, from ops.def ---------------------------------------------------------
  */
 
@@ -546,6 +585,8 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
     for (int64_t i = 0; i < p->nexec; i++) {
         int32_t id = p->exec[i];
         loom_status s = kernels[p->nodes[id].op](p, b, id);
+        if (!s && p->nodes[id].check)
+            s = check_finite(p, b, id);
         if (s)
             return s;
     }

@@ -18,10 +18,12 @@ static uint64_t graph_hash(const loom_graph *g) {
     loom__hash h;
     loom__hash_init(&h);
     loom__hash_u64(&h, (uint64_t)g->n);
+    loom__hash_u64(&h, (uint64_t)g->detect_anomaly);
     for (int64_t i = 0; i < g->n; i++) {
         const loom_tensor *t = g->nodes[i];
         loom__hash_u64(&h, (uint64_t)t->op | (uint64_t)t->dtype << 8 | (uint64_t)t->ndim << 16 |
-                               (uint64_t)t->is_output << 24);
+                               (uint64_t)t->is_output << 24 | (uint64_t)t->is_loss << 25 |
+                               (uint64_t)t->role << 32);
         for (int d = 0; d < t->ndim; d++)
             loom__hash_u64(&h, (uint64_t)t->shape[d]);
         for (int k = 0; k < 3; k++)
@@ -35,6 +37,7 @@ static uint64_t graph_hash(const loom_graph *g) {
             }
             case LOOM_OP_PERSIST:
             case LOOM_OP_STORE:
+            case LOOM_OP_SYNC:
                 loom__hash_u64(&h, (uint64_t)t->attr.persist.slab);
                 loom__hash_u64(&h, (uint64_t)t->attr.persist.offset);
                 break;
@@ -55,6 +58,9 @@ static uint64_t graph_hash(const loom_graph *g) {
             }
             case LOOM_OP_ONEHOT:
                 loom__hash_u64(&h, (uint64_t)t->attr.classes);
+                break;
+            case LOOM_OP_ALLREDUCE:
+                loom__hash_u64(&h, (uint64_t)t->attr.reduce);
                 break;
             case LOOM_OP_SUM:
             case LOOM_OP_MAX:
@@ -171,10 +177,14 @@ static void assign_layouts(loom__program *p, const bool *live, const bool *is_ou
                 break;
             }
             default:
-                l->base = t->op == LOOM_OP_STORE ? LOOM_BASE_NONE : LOOM_BASE_WS;
+                l->base =
+                    t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC ? LOOM_BASE_NONE : LOOM_BASE_WS;
                 l->index = (int32_t)i;
                 break;
         }
+        if (t->check && !t->copy && loom__ops[t->op].kind == LOOM_KIND_MOV &&
+            l->base == LOOM_BASE_WS) /* a checked view: check the node that computes it */
+            p->nodes[l->index].check = true;
         for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++)
             if (!blas_ok(&p->nodes[t->src[k]])) /* BLAS cannot read this view: copy it */
                 materialize(p, t->src[k]);
@@ -184,6 +194,11 @@ static void assign_layouts(loom__program *p, const bool *live, const bool *is_ou
 typedef struct {
     int64_t off, size, owner;
 } block;
+
+/* Whether a running node writes a buffer of its own (stores and syncs write persistent slabs). */
+static bool l_owns(const loom__pnode *t) {
+    return t->op != LOOM_OP_STORE && t->op != LOOM_OP_SYNC;
+}
 
 /* Marks that node i reads layout l (extending its buffer's life to i). */
 static void use(int64_t *last, const loom__layout *l, int64_t i) {
@@ -222,7 +237,7 @@ static loom_status place_buffers(loom__program *p, const bool *live, const bool 
         bool runs = (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
-        if (runs && t->op != LOOM_OP_STORE) {
+        if (runs && l_owns(t)) {
             int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
             size = (size + 63) & ~(int64_t)63;
             int64_t off = 0, at = 0;
@@ -281,7 +296,8 @@ static loom__program *plan(const loom_graph *g, uint64_t hash) {
         for (int k = 0; k < 3; k++)
             q->src[k] = t->src[k] ? t->src[k]->id : -1;
         is_out[i] = t->is_output;
-        live[i] = live[i] || t->is_output || t->op == LOOM_OP_STORE;
+        q->check = t->is_loss && g->detect_anomaly;
+        live[i] = live[i] || t->is_output || t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC;
         for (int k = 0; k < 3 && live[i]; k++)
             if (t->src[k])
                 live[t->src[k]->id] = true;
@@ -331,6 +347,73 @@ static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
     return p;
 }
 
+loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **inputs, int64_t *rows) {
+    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
+    int64_t start = d * local, real = b - start < 0 ? 0 : b - start < local ? b - start : local;
+    *rows = real;
+    for (int64_t i = 0; i < g->n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (t->op != LOOM_OP_INPUT)
+            continue;
+        const void **slot = &inputs[t->attr.input];
+        size_t row = t->ndim ? loom__dtype_size((loom_dtype)t->dtype) *
+                                   (size_t)loom__numel(t->ndim - 1, t->shape + 1)
+                             : 0;
+        if (t->role == LOOM_ROLE_PLAIN) {
+            *slot = t->data;
+        } else if (t->role == LOOM_ROLE_BATCH && real == local) {
+            *slot = (const char *)t->data + (size_t)start * row;
+        } else if (t->role == LOOM_ROLE_BATCH) { /* a padded shard: real rows then zeros */
+            char *buf = loom__arena_alloc(&g->arena, (size_t)local * row + 1);
+            if (!buf)
+                return LOOM_ENOMEM;
+            if (real > 0)
+                memcpy(buf, (const char *)t->data + (size_t)start * row, (size_t)real * row);
+            *slot = buf;
+        } else if (t->role == LOOM_ROLE_MASK) {
+            float *m = loom__arena_alloc(&g->arena, sizeof(float) * (size_t)(local + 1));
+            if (!m)
+                return LOOM_ENOMEM;
+            for (int64_t k = 0; k < real; k++)
+                m[k] = 1.0f;
+            *slot = m;
+        } else {
+            float *c = loom__arena_alloc(&g->arena, sizeof(float));
+            if (!c)
+                return LOOM_ENOMEM;
+            *c = (float)((double)b / ndev);
+            *slot = c;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* One device, on this thread. */
+static loom_status run_here(loom_graph *g, loom__program *p) {
+    if (p->ws_bytes > g->workspace_size) {
+        void *ws = loom__realloc(g->workspace, p->ws_bytes);
+        if (!ws)
+            return LOOM_ENOMEM;
+        g->workspace = ws;
+        g->workspace_size = p->ws_bytes;
+    }
+    const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+    g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t));
+    if (!inputs || !g->rows_real)
+        return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
+    loom_status st = loom__bind_inputs(g, 0, 1, inputs, g->rows_real);
+    if (st)
+        return st;
+    loom__bind b = {.ws = g->workspace, .inputs = inputs};
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        b.slab[s] = g->model ? g->model->slab[s] : NULL;
+    double t0 = loom__now();
+    st = loom__interp_run(p, &b);
+    g->metrics.exec_seconds += loom__now() - t0;
+    g->last_inputs = inputs;
+    return st;
+}
+
 loom_status loom_graph_run(loom_graph *g) {
     if (!g)
         return loom__error(LOOM_EINVAL, "loom_graph_run: NULL graph");
@@ -343,30 +426,11 @@ loom_status loom_graph_run(loom_graph *g) {
     loom__program *p = lookup_or_plan(g, &st);
     if (!p)
         return st;
-    if (p->ws_bytes > g->workspace_size) {
-        void *ws = loom__realloc(g->workspace, p->ws_bytes);
-        if (!ws)
-            return LOOM_ENOMEM;
-        g->workspace = ws;
-        g->workspace_size = p->ws_bytes;
-    }
-    const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
-    if (!inputs)
-        return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
-    for (int64_t i = 0; i < g->n; i++)
-        if (g->nodes[i]->op == LOOM_OP_INPUT)
-            inputs[g->nodes[i]->attr.input] = g->nodes[i]->data;
-    loom__bind b = {.ws = g->workspace, .inputs = inputs};
-    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        b.slab[s] = g->model ? g->model->slab[s] : NULL;
-    double t0 = loom__now();
-    st = loom__interp_run(p, &b);
-    g->metrics.exec_seconds += loom__now() - t0;
+    st = g->runner ? g->runner->run(g->runner_ctx, g, p) : run_here(g, p);
     g->metrics.kernels = p->nexec;
     if (st)
         return st;
     g->last = p;
-    g->last_inputs = inputs;
     return LOOM_OK;
 }
 
@@ -377,6 +441,8 @@ const void *loom_tensor_data(const loom_tensor *t) {
     const loom__program *p = g->last;
     if (!p || !t->is_output || t->id >= p->n)
         return NULL;
+    if (g->runner)
+        return g->runner->data(g->runner_ctx, g, t->id, 0);
     loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         b.slab[s] = g->model ? g->model->slab[s] : NULL;

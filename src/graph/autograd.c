@@ -45,6 +45,7 @@ NO_GRAD(CMPEQ)
 NO_GRAD(MAXMASK)
 NO_GRAD(ONEHOT)
 NO_GRAD(STORE)
+NO_GRAD(SYNC)
 
 RULE(NEG) {
     (void)t;
@@ -114,6 +115,9 @@ RULE(MATMUL) {
 RULE(UNFOLD) {
     gx[0] = loom_fold(g, gy, t->attr.win, A->shape[2], A->shape[3]);
 }
+RULE(ALLREDUCE) { /* every device's output depends on every device's input */
+    gx[0] = loom_allreduce(g, gy, t->attr.reduce);
+}
 RULE(FOLD) {
     gx[0] = loom_unfold(g, gy, t->attr.win);
 }
@@ -166,6 +170,16 @@ loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
     return r ? r : zeros_like(g, wrt);
 }
 
+/* Records the all-reduce (mean) of the gradient slab range [lo, hi) across devices. */
+static void sync_range(loom_graph *g, int64_t lo, int64_t hi) {
+    int64_t n = hi - lo;
+    loom_tensor *t = loom__node(g, LOOM_OP_SYNC, LOOM_F32, 1, &n, NULL, NULL, NULL);
+    if (t) {
+        t->attr.persist.slab = LOOM_SLAB_GRAD;
+        t->attr.persist.offset = lo;
+    }
+}
+
 void loom_backward(loom_graph *g, loom_tensor *loss) {
     if (!g || g->err)
         return;
@@ -187,12 +201,24 @@ void loom_backward(loom_graph *g, loom_tensor *loss) {
     for (int64_t i = 0; i < m->n; i++)
         wrt[i] = g->persist_nodes ? g->persist_nodes[i] : NULL;
     loom_output(loss);
+    loss->is_loss = true;
     loom__grads(g, loss, (int)m->n, wrt, gr);
-    for (int64_t i = 0; i < m->n; i++) {
+    /* Last layers first (their gradients are ready first); on several devices each bucket of
+     * about bucket_bytes is all-reduced as soon as its stores are recorded. */
+    int64_t bucket_hi = -1, bucket_bytes = g->bucket_bytes > 0 ? g->bucket_bytes : 1 << 20;
+    for (int64_t i = m->n - 1; i >= 0; i--) {
         loom_param *p = m->params[i];
         loom_tensor *v = gr[i];
         if (!v)
             v = loom_expand(g, loom_scalar(g, 0.0, LOOM_F32), p->ndim, p->shape);
         loom__store(g, v, LOOM_SLAB_GRAD, p->offset);
+        if (g->ndev < 2)
+            continue;
+        if (bucket_hi < 0)
+            bucket_hi = p->offset + p->numel;
+        if (i == 0 || (bucket_hi - p->offset) * (int64_t)sizeof(float) >= bucket_bytes) {
+            sync_range(g, p->offset, bucket_hi);
+            bucket_hi = -1;
+        }
     }
 }

@@ -386,3 +386,17 @@ loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype 
         t->attr.classes = n;
     return t;
 }
+
+loom_tensor *loom_allreduce(loom_graph *g, loom_tensor *t, loom_reduce_op op) {
+    if (!enter(g, "loom_allreduce", 1, &t) || !check_float(g, "loom_allreduce", 1, &t))
+        return NULL;
+    if (op != LOOM_REDUCE_SUM && op != LOOM_REDUCE_MEAN) {
+        loom__graph_fail(g, LOOM_EINVAL, "loom_allreduce: unknown reduction %d", (int)op);
+        return NULL;
+    }
+    loom_tensor *r =
+        loom__node(g, LOOM_OP_ALLREDUCE, (loom_dtype)t->dtype, t->ndim, t->shape, t, NULL, NULL);
+    if (r)
+        r->attr.reduce = op;
+    return r;
+}

@@ -59,7 +59,13 @@ loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor 
     loom_tensor *lsm = loom_log_softmax(g, logits, 1);
     loom_tensor *oh = loom_onehot(g, labels, logits->shape[1], (loom_dtype)logits->dtype);
     loom_tensor *picked = loom_sum(g, loom_mul(g, lsm, oh), 1); /* (B,1) */
-    return loom_neg(g, loom_mean_all(g, picked));
+    if (labels->op != LOOM_OP_INPUT || labels->role != LOOM_ROLE_BATCH)
+        return loom_neg(g, loom_mean_all(g, picked));
+    /* A batch shard: padded rows weigh 0; dividing by (global real rows / devices) makes the mean
+     * over devices the global mean (and the averaged gradient the global gradient). */
+    int64_t col[2] = {picked->shape[0], 1};
+    loom_tensor *w = loom_reshape(g, loom__batch_mask(g), 2, col);
+    return loom_neg(g, loom_div(g, loom_sum_all(g, loom_mul(g, picked, w)), loom__batch_count(g)));
 }
 
 loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b) {

@@ -51,8 +51,11 @@ void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
 
 loom_graph *loom_graph_new(loom_model *m) {
     loom_graph *g = loom__calloc(1, sizeof *g);
-    if (g)
+    if (g) {
         g->model = m;
+        g->ndev = 1;
+        g->batch_rows = -1;
+    }
     return g;
 }
 
@@ -79,6 +82,9 @@ void loom_graph_reset(loom_graph *g) {
     g->err = LOOM_OK;
     g->errmsg[0] = 0;
     g->last = NULL;
+    g->batch_rows = -1;
+    g->mask_node = g->count_node = NULL;
+    g->rows_real = NULL;
 }
 
 const char *loom_graph_error(const loom_graph *g) {
@@ -159,6 +165,52 @@ loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *s
         t->data = data;
     }
     return t;
+}
+
+loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                              const void *data) {
+    if (!g || g->err || !check_shape(g, "loom_input_batch", ndim, shape))
+        return NULL;
+    if (ndim < 1 || (g->batch_rows >= 0 && shape[0] != g->batch_rows)) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_input_batch: %s",
+                         ndim < 1 ? "expected a batch dim"
+                                  : "every batch input of a step needs the same number of rows");
+        return NULL;
+    }
+    int64_t local[LOOM_MAX_DIMS];
+    memcpy(local, shape, sizeof(int64_t) * (size_t)ndim);
+    local[0] = (shape[0] + g->ndev - 1) / g->ndev; /* the last shards are padded */
+    loom_tensor *t = loom_input(g, dt, ndim, local, data ? data : (const void *)shape);
+    if (t) {
+        t->role = LOOM_ROLE_BATCH;
+        t->data = data;
+        g->batch_rows = shape[0];
+    }
+    return t;
+}
+
+/* An input bound per device by the runner (no caller buffer). */
+static loom_tensor *bound_input(loom_graph *g, loom__role role, int ndim, const int64_t *shape) {
+    loom_tensor *t = loom__node(g, LOOM_OP_INPUT, LOOM_F32, ndim, shape, NULL, NULL, NULL);
+    if (t) {
+        t->attr.input = g->ninputs++;
+        t->role = (uint8_t)role;
+    }
+    return t;
+}
+
+loom_tensor *loom__batch_mask(loom_graph *g) {
+    if (!g->mask_node && g->batch_rows >= 0) {
+        int64_t local = (g->batch_rows + g->ndev - 1) / g->ndev;
+        g->mask_node = bound_input(g, LOOM_ROLE_MASK, 1, &local);
+    }
+    return g->mask_node;
+}
+
+loom_tensor *loom__batch_count(loom_graph *g) {
+    if (!g->count_node && g->batch_rows >= 0)
+        g->count_node = bound_input(g, LOOM_ROLE_COUNT, 0, NULL);
+    return g->count_node;
 }
 
 loom_tensor *loom_scalar(loom_graph *g, double value, loom_dtype dt) {
@@ -245,10 +297,7 @@ int64_t loom_tensor_numel(const loom_tensor *t) {
     return loom__numel(t->ndim, t->shape);
 }
 
-double loom_item(const loom_tensor *t) {
-    const void *p = t ? loom_tensor_data(t) : NULL;
-    if (!p || loom_tensor_numel(t) < 1)
-        return NAN;
+static double first_value(const loom_tensor *t, const void *p) {
     switch ((loom_dtype)t->dtype) {
         case LOOM_F32:
             return *(const float *)p;
@@ -258,4 +307,35 @@ double loom_item(const loom_tensor *t) {
             return *(const int32_t *)p;
     }
     return NAN;
+}
+
+double loom_item(const loom_tensor *t) {
+    const void *p = t ? loom_tensor_data(t) : NULL;
+    if (!p || loom_tensor_numel(t) < 1)
+        return NAN;
+    const loom_graph *g = t->g;
+    if (!g->runner)
+        return first_value(t, p);
+    double sum = 0; /* the mean over devices (a loss is normalised so that this is global) */
+    for (int d = 0; d < g->ndev; d++)
+        sum += first_value(t, g->runner->data(g->runner_ctx, g, t->id, d));
+    return sum / g->ndev;
+}
+
+int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
+    if (!t || !t->ndim || !loom_tensor_data(t))
+        return -1;
+    const loom_graph *g = t->g;
+    size_t row = loom__dtype_size((loom_dtype)t->dtype) *
+                 (size_t)(loom_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1));
+    int64_t rows = 0;
+    for (int d = 0; d < g->ndev; d++) {
+        int64_t r = g->rows_real ? g->rows_real[d] : t->shape[0];
+        r = r < t->shape[0] ? r : t->shape[0];
+        const void *src =
+            g->runner ? g->runner->data(g->runner_ctx, g, t->id, d) : loom_tensor_data(t);
+        memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
+        rows += r;
+    }
+    return rows;
 }

@@ -45,6 +45,7 @@ typedef union {
     loom_window win;         /* UNFOLD, FOLD (strides already defaulted to >= 1) */
     int64_t classes;         /* ONEHOT */
     double value;            /* CONST */
+    loom_reduce_op reduce;   /* ALLREDUCE */
     int32_t input;           /* INPUT: ordinal among the graph's inputs */
     struct {
         int32_t slab;   /* loom__slab */
@@ -52,14 +53,24 @@ typedef union {
     } persist;          /* PERSIST, STORE (the target) */
 } loom__attr;
 
+/* What an INPUT is bound to when the step runs (per device under data parallelism). */
+typedef enum {
+    LOOM_ROLE_PLAIN, /* the caller's buffer, the same on every device */
+    LOOM_ROLE_BATCH, /* the caller's global batch, split along dim 0 (last shard padded) */
+    LOOM_ROLE_MASK,  /* per device: 1 for each real row of the batch shard, 0 for padding */
+    LOOM_ROLE_COUNT, /* scalar: real rows of the global batch / devices */
+} loom__role;
+
 struct loom_tensor {
     loom_graph *g;
     int32_t id;
     uint8_t op;    /* loom__op */
     uint8_t dtype; /* loom_dtype */
     uint8_t ndim;
+    uint8_t role;       /* INPUT: loom__role */
     bool requires_grad; /* depends on a leaf that gradients are taken for */
     bool is_output;
+    bool is_loss;       /* checked for NaN/Inf under anomaly detection */
     int64_t shape[LOOM_MAX_DIMS];
     loom_tensor *src[3];
     loom__attr attr;
@@ -67,6 +78,13 @@ struct loom_tensor {
 };
 
 typedef struct loom__program loom__program;
+
+/* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here. */
+typedef struct {
+    loom_status (*run)(void *ctx, loom_graph *g, loom__program *p);
+    /* device d's copy of node id after the last run */
+    const void *(*data)(void *ctx, const loom_graph *g, int32_t id, int d);
+} loom__runner;
 
 struct loom_graph {
     loom_model *model;
@@ -85,6 +103,16 @@ struct loom_graph {
     void *workspace;
     size_t workspace_size;
     loom_metrics metrics;
+    /* devices: set by loom_graph_set_devices() before the first node */
+    const loom__runner *runner;
+    void *runner_ctx;
+    int ndev;
+    int64_t bucket_bytes;
+    bool detect_anomaly;
+    /* this step's batch: global rows (-1 before a batch input), its mask and count inputs */
+    int64_t batch_rows;
+    loom_tensor *mask_node, *count_node;
+    int64_t *rows_real; /* real rows of each device's shard in the last run (arena) */
 };
 
 struct loom_param {
@@ -102,6 +130,7 @@ struct loom_model {
     int64_t n, cap;
     float *slab[LOOM_SLAB_COUNT];
     int64_t len[LOOM_SLAB_COUNT], slab_cap[LOOM_SLAB_COUNT];
+    uint64_t version; /* bumped when the host changes slabs: replicas resynchronize */
 };
 
 /* model.c: optimizer state, zero-filled; returns its offset in the STATE slab or -1 (ENOMEM). */
@@ -123,11 +152,18 @@ void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset)
 /* A scalar of x's dtype broadcast against nothing (shape ()). */
 loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
 
+/* The batch's mask (local rows) and count (scalar) inputs; see loom__role. */
+loom_tensor *loom__batch_mask(loom_graph *g);
+loom_tensor *loom__batch_count(loom_graph *g);
+
 /* autograd.c: gradients of loss w.r.t. each of wrt[0..n) into out (NULL where no path). */
 void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
                  loom_tensor **out);
 
 /* compile/program.c */
 void loom__programs_free(loom_graph *g);
+/* Input pointers for device d of ndev (padded shards, masks and counts built in the arena);
+ * *rows gets the real rows of d's batch shard. */
+loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **inputs, int64_t *rows);
 
 #endif

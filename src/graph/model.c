@@ -32,6 +32,7 @@ static int64_t slab_append(loom_model *m, loom__slab s, int64_t numel) {
         return -1;
     memset(m->slab[s] + off, 0, (size_t)numel * sizeof(float));
     m->len[s] = off + numel;
+    m->version++;
     return off;
 }
 
@@ -111,4 +112,8 @@ float *loom_param_data(loom_param *p) {
 }
 float *loom_param_grad(loom_param *p) {
     return p->m->slab[LOOM_SLAB_GRAD] + p->offset;
+}
+
+void loom_model_touch(loom_model *m) {
+    m->version++;
 }

@@ -101,6 +101,7 @@ static void fill_uniform(loom_param *p, uint64_t seed, double bound) {
 }
 
 void loom_sequential_init(loom_sequential *s, uint64_t seed) {
+    loom_model_touch(s->m);
     for (int i = 0; i < s->n; i++) {
         layer *l = &s->layers[i];
         if (!l->w)

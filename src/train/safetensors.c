@@ -432,6 +432,8 @@ loom_status loom_model_load(loom_model *m, const char *path) {
     for (int64_t i = 0; i < m->n && !s; i++)
         memcpy(loom_param_data(m->params[i]), find(f, m->params[i]->name)->data,
                sizeof(float) * (size_t)m->params[i]->numel);
+    if (!s)
+        loom_model_touch(m);
     loom_tensor_file_free(f);
     return s;
 }
