@@ -173,14 +173,18 @@ LOOM_API loom_status loom_graph_run(loom_graph *g);
 LOOM_API const char *loom_graph_error(const loom_graph *g);
 
 typedef struct {
-    int64_t graphs_built;    /* steps run (each a graph hashed) */
-    int64_t programs_built;  /* cache misses: programs planned */
-    int64_t cache_hits;      /* steps that reused a program */
-    int64_t nodes;           /* nodes of the last graph */
-    int64_t kernels;         /* kernels executed by the last program */
-    int64_t workspace_bytes; /* peak workspace of the programs planned so far */
-    double plan_seconds;     /* total time spent planning programs */
-    double exec_seconds;     /* total time spent executing programs */
+    int64_t graphs_built;      /* steps run (each a graph hashed) */
+    int64_t programs_built;    /* cache misses: programs planned */
+    int64_t cache_hits;        /* steps that reused a program */
+    int64_t nodes;             /* nodes of the last graph */
+    int64_t kernels;           /* kernels executed by the last program */
+    int64_t workspace_bytes;   /* peak workspace of the programs planned so far */
+    double plan_seconds;       /* total time spent planning programs */
+    double exec_seconds;       /* total time spent executing programs (device 0) */
+    int64_t devices;           /* devices the graph ran on (0: here, on one) */
+    int64_t allreduce_bytes;   /* bytes all-reduced, all devices together */
+    double collective_seconds; /* time in collectives, per device on average (waiting included) */
+    double device_compute_min, device_compute_max; /* per-device time outside collectives */
 } loom_metrics;
 LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */
@@ -457,8 +461,9 @@ typedef struct {
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
     bool no_pin;          /* leave the worker threads unpinned */
 } loom_devices_config;
-/* Starts the worker threads. NULL on bad config or failure (loom_last_error). LOOM_FAULT=D:S
- * (environment) makes device D fail at its step S, to test failure handling. */
+/* Starts the worker threads. NULL on bad config or failure (loom_last_error). For testing failure
+ * handling, the environment's LOOM_FAULT=D:S makes device D fail at step S (counted from 1), and
+ * LOOM_FAULT=D:S:hang makes it stop answering for three deadlines. */
 LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);
 /* Stops the workers. Graphs using d must be freed first. */
 LOOM_API void loom_devices_free(loom_devices *d);

@@ -454,10 +454,20 @@ void loom_graph_metrics(const loom_graph *g, loom_metrics *out) {
 }
 
 void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
-    snprintf(buf, size,
-             "metrics: graphs built %lld, programs built %lld, cache hits %lld, "
-             "nodes %lld, kernels/step %lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
-             (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
-             (long long)m->nodes, (long long)m->kernels, (double)m->workspace_bytes / 1048576.0,
-             m->plan_seconds, m->exec_seconds);
+    int k =
+        snprintf(buf, size,
+                 "metrics: graphs built %lld, programs built %lld, cache hits %lld, nodes %lld, "
+                 "kernels/step %lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
+                 (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
+                 (long long)m->nodes, (long long)m->kernels, (double)m->workspace_bytes / 1048576.0,
+                 m->plan_seconds, m->exec_seconds);
+    if (m->devices > 0 && k > 0 && (size_t)k < size)
+        snprintf(buf + k, size - (size_t)k,
+                 "\nmetrics: %lld devices, all-reduced %.1f MiB, %.3f s in collectives per device, "
+                 "compute per device %.3f to %.3f s (imbalance %.1f%%)",
+                 (long long)m->devices, (double)m->allreduce_bytes / 1048576.0,
+                 m->collective_seconds, m->device_compute_min, m->device_compute_max,
+                 m->device_compute_min > 0
+                     ? 100.0 * (m->device_compute_max / m->device_compute_min - 1.0)
+                     : 0.0);
 }

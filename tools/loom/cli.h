@@ -13,6 +13,9 @@
 typedef struct {
     const char *recipe;
     int64_t epochs, steps, batch;
+    int64_t devices; /* 0: one per core */
+    double timeout;  /* seconds, 0: the library's default */
+    bool detect_anomaly;
     double lr, momentum, weight_decay;
     bool lr_set, nesterov, no_shuffle, drop_last;
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */

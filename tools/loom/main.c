@@ -40,7 +40,10 @@ static const char usage[] =
     "  --drop-last         drop the final short batch of each epoch\n"
     "  --init FILE         initial weights (safetensors, PyTorch state_dict names)\n"
     "  --save FILE         write the trained weights (safetensors) after training\n"
-    "  --log-dir DIR       write DIR/metrics.csv\n";
+    "  --log-dir DIR       write DIR/metrics.csv\n"
+    "  --devices N|auto    data-parallel devices, one per core by default (auto)\n"
+    "  --timeout S         seconds before a stuck step fails every device (default 60)\n"
+    "  --detect-anomaly    fail the step (naming the device) when a loss is NaN or infinite\n";
 
 static bool parse_int(const char *flag, const char *v, int64_t min, int64_t *out) {
     char *end;
@@ -78,6 +81,14 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         ok = parse_int(f, v, 1, &o->steps);
     else if (!strcmp(f, "--batch"))
         ok = parse_int(f, v, 1, &o->batch);
+    else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
+        o->devices = 0;
+    else if (!strcmp(f, "--devices"))
+        ok = parse_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
+                                                                                "most 256, got %s",
+                                                                                v));
+    else if (!strcmp(f, "--timeout"))
+        ok = parse_num(f, v, 1e-3, &o->timeout);
     else if (!strcmp(f, "--seed") && (ok = parse_int(f, v, 0, &n)))
         o->seed = (uint64_t)n;
     else if (!strcmp(f, "--lr"))
@@ -109,6 +120,8 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
             o->drop_last = true;
         else if (!strcmp(f, "--nesterov"))
             o->nesterov = true;
+        else if (!strcmp(f, "--detect-anomaly"))
+            o->detect_anomaly = true;
         else
             ok = false, cli_fail("train: unknown option '%s' (see loom --help)", f);
     }

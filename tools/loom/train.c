@@ -1,5 +1,5 @@
 /*
- * train.c - `loom train` and `loom eval`: the training loop on one device. Each step is
+ * train.c - `loom train` and `loom eval`: the training loop on every device. Each step is
  * one lazy graph (forward, cross-entropy, backward, optimizer update) that the library compiles
  * once and replays; evaluation is a second, forward-only program. Test accuracy is counted over
  * every test sample exactly once.
@@ -27,14 +27,15 @@ typedef struct {
 /* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784). */
 static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **labels) {
     int64_t flat[2] = {b->n, b->shape[1] * b->shape[2] * b->shape[3]};
-    loom_tensor *x = m->flatten ? loom_input(m->g, LOOM_F32, 2, flat, b->x)
-                                : loom_input(m->g, LOOM_F32, b->ndim, b->shape, b->x);
-    *labels = loom_input(m->g, LOOM_I32, 1, &b->n, b->y);
+    loom_tensor *x = m->flatten ? loom_input_batch(m->g, LOOM_F32, 2, flat, b->x)
+                                : loom_input_batch(m->g, LOOM_F32, b->ndim, b->shape, b->x);
+    *labels = loom_input_batch(m->g, LOOM_I32, 1, &b->n, b->y);
     return loom_sequential_forward(m->g, m->net, x);
 }
 
-/* Accuracy over the whole test set: each sample counted once. */
+/* Accuracy over the whole test set: each sample counted once, whatever the device count. */
 static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
+    static float z[1000 * 10];
     loom_loader *l =
         loom_loader_new(test, &(loom_loader_config){.batch_size = 1000, .no_shuffle = true});
     if (!l)
@@ -46,11 +47,10 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
         loom_tensor *y, *logits = forward(m, &b, &y);
         loom_output(logits);
         loom_status s = loom_graph_run(m->g);
-        if (s) {
+        if (s || loom_tensor_gather(logits, z) != b.n) {
             loom_loader_free(l);
             return cli_fail("evaluation: %s", loom_last_error());
         }
-        const float *z = loom_tensor_data(logits);
         int64_t c = loom_tensor_shape(logits)[1];
         for (int64_t i = 0; i < b.n; i++) {
             int64_t best = 0;
@@ -92,6 +92,7 @@ typedef struct {
     double train_seconds;
     int64_t samples;
     double last_acc;
+    loom_devices *devs;
 } run_state;
 
 /* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
@@ -156,7 +157,9 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
         return cli_fail("--init: %s", loom_last_error());
     r->test = *test;
     r->m.g = loom_graph_new(model);
-    if (!r->m.g)
+    r->devs = loom_devices_new(&(loom_devices_config){
+        .count = (int)o->devices, .timeout_s = o->timeout, .detect_anomaly = o->detect_anomaly});
+    if (!r->m.g || !r->devs || loom_graph_set_devices(r->m.g, r->devs))
         return cli_fail("%s", loom_last_error());
     if (o->eval_only)
         return 0;
@@ -187,7 +190,8 @@ int cli_train(const train_opts *o) {
     if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)))
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only)
-        printf("loom: training %s on 1 device, %lld samples, batch %lld, %s lr %g\n", o->recipe,
+        printf("loom: training %s on %d device%s, %lld samples, batch %lld, %s lr %g\n", o->recipe,
+               loom_devices_count(r.devs), loom_devices_count(r.devs) > 1 ? "s" : "",
                (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
     bool done = false;
     for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done; e++)
@@ -212,6 +216,7 @@ int cli_train(const train_opts *o) {
     if (r.log)
         fclose(r.log);
     loom_graph_free(r.m.g);
+    loom_devices_free(r.devs);
     loom_loader_free(r.loader);
     loom_optim_free(r.opt);
     loom_sequential_free(r.m.net);

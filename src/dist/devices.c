@@ -1,0 +1,442 @@
+/*
+ * devices.c - data parallelism inside one process. Each device is a worker thread pinned to a
+ * core, with its own replica of the model's slabs (device 0 uses the model's own), its own
+ * workspace and its own rank in a local process group. A graph set to run on the devices is
+ * planned once by the controller (the caller's thread); every device then runs the same program
+ * on its shard of the batch, and the program's SYNC nodes average the gradients.
+ *
+ * Failure: a device whose step fails aborts the group, which wakes every device waiting in a
+ * collective; the controller waits at most the deadline (then names the devices still running),
+ * returns the first real cause as "device D, step S: reason", and refuses further steps.
+ */
+#define _GNU_SOURCE
+#include "../backend/internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct loom__device device;
+
+struct loom__device {
+    loom_devices *owner;
+    int index, cpu;
+    pthread_t thread;
+    bool started;
+    loom_comm *comm;
+    unsigned char *ws;
+    size_t ws_size;
+    float *slab[LOOM_SLAB_COUNT]; /* replicas; device 0 uses the model's slabs */
+    int64_t slab_cap[LOOM_SLAB_COUNT];
+    loom__bind bind;
+    loom_status st;
+    char msg[512];
+    double busy, coll; /* this run: seconds in all, seconds in collectives */
+    double busy_total, coll_total;
+    int64_t coll_bytes; /* cumulative */
+};
+
+typedef enum { JOB_STEP, JOB_REPLICATE } job_kind;
+
+struct loom_devices {
+    loom_devices_config c;
+    int n;
+    loom_group *group;
+    device *dev;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;
+    int ndone;
+    bool quit, broken;
+    job_kind job;
+    loom__program *prog;
+    loom_model *model;
+    int64_t step;
+    const loom_model *synced_model;
+    uint64_t synced_version;
+    int fault_dev;
+    int64_t fault_step;
+    bool fault_hang;
+    loom__runner runner;
+};
+
+static double now(void) {
+    return loom__now();
+}
+
+static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_op op) {
+    device *d = ctx;
+    double t0 = now();
+    loom_status s = loom_comm_allreduce(d->comm, buf, n, op);
+    d->coll += now() - t0;
+    d->coll_bytes += n * (int64_t)sizeof(float);
+    return s;
+}
+
+static float *slab_of(loom_devices *D, device *d, int s) {
+    return d->index == 0 ? D->model->slab[s] : d->slab[s];
+}
+
+/* Replication job: broadcast device 0's slabs, then compare checksums of every replica. */
+static loom_status replicate(loom_devices *D, device *d) {
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
+        int64_t len = D->model->len[s];
+        loom_status st = loom_comm_broadcast(d->comm, slab_of(D, d, s), len, 0);
+        if (st)
+            return st;
+    }
+    loom__hash h;
+    loom__hash_init(&h);
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        loom__hash_bytes(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
+    uint64_t mine = loom__hash_final(&h);
+    float packed[2], *all = loom__malloc(sizeof(float) * 2 * (size_t)D->n);
+    if (!all)
+        return LOOM_ENOMEM;
+    memcpy(packed, &mine, sizeof mine);
+    loom_status st = loom_comm_allgather(d->comm, packed, 2, all);
+    for (int r = 0; !st && r < D->n; r++) {
+        uint64_t theirs;
+        memcpy(&theirs, all + 2 * r, sizeof theirs);
+        if (theirs != mine)
+            st = loom__error(LOOM_EINTERNAL,
+                             "replica checksum of device %d (%016llx) differs from "
+                             "device %d's (%016llx) after the broadcast",
+                             r, (unsigned long long)theirs, d->index, (unsigned long long)mine);
+    }
+    loom__free(all);
+    return st;
+}
+
+static void run_job(loom_devices *D, device *d) {
+    double t0 = now();
+    d->coll = 0;
+    loom_status st;
+    if (D->job == JOB_REPLICATE)
+        st = replicate(D, d);
+    else if (d->index == D->fault_dev && D->step == D->fault_step && !D->fault_hang)
+        st = loom__error(LOOM_EINTERNAL, "fault injected by LOOM_FAULT=%d:%lld", D->fault_dev,
+                         (long long)D->fault_step);
+    else if (d->index == D->fault_dev && D->step == D->fault_step) {
+        struct timespec ts = {(time_t)(3 * D->c.timeout_s),
+                              (long)(fmod(3 * D->c.timeout_s, 1.0) * 1e9)};
+        nanosleep(&ts, NULL); /* a device that stops answering, then comes back */
+        st = loom__interp_run(D->prog, &d->bind);
+    } else
+        st = loom__interp_run(D->prog, &d->bind);
+    d->st = st;
+    if (st) {
+        snprintf(d->msg, sizeof d->msg, "%s", loom_last_error());
+        if (st != LOOM_EABORTED && st != LOOM_ETIMEDOUT) {
+            char why[640];
+            snprintf(why, sizeof why, "device %d, step %lld: %s", d->index, (long long)D->step,
+                     d->msg);
+            loom_comm_abort(d->comm, why);
+        }
+    }
+    d->busy = now() - t0;
+    d->busy_total += d->busy;
+    d->coll_total += d->coll;
+}
+
+static void pin(device *d) {
+    if (d->cpu < 0)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(d->cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* best effort */
+}
+
+static void *worker(void *arg) {
+    device *d = arg;
+    loom_devices *D = d->owner;
+    pin(d);
+    loom__blas_init();
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&D->mu);
+        while (D->gen == seen && !D->quit)
+            pthread_cond_wait(&D->go, &D->mu);
+        if (D->quit) {
+            pthread_mutex_unlock(&D->mu);
+            return NULL;
+        }
+        seen = D->gen;
+        pthread_mutex_unlock(&D->mu);
+        run_job(D, d);
+        pthread_mutex_lock(&D->mu);
+        D->ndone++;
+        pthread_cond_signal(&D->done);
+        pthread_mutex_unlock(&D->mu);
+    }
+}
+
+static void deadline_in(struct timespec *ts, double seconds) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    double t = (double)ts->tv_nsec * 1e-9 + seconds;
+    ts->tv_sec += (time_t)t;
+    ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+}
+
+/* Waits for all devices until `seconds` pass; true if all finished. Called with D->mu held. */
+static bool wait_done(loom_devices *D, double seconds) {
+    struct timespec dl;
+    deadline_in(&dl, seconds);
+    int rc = 0;
+    while (D->ndone < D->n && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&D->done, &D->mu, &dl);
+    return D->ndone == D->n;
+}
+
+/* The first real cause among the devices' statuses, as the controller's error. */
+static loom_status collect(loom_devices *D) {
+    int cause = -1;
+    for (int i = 0; i < D->n && cause < 0; i++)
+        if (D->dev[i].st && D->dev[i].st != LOOM_EABORTED && D->dev[i].st != LOOM_ETIMEDOUT)
+            cause = i;
+    for (int i = 0; i < D->n && cause < 0; i++)
+        if (D->dev[i].st)
+            cause = i;
+    if (cause < 0)
+        return LOOM_OK;
+    D->broken = true;
+    device *d = &D->dev[cause];
+    if (d->st == LOOM_EABORTED || d->st == LOOM_ETIMEDOUT)
+        return loom__error(d->st, "%s", d->msg);
+    return loom__error(d->st, "device %d, step %lld: %s", cause, (long long)D->step, d->msg);
+}
+
+/* Runs the current job on every device and waits, within the deadline. */
+static loom_status dispatch(loom_devices *D) {
+    pthread_mutex_lock(&D->mu);
+    D->ndone = 0;
+    D->gen++;
+    pthread_cond_broadcast(&D->go);
+    bool ok = wait_done(D, D->c.timeout_s + 1.0);
+    if (!ok) { /* someone is stuck outside a collective: fail the group, give it a moment */
+        char msg[512];
+        size_t k = (size_t)snprintf(msg, sizeof msg,
+                                    "watchdog: step %lld did not finish within "
+                                    "%.1f s; still running:",
+                                    (long long)D->step, D->c.timeout_s);
+        for (int i = 0; i < D->n && k < sizeof msg; i++)
+            if (loom_comm_seq(D->dev[i].comm) < loom_comm_seq(D->dev[0].comm) || i == 0)
+                k += (size_t)snprintf(msg + k, sizeof msg - k, " device %d (collective #%llu)", i,
+                                      (unsigned long long)loom_comm_seq(D->dev[i].comm));
+        loom_comm_abort(D->dev[0].comm, msg);
+        ok = wait_done(D, 2.0);
+        if (!ok) {
+            D->broken = true;
+            pthread_mutex_unlock(&D->mu);
+            return loom__error(LOOM_ETIMEDOUT, "%s", msg);
+        }
+    }
+    pthread_mutex_unlock(&D->mu);
+    return collect(D);
+}
+
+/* Replicas follow the model: same sizes, same values (broadcast and verified). */
+static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
+    if (D->synced_model == m && D->synced_version == m->version)
+        return LOOM_OK;
+    for (int i = 1; i < D->n; i++)
+        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+            if (loom__grow((void **)&D->dev[i].slab[s], &D->dev[i].slab_cap[s], m->len[s] + 1,
+                           sizeof(float)))
+                return LOOM_ENOMEM;
+    D->model = m;
+    D->job = JOB_REPLICATE;
+    loom_status st = dispatch(D);
+    if (!st) {
+        D->synced_model = m;
+        D->synced_version = m->version;
+    }
+    return st;
+}
+
+static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
+    g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t) * (size_t)D->n);
+    if (!g->rows_real)
+        return LOOM_ENOMEM;
+    for (int i = 0; i < D->n; i++) {
+        device *d = &D->dev[i];
+        if (p->ws_bytes > d->ws_size) {
+            void *ws = loom__realloc(d->ws, p->ws_bytes);
+            if (!ws)
+                return LOOM_ENOMEM;
+            d->ws = ws, d->ws_size = p->ws_bytes;
+        }
+        const void **in = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+        if (!in)
+            return LOOM_ENOMEM;
+        loom_status st = loom__bind_inputs(g, i, D->n, in, &g->rows_real[i]);
+        if (st)
+            return st;
+        d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
+        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+            d->bind.slab[s] = g->model ? slab_of(D, d, s) : NULL;
+    }
+    return LOOM_OK;
+}
+
+static void add_metrics(loom_devices *D, loom_graph *g) {
+    loom_metrics *m = &g->metrics;
+    double lo = 0, hi = 0, coll = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < D->n; i++) {
+        double compute = D->dev[i].busy_total - D->dev[i].coll_total;
+        lo = i == 0 || compute < lo ? compute : lo;
+        hi = compute > hi ? compute : hi;
+        coll += D->dev[i].coll_total;
+        bytes += D->dev[i].coll_bytes;
+    }
+    m->devices = D->n;
+    m->allreduce_bytes = bytes;
+    m->collective_seconds = coll / D->n;
+    m->device_compute_min = lo;
+    m->device_compute_max = hi;
+    m->exec_seconds += D->dev[0].busy;
+}
+
+static loom_status devices_run(void *ctx, loom_graph *g, loom__program *p) {
+    loom_devices *D = ctx;
+    if (D->broken)
+        return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
+                                          "devices to continue");
+    D->step++;
+    loom_status st = g->model ? ensure_replicas(D, g->model) : LOOM_OK;
+    if (!st)
+        st = prepare(D, g, p);
+    if (st)
+        return st;
+    D->prog = p;
+    D->job = JOB_STEP;
+    st = dispatch(D);
+    add_metrics(D, g);
+    return st;
+}
+
+static const void *devices_data(void *ctx, const loom_graph *g, int32_t id, int d) {
+    loom_devices *D = ctx;
+    return g->last ? loom__addr(g->last, &D->dev[d].bind, id) : NULL;
+}
+
+/* The CPUs this process may run on, in order; returns how many. */
+static int available_cpus(int *cpus, int max) {
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return 0;
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, &set))
+            cpus[n++] = c;
+    return n;
+}
+
+static void parse_fault(loom_devices *D) {
+    D->fault_dev = -1;
+    const char *f = getenv("LOOM_FAULT");
+    int dev;
+    long long step;
+    if (f && sscanf(f, "%d:%lld", &dev, &step) == 2) {
+        D->fault_dev = dev;
+        D->fault_step = step;
+        D->fault_hang = strstr(f, ":hang") != NULL;
+    }
+}
+
+loom_devices *loom_devices_new(const loom_devices_config *c) {
+    loom_devices_config cfg = c ? *c : (loom_devices_config){0};
+    int cpus[1024], ncpu = available_cpus(cpus, 1024);
+    if (cfg.count == 0)
+        cfg.count = ncpu > 0 ? ncpu : 1;
+    cfg.timeout_s = cfg.timeout_s > 0 ? cfg.timeout_s : 60.0;
+    if (cfg.count < 1 || cfg.count > 256 || cfg.bucket_bytes < 0) {
+        loom__error(LOOM_EINVAL, "loom_devices_new: %d devices (expected 1 to 256)", cfg.count);
+        return NULL;
+    }
+    loom_devices *D = loom__calloc(1, sizeof *D);
+    if (!D)
+        return NULL;
+    D->c = cfg;
+    D->n = cfg.count;
+    D->runner = (loom__runner){devices_run, devices_data};
+    parse_fault(D);
+    pthread_mutex_init(&D->mu, NULL);
+    pthread_cond_init(&D->go, NULL);
+    pthread_cond_init(&D->done, NULL);
+    D->group = loom_group_local_new(D->n, cfg.timeout_s);
+    D->dev = loom__calloc((size_t)D->n, sizeof *D->dev);
+    if (!D->group || !D->dev) {
+        loom_devices_free(D);
+        return NULL;
+    }
+    for (int i = 0; i < D->n; i++) {
+        device *d = &D->dev[i];
+        d->owner = D, d->index = i;
+        d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[i % ncpu];
+        d->comm = loom_group_comm(D->group, i);
+        if (pthread_create(&d->thread, NULL, worker, d) != 0) {
+            loom__error(LOOM_EINTERNAL, "loom_devices_new: cannot start device %d: %s", i,
+                        strerror(errno));
+            loom_devices_free(D);
+            return NULL;
+        }
+        d->started = true;
+    }
+    return D;
+}
+
+void loom_devices_free(loom_devices *D) {
+    if (!D)
+        return;
+    pthread_mutex_lock(&D->mu);
+    D->quit = true;
+    pthread_cond_broadcast(&D->go);
+    bool stuck = D->ndone < D->n && D->gen > 0;
+    pthread_mutex_unlock(&D->mu);
+    for (int i = 0; D->dev && i < D->n; i++) {
+        if (!D->dev[i].started)
+            continue;
+        if (stuck) /* a device never came back from a step: leave it, do not hang */
+            pthread_detach(D->dev[i].thread);
+        else
+            pthread_join(D->dev[i].thread, NULL);
+    }
+    if (stuck) /* its memory may still be in use */
+        return;
+    for (int i = 0; D->dev && i < D->n; i++) {
+        loom__free(D->dev[i].ws);
+        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+            loom__free(D->dev[i].slab[s]);
+    }
+    loom__free(D->dev);
+    loom_group_free(D->group);
+    pthread_mutex_destroy(&D->mu);
+    pthread_cond_destroy(&D->go);
+    pthread_cond_destroy(&D->done);
+    loom__free(D);
+}
+
+int loom_devices_count(const loom_devices *D) {
+    return D->n;
+}
+
+loom_status loom_graph_set_devices(loom_graph *g, loom_devices *D) {
+    if (!g || !D)
+        return loom__error(LOOM_EINVAL, "loom_graph_set_devices: NULL argument");
+    if (g->n > 0)
+        return loom__error(LOOM_EINVAL, "loom_graph_set_devices: the step already has nodes; set "
+                                        "devices before recording (after loom_graph_reset)");
+    g->runner = &D->runner;
+    g->runner_ctx = D;
+    g->ndev = D->n;
+    g->bucket_bytes = D->c.bucket_bytes;
+    g->detect_anomaly = D->c.detect_anomaly;
+    return LOOM_OK;
+}

@@ -1,0 +1,293 @@
+/*
+ * test_dp.c - data parallelism across devices (threads) of one process:
+ *   equivalence: both recipes, same init and data order, global batch 128: after 20 SGD steps on
+ *     2 and 4 devices the parameters match the 1-device run (normwise relative error reported),
+ *     and a repeated run on the same device count is bitwise identical;
+ *   exactly once: 203 samples in global batches of 64 on 4 devices (the last batch of 11 padded)
+ *     give the 1-device losses step by step, and evaluation gathers each sample exactly once;
+ *   failures: an injected fault, a NaN loss under anomaly detection, a kernel error and a device
+ *     that hangs each stop every device well inside the deadline, naming device, step and reason.
+ */
+#include "harness.h"
+
+#include <time.h>
+
+static loom_dataset *train;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    loom_model *m;
+    loom_sequential *net;
+    loom_optim *opt;
+    loom_graph *g;
+    loom_devices *devs;
+    bool flatten;
+} rig;
+
+/* ndev 0: a plain graph (one device, on this thread). */
+static loom_status rig_new(rig *r, const char *recipe, int ndev, loom_devices_config dc) {
+    memset(r, 0, sizeof *r);
+    r->m = loom_model_new();
+    r->net = loom_sequential_new(r->m, loom_recipe(recipe, &r->flatten));
+    loom_sequential_init(r->net, 3);
+    r->opt = loom_sgd_new(r->m, &(loom_optim_config){.lr = 0.05, .momentum = 0.9});
+    r->g = loom_graph_new(r->m);
+    if (ndev > 0) {
+        dc.count = ndev;
+        r->devs = loom_devices_new(&dc);
+        return r->devs ? loom_graph_set_devices(r->g, r->devs) : LOOM_EINVAL;
+    }
+    return LOOM_OK;
+}
+
+static void rig_free(rig *r) {
+    loom_graph_free(r->g);
+    loom_devices_free(r->devs);
+    loom_optim_free(r->opt);
+    loom_sequential_free(r->net);
+    loom_model_free(r->m);
+}
+
+/* One training step on the batch; the global loss through *loss. */
+static loom_status step(rig *r, const loom_batch *b, double *loss) {
+    loom_graph_reset(r->g);
+    int64_t flat[2] = {b->n, 784};
+    loom_tensor *x = r->flatten ? loom_input_batch(r->g, LOOM_F32, 2, flat, b->x)
+                                : loom_input_batch(r->g, LOOM_F32, b->ndim, b->shape, b->x);
+    loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 1, &b->n, b->y);
+    loom_tensor *l = loom_cross_entropy(r->g, loom_sequential_forward(r->g, r->net, x), y);
+    loom_backward(r->g, l);
+    loom_optim_step(r->g, r->opt);
+    loom_status s = loom_graph_run(r->g);
+    *loss = s ? NAN : loom_item(l);
+    return s;
+}
+
+static double worst_equiv;
+
+static double param_error(const rig *a, const rig *ref) {
+    double err = 0;
+    for (int i = 0; i < loom_model_count(ref->m); i++) {
+        loom_param *p = loom_model_at(a->m, i), *q = loom_model_at(ref->m, i);
+        double scale = 0, diff = 0;
+        for (int64_t k = 0; k < loom_param_numel(q); k++) {
+            scale = fmax(scale, fabs(loom_param_data(q)[k]));
+            diff = fmax(diff, fabs((double)loom_param_data(p)[k] - loom_param_data(q)[k]));
+        }
+        err = fmax(err, diff / scale);
+    }
+    return err;
+}
+
+static void equivalence(const char *recipe) {
+    rig ref, a, b;
+    loom_loader_config lc = {.batch_size = 128, .no_shuffle = true};
+    ASSERT_EQ(rig_new(&ref, recipe, 0, (loom_devices_config){0}), LOOM_OK);
+    loom_loader *l = loom_loader_new(train, &lc);
+    loom_batch batch;
+    double loss;
+    for (int s = 0; s < 20 && loom_loader_next(l, &batch); s++)
+        ASSERT_EQ(step(&ref, &batch, &loss), LOOM_OK);
+    for (int ndev = 2; ndev <= 4; ndev += 2) {
+        ASSERT_EQ(rig_new(&a, recipe, ndev, (loom_devices_config){0}), LOOM_OK);
+        ASSERT_EQ(rig_new(&b, recipe, ndev, (loom_devices_config){.bucket_bytes = 4096}), LOOM_OK);
+        loom_loader_start_epoch(l, 0);
+        for (int s = 0; s < 20 && loom_loader_next(l, &batch); s++) {
+            ASSERT_EQ(step(&a, &batch, &loss), LOOM_OK);
+            ASSERT_EQ(step(&b, &batch, &loss), LOOM_OK);
+        }
+        double err = param_error(&a, &ref);
+        worst_equiv = fmax(worst_equiv, err);
+        fprintf(stderr,
+                "%s, %d devices: parameters after 20 steps differ from 1 device by %.2g "
+                "(normwise)\n",
+                recipe, ndev, err);
+        ASSERT(err <= 1e-5);
+        /* bucket size changes the order of nothing: bitwise equal to the default buckets */
+        ASSERT(param_error(&b, &a) == 0.0);
+        loom_metrics m;
+        loom_graph_metrics(a.g, &m);
+        ASSERT_EQ(m.programs_built, 1);
+        ASSERT_EQ(m.devices, ndev);
+        ASSERT(m.allreduce_bytes >= 20 * ndev * 4 * loom_model_numel(a.m));
+        rig_free(&a);
+        rig_free(&b);
+    }
+    loom_loader_free(l);
+    rig_free(&ref);
+}
+
+TEST(mlp_on_2_and_4_devices_matches_1) {
+    equivalence("fmnist-mlp");
+}
+
+TEST(cnn_on_2_and_4_devices_matches_1) {
+    equivalence("fmnist-cnn");
+}
+
+TEST(repeated_runs_are_bitwise_identical) {
+    rig a, b;
+    ASSERT_EQ(rig_new(&a, "fmnist-mlp", 2, (loom_devices_config){0}), LOOM_OK);
+    ASSERT_EQ(rig_new(&b, "fmnist-mlp", 2, (loom_devices_config){0}), LOOM_OK);
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 128, .seed = 1});
+    loom_batch batch;
+    double la, lb;
+    for (int s = 0; s < 10 && loom_loader_next(l, &batch); s++) {
+        ASSERT_EQ(step(&a, &batch, &la), LOOM_OK);
+        ASSERT_EQ(step(&b, &batch, &lb), LOOM_OK);
+        ASSERT(la == lb);
+    }
+    ASSERT(param_error(&a, &b) == 0.0);
+    loom_loader_free(l);
+    rig_free(&a);
+    rig_free(&b);
+}
+
+/* Evaluation: logits of every sample, gathered; returns rows seen and accuracy. */
+static int64_t evaluate(rig *r, const loom_dataset *d, int64_t batch, double *acc) {
+    loom_loader *l =
+        loom_loader_new(d, &(loom_loader_config){.batch_size = batch, .no_shuffle = true});
+    loom_batch b;
+    float logits[1024 * 10];
+    int64_t seen = 0, correct = 0;
+    while (loom_loader_next(l, &b)) {
+        loom_graph_reset(r->g);
+        int64_t flat[2] = {b.n, 784};
+        loom_tensor *y =
+            loom_sequential_forward(r->g, r->net, loom_input_batch(r->g, LOOM_F32, 2, flat, b.x));
+        loom_output(y);
+        if (loom_graph_run(r->g) || loom_tensor_gather(y, logits) != b.n)
+            return -1;
+        for (int64_t i = 0; i < b.n; i++) {
+            int best = 0;
+            for (int k = 1; k < 10; k++)
+                best = logits[i * 10 + k] > logits[i * 10 + best] ? k : best;
+            correct += best == b.y[i];
+        }
+        seen += b.n;
+    }
+    loom_loader_free(l);
+    *acc = (double)correct / (double)seen;
+    return seen;
+}
+
+TEST(each_sample_counts_exactly_once) {
+    int64_t shape[3] = {1, 28, 28}, n = 203;
+    float *x = malloc(sizeof(float) * 784 * (size_t)n);
+    int32_t y[203];
+    loom_loader *all =
+        loom_loader_new(train, &(loom_loader_config){.batch_size = 203, .no_shuffle = true});
+    loom_batch b;
+    ASSERT(loom_loader_next(all, &b));
+    memcpy(x, b.x, sizeof(float) * 784 * (size_t)n);
+    memcpy(y, b.y, sizeof y);
+    loom_loader_free(all);
+    loom_dataset *small = loom_dataset_from_arrays(n, 3, shape, x, y);
+    rig one, four;
+    ASSERT_EQ(rig_new(&one, "fmnist-mlp", 0, (loom_devices_config){0}), LOOM_OK);
+    ASSERT_EQ(rig_new(&four, "fmnist-mlp", 4, (loom_devices_config){0}), LOOM_OK);
+    loom_loader *l = loom_loader_new(small, &(loom_loader_config){.batch_size = 64, .seed = 2});
+    int steps = 0;
+    for (int epoch = 0; epoch < 2; epoch++) {
+        loom_loader_start_epoch(l, epoch);
+        while (loom_loader_next(l, &b)) {
+            double l1, l4;
+            ASSERT_EQ(step(&one, &b, &l1), LOOM_OK);
+            ASSERT_EQ(step(&four, &b, &l4), LOOM_OK);
+            ASSERT_NEAR(l4, l1, 1e-5); /* the short batch of 11 too: padding weighs nothing */
+            steps++;
+        }
+    }
+    ASSERT_EQ(steps, 8);
+    ASSERT(param_error(&four, &one) <= 1e-5);
+    double a1, a4;
+    ASSERT_EQ(evaluate(&one, small, 64, &a1), 203);
+    ASSERT_EQ(evaluate(&four, small, 64, &a4), 203); /* 203 counted, not 204 or 256 */
+    ASSERT(a1 == a4);
+    loom_loader_free(l);
+    rig_free(&one);
+    rig_free(&four);
+    loom_dataset_free(small);
+    free(x);
+}
+
+/* Runs up to 6 steps on 2 devices; returns the first failing status, its message and time, and
+ * in *after the status of one more step (refused once the devices have failed). */
+static loom_status run_until_failure(loom_devices_config dc, bool nan_on_device1, int bad_label,
+                                     char *msg, double *seconds, loom_status *after) {
+    rig r;
+    loom_status st = rig_new(&r, "fmnist-mlp", 2, dc);
+    loom_loader *l =
+        loom_loader_new(train, &(loom_loader_config){.batch_size = 8, .no_shuffle = true});
+    loom_batch b;
+    double loss, t0 = now();
+    static float x[8 * 784];
+    static int32_t y[8];
+    for (int s = 0; !st && s < 6 && loom_loader_next(l, &b); s++) {
+        memcpy(x, b.x, sizeof x);
+        memcpy(y, b.y, sizeof y);
+        if (nan_on_device1 && s == 1)
+            x[5 * 784 + 3] = NAN; /* row 5 is in device 1's shard */
+        if (bad_label && s == 2)
+            y[6] = bad_label;
+        b.x = x, b.y = y;
+        st = step(&r, &b, &loss);
+    }
+    *seconds = now() - t0;
+    snprintf(msg, 512, "%s", loom_last_error());
+    *after = loom_graph_run(r.g);
+    loom_loader_free(l);
+    rig_free(&r);
+    return st;
+}
+
+TEST(failures_stop_every_device_and_name_it) {
+    char msg[512];
+    double dt;
+    loom_status after;
+    setenv("LOOM_FAULT", "1:3", 1);
+    loom_status st =
+        run_until_failure((loom_devices_config){.timeout_s = 5}, false, 0, msg, &dt, &after);
+    unsetenv("LOOM_FAULT");
+    ASSERT_EQ(st, LOOM_EINTERNAL);
+    ASSERT_STR_CONTAINS(msg, "device 1, step 3: fault injected by LOOM_FAULT=1:3");
+    ASSERT(dt < 5);
+    ASSERT_EQ(after, LOOM_EABORTED); /* the devices refuse further steps */
+
+    st =
+        run_until_failure((loom_devices_config){.detect_anomaly = true}, true, 0, msg, &dt, &after);
+    ASSERT_EQ(st, LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(msg, "device 1, step 2: the loss is NaN (anomaly detection)");
+
+    st = run_until_failure((loom_devices_config){0}, false, 12, msg, &dt, &after);
+    ASSERT_EQ(st, LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(msg, "device 1, step 3: loom_onehot: index 12 at position 2");
+
+    setenv("LOOM_FAULT", "0:2:hang", 1); /* device 0 stops answering for 3 deadlines */
+    st = run_until_failure((loom_devices_config){.timeout_s = 0.5}, false, 0, msg, &dt, &after);
+    unsetenv("LOOM_FAULT");
+    ASSERT_EQ(st, LOOM_ETIMEDOUT);
+    ASSERT_STR_CONTAINS(msg, "watchdog");
+    ASSERT_STR_CONTAINS(msg, "device(s) 0");
+    ASSERT(dt < 4);
+}
+
+int main(void) {
+    if (loom_dataset_fmnist(NULL, "train", &train)) {
+        fprintf(stderr, "%s\n", loom_last_error());
+        return 1;
+    }
+    RUN(mlp_on_2_and_4_devices_matches_1);
+    RUN(cnn_on_2_and_4_devices_matches_1);
+    RUN(repeated_runs_are_bitwise_identical);
+    RUN(each_sample_counts_exactly_once);
+    RUN(failures_stop_every_device_and_name_it);
+    fprintf(stderr, "largest difference from 1 device after 20 steps: %.2g\n", worst_equiv);
+    loom_dataset_free(train);
+    return HARNESS_EXIT();
+}
