@@ -30,8 +30,9 @@ typedef struct {
 
 typedef struct {
     uint8_t op, dtype, ndim;
-    bool copy;  /* a movement node materialized by copying src_lay (shape: copy_shape) */
-    bool check; /* anomaly detection: the run fails if this node's values are not finite */
+    bool copy;   /* a movement node materialized by copying src_lay (shape: copy_shape) */
+    bool check;  /* anomaly detection: the run fails if this node's values are not finite */
+    bool elided; /* a STORE whose source was computed in place */
     int64_t shape[LOOM_MAX_DIMS];
     int32_t src[3]; /* node ids, -1 for none */
     loom__attr attr;

@@ -191,6 +191,35 @@ static void assign_layouts(loom__program *p, const bool *live, const bool *is_ou
     }
 }
 
+/* A gradient computed by a kernel and only stored is computed in its slab place: no copy. (Only the
+ * GRAD slab, which nothing reads between backward and the optimizer, so no reader can see it
+ * early.) Elided stores stay in the program, as no-ops. */
+static void store_in_place(loom__program *p, const bool *live, const bool *is_out) {
+    int64_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int64_t));
+    if (!readers)
+        return; /* an optimisation: without memory, keep the copies */
+    for (int64_t i = 0; i < p->n; i++)
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (p->nodes[i].src[k] >= 0)
+                readers[p->nodes[i].src[k]]++;
+    for (int64_t i = 0; i < p->n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i] || t->op != LOOM_OP_STORE || t->attr.persist.slab != LOOM_SLAB_GRAD)
+            continue;
+        loom__pnode *s = &p->nodes[t->src[0]];
+        loom__kind kind = loom__ops[s->op].kind;
+        bool kernel = (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || s->copy;
+        if (!kernel || s->op == LOOM_OP_SYNC || s->op == LOOM_OP_STORE || is_out[t->src[0]] ||
+            readers[t->src[0]] != 1 || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS)
+            continue;
+        s->lay.base = LOOM_BASE_PERSIST;
+        s->lay.index = t->attr.persist.slab;
+        s->lay.offset = t->attr.persist.offset;
+        t->elided = true;
+    }
+    loom__free(readers);
+}
+
 typedef struct {
     int64_t off, size, owner;
 } block;
@@ -234,10 +263,10 @@ static loom_status place_buffers(loom__program *p, const bool *live, const bool 
         if (!live[i])
             continue;
         loom__kind kind = loom__ops[t->op].kind;
-        bool runs = (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
+        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy) && !t->elided;
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
-        if (runs && l_owns(t)) {
+        if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
             int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
             size = (size + 63) & ~(int64_t)63;
             int64_t off = 0, at = 0;
@@ -303,6 +332,7 @@ static loom__program *plan(const loom_graph *g, uint64_t hash) {
                 live[t->src[k]->id] = true;
     }
     assign_layouts(p, live, is_out);
+    store_in_place(p, live, is_out);
     if (place_buffers(p, live, is_out, last))
         goto fail;
     loom__free(flags);

@@ -108,6 +108,8 @@ loom_tensor *loom_permute(loom_graph *g, loom_tensor *a, const int *perm) {
     }
     if (identity)
         return a;
+    if (a->op == LOOM_OP_MATMUL && a->ndim == 2) /* (A B)^T = B^T A^T: a contiguous result */
+        return loom_matmul(g, loom_transpose(g, a->src[1]), loom_transpose(g, a->src[0]));
     loom_tensor *t =
         loom__node(g, LOOM_OP_PERMUTE, (loom_dtype)a->dtype, a->ndim, s, a, NULL, NULL);
     if (t)
