@@ -5,10 +5,11 @@ export OPENBLAS_CORETYPE ?= Haswell
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 GENERATOR  := -G Ninja
 WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
 
-.PHONY: all deps build demo test test-asan format-check bench install clean
+.PHONY: all deps build demo test test-asan test-tsan format-check bench install clean
 
 all: build
 
@@ -26,6 +27,7 @@ test: build
 	@bash scripts/interop-venv.sh $(BUILD)/venv
 	cd $(BUILD) && ctest --output-on-failure -j2
 	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory format-check
 
 # clang-format (.clang-format) over every C file, where clang-format is installed.
@@ -38,9 +40,16 @@ format-check:
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs and
 # the install check (a sanitized library cannot serve an unsanitized program).
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON $(WERROR)
+	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address $(WERROR)
 	cmake --build $(ASAN_BUILD)
-	cd $(ASAN_BUILD) && ctest --output-on-failure -j2 -LE "e2e|install"
+	cd $(ASAN_BUILD) && LOOM_TEST_QUICK=1 ctest --output-on-failure -j2 -LE "e2e|install"
+
+# ThreadSanitizer over the tests of the data-parallel layer (threads, collectives, devices).
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(WERROR)
+	cmake --build $(TSAN_BUILD)
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	    LOOM_TEST_QUICK=1 ctest --output-on-failure -L dist
 
 bench: build
 	bash bench/run.sh
@@ -49,4 +58,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -444,7 +444,8 @@ LOOM_API loom_status loom_comm_barrier(loom_comm *c);
 /* Fails the group: every rank waiting in or later entering a collective gets EABORTED, and
  * loom_last_error() on that thread carries `reason`. Thread-safe. */
 LOOM_API void loom_comm_abort(loom_comm *c, const char *reason);
-/* Collectives entered by this rank so far (the sequence number the watchdog reports). */
+/* Collectives entered by this rank so far (the sequence number the watchdog reports). Safe to
+ * read from any thread. */
 LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
 
 /* ---- devices: data parallelism inside one process ---------------------------------------------

@@ -69,6 +69,7 @@ static loom_status step(rig *r, const loom_batch *b, double *loss) {
 }
 
 static double worst_equiv;
+static int equiv_steps = 20; /* LOOM_TEST_QUICK (sanitizer builds): 3 */
 
 static double param_error(const rig *a, const rig *ref) {
     double err = 0;
@@ -91,13 +92,13 @@ static void equivalence(const char *recipe) {
     loom_loader *l = loom_loader_new(train, &lc);
     loom_batch batch;
     double loss;
-    for (int s = 0; s < 20 && loom_loader_next(l, &batch); s++)
+    for (int s = 0; s < equiv_steps && loom_loader_next(l, &batch); s++)
         ASSERT_EQ(step(&ref, &batch, &loss), LOOM_OK);
     for (int ndev = 2; ndev <= 4; ndev += 2) {
         ASSERT_EQ(rig_new(&a, recipe, ndev, (loom_devices_config){0}), LOOM_OK);
         ASSERT_EQ(rig_new(&b, recipe, ndev, (loom_devices_config){.bucket_bytes = 4096}), LOOM_OK);
         loom_loader_start_epoch(l, 0);
-        for (int s = 0; s < 20 && loom_loader_next(l, &batch); s++) {
+        for (int s = 0; s < equiv_steps && loom_loader_next(l, &batch); s++) {
             ASSERT_EQ(step(&a, &batch, &loss), LOOM_OK);
             ASSERT_EQ(step(&b, &batch, &loss), LOOM_OK);
         }
@@ -114,7 +115,7 @@ static void equivalence(const char *recipe) {
         loom_graph_metrics(a.g, &m);
         ASSERT_EQ(m.programs_built, 1);
         ASSERT_EQ(m.devices, ndev);
-        ASSERT(m.allreduce_bytes >= 20 * ndev * 4 * loom_model_numel(a.m));
+        ASSERT(m.allreduce_bytes >= equiv_steps * ndev * 4 * loom_model_numel(a.m));
         rig_free(&a);
         rig_free(&b);
     }
@@ -278,6 +279,8 @@ TEST(failures_stop_every_device_and_name_it) {
 }
 
 int main(void) {
+    if (getenv("LOOM_TEST_QUICK"))
+        equiv_steps = 3;
     if (loom_dataset_fmnist(NULL, "train", &train)) {
         fprintf(stderr, "%s\n", loom_last_error());
         return 1;
@@ -287,7 +290,8 @@ int main(void) {
     RUN(repeated_runs_are_bitwise_identical);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
-    fprintf(stderr, "largest difference from 1 device after 20 steps: %.2g\n", worst_equiv);
+    fprintf(stderr, "largest difference from 1 device after %d steps: %.2g\n", equiv_steps,
+            worst_equiv);
     loom_dataset_free(train);
     return HARNESS_EXIT();
 }

@@ -74,8 +74,8 @@ int loom_comm_rank(const loom_comm *c) {
 int loom_comm_world(const loom_comm *c) {
     return c->g->world;
 }
-uint64_t loom_comm_seq(const loom_comm *c) {
-    return c->seq;
+uint64_t loom_comm_seq(const loom_comm *c) { /* read by watchdogs on other threads */
+    return atomic_load(&c->g->seq_of[c->rank]);
 }
 
 static void fail_group(loom_group *g, loom_status s, const char *reason) {
