@@ -105,9 +105,9 @@ static void equivalence(const char *recipe) {
         double err = param_error(&a, &ref);
         worst_equiv = fmax(worst_equiv, err);
         fprintf(stderr,
-                "%s, %d devices: parameters after 20 steps differ from 1 device by %.2g "
+                "%s, %d devices: parameters after %d steps differ from 1 device by %.2g "
                 "(normwise)\n",
-                recipe, ndev, err);
+                recipe, ndev, equiv_steps, err);
         ASSERT(err <= 1e-5);
         /* bucket size changes the order of nothing: bitwise equal to the default buckets */
         ASSERT(param_error(&b, &a) == 0.0);
