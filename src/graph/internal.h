@@ -70,7 +70,7 @@ struct loom_tensor {
     uint8_t role;       /* INPUT: loom__role */
     bool requires_grad; /* depends on a leaf that gradients are taken for */
     bool is_output;
-    bool is_loss;       /* checked for NaN/Inf under anomaly detection */
+    bool is_loss; /* checked for NaN/Inf under anomaly detection */
     int64_t shape[LOOM_MAX_DIMS];
     loom_tensor *src[3];
     loom__attr attr;
