@@ -127,20 +127,29 @@ static loom_tensor *zeros_like(loom_graph *g, loom_tensor *x) {
 }
 
 void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
-                 loom_tensor **out) {
+                 loom_tensor **out, loom__grad_ready ready, void *ctx) {
     for (int k = 0; k < n; k++)
         out[k] = NULL;
     if (g->err)
         return;
     int64_t top = loss->id + 1;
     loom_tensor **grads = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)top);
-    if (!grads) {
+    int32_t *which = loom__arena_alloc(&g->arena, sizeof(int32_t) * (size_t)top);
+    if (!grads || !which) {
         loom__graph_fail(g, LOOM_ENOMEM, "loom_grad: out of memory");
         return;
     }
+    for (int k = 0; k < n; k++) /* node id -> 1 + index in wrt */
+        if (wrt[k] && wrt[k]->id < top)
+            which[wrt[k]->id] = k + 1;
     grads[loss->id] = loom_expand(g, loom__scalar_like(g, loss, 1.0), loss->ndim, loss->shape);
     for (int64_t id = top - 1; id >= 0 && !g->err; id--) {
         loom_tensor *t = g->nodes[id], *gy = grads[id];
+        if (which[id]) { /* every consumer has a larger id: this gradient is final */
+            out[which[id] - 1] = gy;
+            if (ready)
+                ready(ctx, which[id] - 1, gy);
+        }
         if (!gy || !t->requires_grad || loom__ops[t->op].kind == LOOM_KIND_LEAF)
             continue;
         loom_tensor *gx[3] = {NULL, NULL, NULL};
@@ -152,9 +161,6 @@ void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wr
             grads[s->id] = grads[s->id] ? loom_add(g, grads[s->id], gx[i]) : gx[i];
         }
     }
-    for (int k = 0; k < n; k++)
-        if (wrt[k] && wrt[k]->id < top)
-            out[k] = grads[wrt[k]->id];
 }
 
 loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
@@ -166,7 +172,7 @@ loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
         return NULL;
     }
     loom_tensor *r;
-    loom__grads(g, loss, 1, &wrt, &r);
+    loom__grads(g, loss, 1, &wrt, &r, NULL, NULL);
     return r ? r : zeros_like(g, wrt);
 }
 
@@ -178,6 +184,42 @@ static void sync_range(loom_graph *g, int64_t lo, int64_t hi) {
         t->attr.persist.slab = LOOM_SLAB_GRAD;
         t->attr.persist.offset = lo;
     }
+}
+
+/* The gradients of a backward pass, stored as each becomes final and all-reduced in buckets: a
+ * bucket is a contiguous range of the gradient slab of about bucket_bytes. */
+typedef struct {
+    loom_graph *g;
+    bool *stored;
+    int64_t lo, hi; /* the open bucket, empty when lo == hi */
+} backward_ctx;
+
+static void flush(backward_ctx *b) {
+    if (b->hi > b->lo && b->g->ndev > 1)
+        sync_range(b->g, b->lo, b->hi);
+    b->lo = b->hi = 0;
+}
+
+static void store_grad(void *ctx, int i, loom_tensor *grad) {
+    backward_ctx *b = ctx;
+    loom_graph *g = b->g;
+    loom_param *p = g->model->params[i];
+    if (!grad)
+        grad = loom_expand(g, loom_scalar(g, 0.0, LOOM_F32), p->ndim, p->shape);
+    loom__store(g, grad, LOOM_SLAB_GRAD, p->offset);
+    b->stored[i] = true;
+    int64_t lo = p->offset, hi = p->offset + p->numel;
+    if (b->hi > b->lo && hi != b->lo && lo != b->hi)
+        flush(b);        /* not adjacent: close the open bucket */
+    if (b->hi > b->lo) { /* adjacent: extend the open bucket */
+        b->lo = lo < b->lo ? lo : b->lo;
+        b->hi = hi > b->hi ? hi : b->hi;
+    } else {
+        b->lo = lo, b->hi = hi;
+    }
+    int64_t limit = g->bucket_bytes > 0 ? g->bucket_bytes : 1 << 20;
+    if ((b->hi - b->lo) * (int64_t)sizeof(float) >= limit)
+        flush(b);
 }
 
 void loom_backward(loom_graph *g, loom_tensor *loss) {
@@ -193,32 +235,21 @@ void loom_backward(loom_graph *g, loom_tensor *loss) {
     loom_model *m = g->model;
     loom_tensor **wrt =
         loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(2 * m->n + 1));
-    if (!wrt) {
+    bool *stored = loom__arena_alloc(&g->arena, sizeof(bool) * (size_t)(m->n + 1));
+    if (!wrt || !stored) {
         loom__graph_fail(g, LOOM_ENOMEM, "loom_backward: out of memory");
         return;
     }
-    loom_tensor **gr = wrt + m->n;
     for (int64_t i = 0; i < m->n; i++)
         wrt[i] = g->persist_nodes ? g->persist_nodes[i] : NULL;
     loom_output(loss);
     loss->is_loss = true;
-    loom__grads(g, loss, (int)m->n, wrt, gr);
-    /* Last layers first (their gradients are ready first); on several devices each bucket of
-     * about bucket_bytes is all-reduced as soon as its stores are recorded. */
-    int64_t bucket_hi = -1, bucket_bytes = g->bucket_bytes > 0 ? g->bucket_bytes : 1 << 20;
-    for (int64_t i = m->n - 1; i >= 0; i--) {
-        loom_param *p = m->params[i];
-        loom_tensor *v = gr[i];
-        if (!v)
-            v = loom_expand(g, loom_scalar(g, 0.0, LOOM_F32), p->ndim, p->shape);
-        loom__store(g, v, LOOM_SLAB_GRAD, p->offset);
-        if (g->ndev < 2)
-            continue;
-        if (bucket_hi < 0)
-            bucket_hi = p->offset + p->numel;
-        if (i == 0 || (bucket_hi - p->offset) * (int64_t)sizeof(float) >= bucket_bytes) {
-            sync_range(g, p->offset, bucket_hi);
-            bucket_hi = -1;
-        }
-    }
+    /* Stores (and all-reduces, on several devices) are recorded as each gradient becomes final,
+     * last layers first, so that they run while the rest of backward is still ahead. */
+    backward_ctx b = {g, stored, 0, 0};
+    loom__grads(g, loss, (int)m->n, wrt, wrt + m->n, store_grad, &b);
+    for (int64_t i = m->n - 1; i >= 0 && !g->err; i--)
+        if (!stored[i]) /* not used by this loss: a zero gradient */
+            store_grad(&b, (int)i, NULL);
+    flush(&b);
 }

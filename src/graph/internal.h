@@ -156,9 +156,11 @@ loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
 loom_tensor *loom__batch_mask(loom_graph *g);
 loom_tensor *loom__batch_count(loom_graph *g);
 
-/* autograd.c: gradients of loss w.r.t. each of wrt[0..n) into out (NULL where no path). */
+/* autograd.c: gradients of loss w.r.t. each of wrt[0..n) into out (NULL where no path); `ready`
+ * (may be NULL) is called as each becomes final during the walk, last-used first. */
+typedef void (*loom__grad_ready)(void *ctx, int i, loom_tensor *grad);
 void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
-                 loom_tensor **out);
+                 loom_tensor **out, loom__grad_ready ready, void *ctx);
 
 /* compile/program.c */
 void loom__programs_free(loom_graph *g);
