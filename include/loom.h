@@ -294,7 +294,14 @@ LOOM_API loom_tensor *loom_flatten(loom_graph *g, loom_tensor *x);
  * loom_backward records, for every parameter of the model that loss depends on, the store of its
  * gradient into the model's gradient slab (overwriting it; others are set to zero). */
 LOOM_API loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt);
+/* The gradients of loss with respect to each of wrt[0..n) into out, from one backward walk. */
+LOOM_API void loom_grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
+                         loom_tensor **out);
 LOOM_API void loom_backward(loom_graph *g, loom_tensor *loss);
+
+/* Records p := v at the end of the step (v has p's shape and f32): the way to write an update rule
+ * of one's own. */
+LOOM_API void loom_assign(loom_graph *g, loom_param *p, loom_tensor *v);
 
 /* ---- nn: sequential models with PyTorch's names and initialisation -------------------------- */
 
@@ -475,6 +482,74 @@ LOOM_API int loom_devices_count(const loom_devices *d);
  * failed step (any device) fails every device within the deadline: loom_graph_run returns its
  * status naming the device, the step and the reason; d cannot run further steps. */
 LOOM_API loom_status loom_graph_set_devices(loom_graph *g, loom_devices *d);
+
+/* ---- accelerator: the mid-level API (the loop is the user's) -----------------------------------
+ */
+
+/* Like Hugging Face Accelerate: prepare the model, optimizer and loader once; then each batch comes
+ * as tensors already sharded over the devices, loom_accelerator_backward() records the gradients
+ * (averaged across devices inside the step) and loom_accelerator_step() the update, and runs the
+ * step. The same program runs unchanged on 1 or N devices. */
+typedef struct loom_accelerator loom_accelerator;
+typedef struct {
+    int devices;         /* 0 means one per available core */
+    double timeout_s;    /* 0 means 60 */
+    bool detect_anomaly; /* a NaN/Inf loss fails the step */
+} loom_accelerator_config;
+LOOM_API loom_accelerator *loom_accelerator_new(const loom_accelerator_config *c);
+LOOM_API void loom_accelerator_free(loom_accelerator *a);
+LOOM_API int loom_accelerator_devices(const loom_accelerator *a);
+/* Takes (does not own) the model, its optimizer and the training loader. */
+LOOM_API loom_status loom_accelerator_prepare(loom_accelerator *a, loom_model *m, loom_optim *o,
+                                              loom_loader *train);
+/* The next batch of `l` (NULL: the prepared training loader), as a new step: *g is the step's
+ * graph, *x the samples (B, ...) and *y the labels (B), both sharded over the devices. false at
+ * the end of the epoch. */
+LOOM_API bool loom_accelerator_next(loom_accelerator *a, loom_loader *l, loom_graph **g,
+                                    loom_tensor **x, loom_tensor **y);
+LOOM_API void loom_accelerator_backward(loom_accelerator *a, loom_tensor *loss);
+/* Records the optimizer update and runs the step. */
+LOOM_API loom_status loom_accelerator_step(loom_accelerator *a);
+/* Runs the step as recorded (evaluation: no update). */
+LOOM_API loom_status loom_accelerator_run(loom_accelerator *a);
+
+/* ---- trainer: the high-level API (the loop is the library's) ------------------------------------
+ */
+
+/* Like PyTorch Lightning: the user gives the steps, the trainer runs epochs on the devices,
+ * validates, logs progress and keeps metrics. */
+typedef struct {
+    /* the loss of a batch; x (B, ...) and y (B) are sharded over the devices */
+    loom_tensor *(*training_step)(void *ctx, loom_graph *g, loom_tensor *x, loom_tensor *y);
+    /* the logits (B, classes) of a batch; the trainer counts correct argmaxes (may be NULL) */
+    loom_tensor *(*validation_step)(void *ctx, loom_graph *g, loom_tensor *x, loom_tensor *y);
+    void *ctx;
+} loom_module_fns;
+typedef struct {
+    int64_t max_epochs; /* 0 means 1 */
+    int64_t max_steps;  /* stop after this many steps (0: no limit) */
+    int devices;        /* 0 means one per available core */
+    double timeout_s;   /* 0 means 60 */
+    bool detect_anomaly;
+    int64_t log_every; /* a progress line every N steps (0: 100; negative: quiet) */
+} loom_trainer_config;
+typedef struct {
+    int64_t steps, epochs;
+    double last_loss;
+    double val_accuracy; /* after the last validation; NaN before one */
+    double samples_per_s;
+} loom_trainer_metrics;
+typedef struct loom_trainer loom_trainer;
+LOOM_API loom_trainer *loom_trainer_new(const loom_trainer_config *c);
+LOOM_API void loom_trainer_free(loom_trainer *t);
+/* Trains m with o over `train` for max_epochs, validating on `val` (may be NULL) after each
+ * epoch. Progress goes to the log hook. Returns the first failure. */
+LOOM_API loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
+                                      const loom_module_fns *fns, loom_loader *train,
+                                      loom_loader *val);
+LOOM_API loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns,
+                                           loom_loader *val, double *accuracy);
+LOOM_API void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out);
 
 /* ---- information ------------------------------------------------------------------------------
  */

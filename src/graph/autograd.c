@@ -163,17 +163,30 @@ void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wr
     }
 }
 
-loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
+void loom_grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
+                loom_tensor **out) {
+    for (int k = 0; k < n && out; k++)
+        out[k] = NULL;
     if (!g || g->err)
-        return NULL;
-    if (!loss || !wrt || loom_tensor_numel(loss) != 1) {
+        return;
+    bool bad = !loss || !wrt || !out || n < 0;
+    for (int k = 0; k < n && !bad; k++)
+        bad = !wrt[k];
+    if (bad || loom_tensor_numel(loss) != 1) {
         loom__graph_fail(g, LOOM_EINVAL, "loom_grad: %s",
-                         !loss || !wrt ? "NULL argument" : "loss must have one element");
-        return NULL;
+                         bad ? "NULL argument" : "loss must have one element");
+        return;
     }
-    loom_tensor *r;
-    loom__grads(g, loss, 1, &wrt, &r, NULL, NULL);
-    return r ? r : zeros_like(g, wrt);
+    loom__grads(g, loss, n, wrt, out, NULL, NULL);
+    for (int k = 0; k < n; k++)
+        if (!out[k])
+            out[k] = zeros_like(g, wrt[k]);
+}
+
+loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *wrt) {
+    loom_tensor *r = NULL;
+    loom_grads(g, loss, 1, &wrt, &r);
+    return r;
 }
 
 /* Records the all-reduce (mean) of the gradient slab range [lo, hi) across devices. */

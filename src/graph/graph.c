@@ -339,3 +339,20 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     }
     return rows;
 }
+
+void loom_assign(loom_graph *g, loom_param *p, loom_tensor *v) {
+    if (!g || g->err)
+        return;
+    if (!p || p->m != g->model || !v || v->dtype != LOOM_F32 || v->ndim != p->ndim ||
+        memcmp(v->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
+        char sv[96] = "NULL";
+        if (v)
+            loom__shape_str(v, sv, sizeof sv);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_assign: value %s for parameter '%s', expected f32 of "
+                         "the parameter's shape",
+                         sv, p ? p->name : "NULL");
+        return;
+    }
+    loom__store(g, v, LOOM_SLAB_PARAM, p->offset);
+}

@@ -1,0 +1,12 @@
+/*
+ * train/internal.h - what the trainer needs of the accelerator. Never installed.
+ */
+#ifndef LOOM_TRAIN_INTERNAL_H
+#define LOOM_TRAIN_INTERNAL_H
+
+#include "../graph/internal.h"
+
+/* The labels of the accelerator's current batch (global, unsharded). */
+const int32_t *loom__accelerator_labels(const loom_accelerator *a);
+
+#endif
