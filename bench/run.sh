@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# bench/run.sh - training throughput of both recipes on one device, loom and PyTorch (Debian's
-# python3-torch, 1 thread) measured in the same run, same model, batch 128, SGD momentum 0.9.
-# loom's figure is its own "samples/s training" (step time, evaluation excluded) over an epoch's
-# first STEPS steps; PyTorch's is steady state after 20 warm-up steps. Not a test.
+# bench/run.sh - training throughput of both recipes, loom on 1 and 2 devices and PyTorch
+# (Debian's python3-torch 1.13) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
+# 1 thread), all measured in this one run: same model, global batch 128, SGD momentum 0.9.
+# loom's figure is its own "samples/s training" over the first STEPS steps of an epoch
+# (evaluation excluded); PyTorch's is steady state after 20 warm-up steps. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 loom=build/loom
 [ -x "$loom" ] || { echo "build first: make build"; exit 1; }
-printf '%-11s %8s %14s %14s %7s\n' recipe steps loom_samples/s torch_samples/s ratio
+rate() { "$loom" train "$1" --steps "$2" --devices "$3" | sed -n 's/.*(\([0-9]*\) samples\/s training.*/\1/p'; }
+torch() { /usr/bin/python3 bench/torch_peer.py "$@" | sed -n 's/^samples\/s //p'; }
+printf '%-11s %6s %10s %10s %8s %10s %10s %10s %10s\n' recipe steps loom_1dev loom_2dev scaling \
+    torch_1thr torch_ddp2 vs_1thr vs_ddp2
 for spec in fmnist-mlp:400 fmnist-cnn:150; do
     recipe=${spec%%:*} steps=${spec##*:}
-    l=$("$loom" train "$recipe" --steps "$steps" | sed -n 's/.*(\([0-9]*\) samples\/s training.*/\1/p')
-    t=$(/usr/bin/python3 bench/torch_peer.py "$recipe" "$steps" | sed -n 's/^samples\/s //p')
-    printf '%-11s %8s %14s %14s %7.2f\n' "$recipe" "$steps" "$l" "$t" "$(echo "$l / $t" | bc -l)"
+    l1=$(rate "$recipe" "$steps" 1)
+    l2=$(rate "$recipe" "$steps" 2)
+    t1=$(torch "$recipe" "$steps")
+    t2=$(torch "$recipe" "$steps" 2)
+    printf '%-11s %6s %10s %10s %7.2fx %10s %10s %9.2fx %9.2fx\n' "$recipe" "$steps" "$l1" "$l2" \
+        "$(echo "$l2 / $l1" | bc -l)" "$t1" "$t2" "$(echo "$l1 / $t1" | bc -l)" \
+        "$(echo "$l2 / $t2" | bc -l)"
 done

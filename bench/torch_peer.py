@@ -1,7 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch peer for bench/run.sh: the same model, data, batch and optimizer as a loom recipe,
-one thread (intra-op and BLAS), steady-state training samples/s after a warm-up. Prints one line
-"samples/s X". Run with Debian's python3-torch: /usr/bin/python3 bench/torch_peer.py RECIPE STEPS."""
+"""PyTorch peer for bench/run.sh: the same model, data, global batch 128 and SGD momentum 0.9 as a
+loom recipe, one thread per process (intra-op and BLAS), steady-state training samples/s after 20
+warm-up steps. Prints one line "samples/s X".
+
+    /usr/bin/python3 bench/torch_peer.py RECIPE STEPS [DDP_PROCESSES]
+
+With DDP_PROCESSES > 0: DistributedDataParallel over gloo on 127.0.0.1, each process one thread
+and its slice of every global batch (global batch / processes)."""
 import os
 import sys
 
@@ -9,13 +14,18 @@ os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
 import gzip  # noqa: E402
+import socket  # noqa: E402
 import struct  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+BATCH, WARMUP = 128, 20
 
 
 def read_idx(path):
@@ -26,35 +36,66 @@ def read_idx(path):
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
 
 
-def main():
-    recipe, steps = sys.argv[1], int(sys.argv[2])
-    batch, warmup = 128, 20
-    torch.set_num_threads(1)
+def setup(recipe):
     d = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
     x = torch.from_numpy(read_idx(d + "/train-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     y = torch.from_numpy(read_idx(d + "/train-labels-idx1-ubyte.gz").astype(np.int64))
     if recipe == "fmnist-mlp":
-        x = x.reshape(-1, 784)
-        net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                            nn.Linear(256, 10))
-    else:
-        x = x.reshape(-1, 1, 28, 28)
-        net = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
-                            nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128),
-                            nn.ReLU(), nn.Linear(128, 10))
+        return x.reshape(-1, 784), y, nn.Sequential(
+            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    return x.reshape(-1, 1, 28, 28), y, nn.Sequential(
+        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def train(rank, world, recipe, steps, port, out):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    x, y, net = setup(recipe)
+    if world:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        net = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+    local = BATCH // max(world, 1)
     t0 = None
-    for s in range(steps + warmup):
-        if s == warmup:
+    for s in range(steps + WARMUP):
+        if s == WARMUP:
+            if world:
+                dist.barrier()
             t0 = time.perf_counter()
-        i = perm[(s * batch) % (x.shape[0] - batch):][:batch]
+        start = (s * BATCH) % (x.shape[0] - BATCH) + rank * local
+        i = perm[start:start + local]
         loss = F.cross_entropy(net(x[i]), y[i])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    if world:
+        dist.barrier()
     dt = time.perf_counter() - t0
-    print(f"samples/s {steps * batch / dt:.0f}")
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(f"{steps * BATCH / dt:.0f}")
+    if world:
+        dist.destroy_process_group()
+
+
+def main():
+    recipe, steps = sys.argv[1], int(sys.argv[2])
+    world = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    out = f"/tmp/loom-torch-peer.{os.getpid()}"
+    if world:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        mp.spawn(train, args=(world, recipe, steps, port, out), nprocs=world, join=True)
+    else:
+        train(0, 0, recipe, steps, 0, out)
+    with open(out) as f:
+        print(f"samples/s {f.read()}")
+    os.unlink(out)
 
 
 if __name__ == "__main__":

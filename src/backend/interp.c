@@ -129,6 +129,13 @@ typedef loom_status (*kernel_fn)(const loom__program *p, const loom__bind *b, in
                     (void)b, (void)c;                                                            \
                     po[i] = (T)(EXPR);                                                           \
                 }                                                                                \
+            } else if (so == 1 && (uint64_t)(s0 | s1 | s2) <= 1) {                               \
+                /* unit or broadcast operands: the tests are loop-invariant (unswitched) */      \
+                for (int64_t i = 0; i < inner; i++) {                                            \
+                    T a = s0 ? pa[i] : pa[0], b = s1 ? pb[i] : pb[0], c = s2 ? pc[i] : pc[0];    \
+                    (void)b, (void)c;                                                            \
+                    po[i] = (T)(EXPR);                                                           \
+                }                                                                                \
             } else {                                                                             \
                 for (int64_t i = 0; i < inner; i++) {                                            \
                     T a = pa[i * s0], b = pb[i * s1], c = pc[i * s2];                            \

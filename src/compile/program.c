@@ -191,43 +191,126 @@ static void assign_layouts(loom__program *p, const bool *live, const bool *is_ou
     }
 }
 
-/* A gradient computed by a kernel and only stored is computed in its slab place: no copy. (Only the
- * GRAD slab, which nothing reads between backward and the optimizer, so no reader can see it
- * early.) Elided stores stay in the program, as no-ops. */
+/* Whether a running node writes a buffer of its own (stores and syncs write persistent slabs). */
+static bool l_owns(const loom__pnode *t) {
+    return t->op != LOOM_OP_STORE && t->op != LOOM_OP_SYNC;
+}
+
+/* The layout a kernel node reads for its input k (a materialized view reads src_lay). */
+static const loom__layout *read_layout(const loom__program *p, const loom__pnode *t, int k) {
+    return t->copy          ? (k == 0 ? &t->src_lay : NULL)
+           : t->src[k] >= 0 ? &p->nodes[t->src[k]].lay
+                            : NULL;
+}
+
+/* Whether layout l (shape of its node) touches slab elements [lo, hi). */
+static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab, int64_t lo,
+                    int64_t hi) {
+    if (!l || l->base != LOOM_BASE_PERSIST || l->index != slab)
+        return false;
+    int64_t last = l->offset;
+    for (int d = 0; d < nd; d++)
+        last += (shape[d] - 1) * l->stride[d];
+    return l->offset < hi && last >= lo;
+}
+
+static bool runs_kernel(const loom__pnode *t) {
+    loom__kind kind = loom__ops[t->op].kind;
+    return (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
+}
+
+/* Whether node c reads or writes slab range [lo, hi). */
+static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
+                     int64_t hi) {
+    if ((c->op == LOOM_OP_STORE || c->op == LOOM_OP_SYNC) && c->attr.persist.slab == slab) {
+        int64_t n = c->op == LOOM_OP_SYNC ? c->shape[0] : loom__numel(c->ndim, c->shape);
+        if (c->attr.persist.offset < hi && c->attr.persist.offset + n > lo)
+            return true;
+    }
+    for (int k = 0; k < 3; k++) {
+        const loom__layout *l = read_layout(p, c, k);
+        const loom__pnode *s = c->src[k] >= 0 ? &p->nodes[c->src[k]] : NULL;
+        if (l && s &&
+            touches(l, c->copy ? c->copy_ndim : s->ndim, c->copy ? c->copy_shape : s->shape, slab,
+                    lo, hi))
+            return true;
+    }
+    return false;
+}
+
+/* Whether store t of kernel s (ids si < ti) can write its slab range when s runs instead of
+ * copying at t: nothing between them reads or writes the range (s itself only elementwise, in
+ * place), and every reader of s runs before the next write to the range. */
+static bool can_store_in_place(const loom__program *p, const bool *live, const bool *is_out,
+                               int64_t si, int64_t ti) {
+    const loom__pnode *s = &p->nodes[si], *t = &p->nodes[ti];
+    int32_t slab = t->attr.persist.slab;
+    int64_t lo = t->attr.persist.offset, hi = lo + loom__numel(t->ndim, t->shape);
+    if (!runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS)
+        return false;
+    for (int k = 0; k < 3 && s->src[k] >= 0; k++) { /* s may read the range only in place */
+        const loom__layout *l = read_layout(p, s, k);
+        const loom__pnode *in = &p->nodes[s->src[k]];
+        bool same = l->offset == lo && !memcmp(l->stride, s->lay.stride, sizeof l->stride) &&
+                    !memcmp(in->shape, s->shape, sizeof in->shape);
+        if (touches(l, in->ndim, in->shape, slab, lo, hi) &&
+            (loom__ops[s->op].kind != LOOM_KIND_EW || !same))
+            return false;
+    }
+    int64_t next_write = INT64_MAX;
+    for (int64_t c = si + 1; c < p->n; c++) {
+        const loom__pnode *n = &p->nodes[c];
+        if (!live[c] || c == ti || !runs_kernel(n))
+            continue;
+        if (c < ti && accesses(p, n, slab, lo, hi))
+            return false;
+        if (c > ti && (n->op == LOOM_OP_STORE || n->op == LOOM_OP_SYNC) &&
+            accesses(p, n, slab, lo, hi) && c < next_write)
+            next_write = c;
+    }
+    for (int64_t c = si; c < p->n; c++) { /* readers of s (or of its views) */
+        const loom__pnode *n = &p->nodes[c];
+        if (!live[c])
+            continue;
+        if (n->lay.base == LOOM_BASE_WS && n->lay.index == si && is_out[c])
+            return false;
+        for (int k = 0; k < 3 && runs_kernel(n) && c != si; k++) {
+            const loom__layout *l = read_layout(p, n, k);
+            if (l && l->base == LOOM_BASE_WS && l->index == si && c > next_write)
+                return false;
+        }
+    }
+    return true;
+}
+
+/* A value computed by a kernel and then stored into a persistent slab is computed in its slab place
+ * when that is safe (can_store_in_place): gradients, optimizer state and parameter updates then
+ * cost no copy. Elided stores stay in the program, as no-ops. */
 static void store_in_place(loom__program *p, const bool *live, const bool *is_out) {
-    int64_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int64_t));
-    if (!readers)
-        return; /* an optimisation: without memory, keep the copies */
-    for (int64_t i = 0; i < p->n; i++)
-        for (int k = 0; k < 3 && live[i]; k++)
-            if (p->nodes[i].src[k] >= 0)
-                readers[p->nodes[i].src[k]]++;
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *t = &p->nodes[i];
-        if (!live[i] || t->op != LOOM_OP_STORE || t->attr.persist.slab != LOOM_SLAB_GRAD)
+        if (!live[i] || t->op != LOOM_OP_STORE ||
+            !can_store_in_place(p, live, is_out, t->src[0], i))
             continue;
-        loom__pnode *s = &p->nodes[t->src[0]];
-        loom__kind kind = loom__ops[s->op].kind;
-        bool kernel = (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || s->copy;
-        if (!kernel || s->op == LOOM_OP_SYNC || s->op == LOOM_OP_STORE || is_out[t->src[0]] ||
-            readers[t->src[0]] != 1 || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS)
-            continue;
-        s->lay.base = LOOM_BASE_PERSIST;
-        s->lay.index = t->attr.persist.slab;
-        s->lay.offset = t->attr.persist.offset;
+        int32_t si = t->src[0];
+        for (int64_t c = si; c < p->n; c++) { /* s and its views now live in the slab */
+            loom__layout *ls[2] = {&p->nodes[c].lay,
+                                   p->nodes[c].copy ? &p->nodes[c].src_lay : NULL};
+            for (int k = 0; k < 2; k++) {
+                if (!ls[k] || ls[k]->base != LOOM_BASE_WS || ls[k]->index != si)
+                    continue;
+                ls[k]->base = LOOM_BASE_PERSIST;
+                ls[k]->index = t->attr.persist.slab;
+                ls[k]->offset += t->attr.persist.offset;
+            }
+        }
         t->elided = true;
     }
-    loom__free(readers);
 }
 
 typedef struct {
     int64_t off, size, owner;
 } block;
-
-/* Whether a running node writes a buffer of its own (stores and syncs write persistent slabs). */
-static bool l_owns(const loom__pnode *t) {
-    return t->op != LOOM_OP_STORE && t->op != LOOM_OP_SYNC;
-}
 
 /* Marks that node i reads layout l (extending its buffer's life to i). */
 static void use(int64_t *last, const loom__layout *l, int64_t i) {
