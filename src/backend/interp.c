@@ -420,23 +420,32 @@ static void window_range(int64_t len, int64_t out, int k, int s, int p, int64_t 
     *lo = *lo > *hi ? *hi : *lo;
 }
 
-#define WINDOW_ROW(T)                                                                            \
-    static void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow, int64_t lo, \
-                               int64_t hi, int64_t first, int sw, bool fold) {                   \
-        if (fold) {                                                                              \
-            for (int64_t ox = lo; ox < hi; ox++)                                                 \
-                xrow[(first + (ox - lo) * sw) * xs] += crow[ox * cs];                            \
-            return;                                                                              \
-        }                                                                                        \
-        for (int64_t ox = 0; ox < lo; ox++)                                                      \
-            crow[ox * cs] = (T)0;                                                                \
-        if (cs == 1 && xs == 1 && sw == 1)                                                       \
-            memcpy(crow + lo, xrow + first, sizeof(T) * (size_t)(hi - lo));                      \
-        else                                                                                     \
-            for (int64_t ox = lo; ox < hi; ox++)                                                 \
-                crow[ox * cs] = xrow[(first + (ox - lo) * sw) * xs];                             \
-        for (int64_t ox = hi; ox < ow; ox++)                                                     \
-            crow[ox * cs] = (T)0;                                                                \
+#define WINDOW_ROW(T)                                                                             \
+    static inline void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow,       \
+                                      int64_t lo, int64_t hi, int64_t first, int sw, bool fold) { \
+        T *restrict c = crow;                                                                     \
+        T *restrict x = xrow + first * xs;                                                        \
+        if (fold && cs == 1 && xs == 1 && sw == 1) {                                              \
+            for (int64_t ox = lo; ox < hi; ox++)                                                  \
+                x[ox - lo] += c[ox];                                                              \
+        } else if (fold) {                                                                        \
+            for (int64_t ox = lo; ox < hi; ox++)                                                  \
+                x[(ox - lo) * sw * xs] += c[ox * cs];                                             \
+        } else if (cs == 1 && xs == 1) { /* the common case: unit strides, inlined */             \
+            for (int64_t ox = 0; ox < lo; ox++)                                                   \
+                c[ox] = (T)0;                                                                     \
+            if (sw == 1)                                                                          \
+                for (int64_t ox = lo; ox < hi; ox++)                                              \
+                    c[ox] = x[ox - lo];                                                           \
+            else                                                                                  \
+                for (int64_t ox = lo; ox < hi; ox++)                                              \
+                    c[ox] = x[(ox - lo) * sw];                                                    \
+            for (int64_t ox = hi; ox < ow; ox++)                                                  \
+                c[ox] = (T)0;                                                                     \
+        } else {                                                                                  \
+            for (int64_t ox = 0; ox < ow; ox++)                                                   \
+                c[ox * cs] = ox >= lo && ox < hi ? x[(ox - lo) * sw * xs] : (T)0;                 \
+        }                                                                                         \
     }
 WINDOW_ROW(float)
 WINDOW_ROW(double)
