@@ -469,7 +469,8 @@ typedef struct {
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
     bool no_pin;          /* leave the worker threads unpinned */
 } loom_devices_config;
-/* Starts the worker threads. NULL on bad config or failure (loom_last_error). For testing failure
+/* Starts the worker threads. NULL on bad config or failure (loom_last_error). Steps are counted
+ * from 1 over every run on these devices (training and evaluation alike). For testing failure
  * handling, the environment's LOOM_FAULT=D:S makes device D fail at step S (counted from 1), and
  * LOOM_FAULT=D:S:hang makes it stop answering for three deadlines. */
 LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);

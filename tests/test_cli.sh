@@ -34,6 +34,9 @@ expect_fail "unknown option '--bogus'" train fmnist-mlp --bogus
 expect_fail "unexpected argument 'extra'" train fmnist-mlp extra
 expect_fail "apt-get install dataset-fashion-mnist" train fmnist-mlp --data /nonexistent
 expect_fail "--init: /nonexistent.safetensors: cannot open" train fmnist-mlp --steps 1 --init /nonexistent.safetensors
+expect_fail "--devices: expected an integer >= 1, got 'two'" train fmnist-mlp --devices two
+expect_fail "--devices: expected an integer >= 1, got '0'" train fmnist-mlp --devices 0
+expect_fail "--timeout: expected a number" train fmnist-mlp --timeout -3
 printf 'garbage' >"$tmp/bad.safetensors"
 expect_fail "truncated" train fmnist-mlp --steps 1 --init "$tmp/bad.safetensors"
 
@@ -49,6 +52,15 @@ else
     echo "FAIL: save/log/init run:"; cat "$tmp/out"; fails=$((fails + 1))
 fi
 expect_fail "tensor '0.weight' is f32 (256,784), the model expects F32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
+
+# --devices auto respects the CPU affinity; a failing device stops the run with one line.
+if taskset -c 0 "$loom" train fmnist-mlp --steps 2 >"$tmp/out" 2>&1 && grep -q "on 1 device," "$tmp/out"; then
+    echo "ok   --devices auto under taskset -c 0 uses 1 device"
+else
+    echo "FAIL: --devices auto under taskset: $(head -3 "$tmp/out")"; fails=$((fails + 1))
+fi
+LOOM_FAULT=1:2 expect_fail "device 1, step 2: fault injected by LOOM_FAULT=1:2" train fmnist-mlp --devices 2 --steps 5 --timeout 5
+LOOM_FAULT=0:2:hang expect_fail "watchdog" train fmnist-mlp --devices 2 --steps 5 --timeout 0.5
 
 # LOOM_METRICS=1 reports the program cache when a graph is freed.
 if LOOM_METRICS=1 "$loom" eval fmnist-mlp --init "$tmp/w.safetensors" 2>"$tmp/err" >/dev/null &&

@@ -110,7 +110,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         loom_backward(r->m.g, loss);
         loom_optim_step(r->m.g, r->opt);
         if (loom_graph_run(r->m.g))
-            return cli_fail("step %lld: %s", (long long)r->step + 1, loom_last_error());
+            return cli_fail("%s", loom_last_error());
         last = loom_item(loss);
         r->train_seconds += now() - ts;
         r->samples += b.n, tick_samples += b.n;
