@@ -419,9 +419,12 @@ LOOM_API void loom_loader_free(loom_loader *l);
  * or file order with no_shuffle. */
 LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
 /* The next batch of the epoch into *b (buffers owned by the loader, valid until the next call);
- * false at the end of the epoch. */
+ * false at the end of the epoch, after which the loader is at the start of the next epoch (its
+ * permutation drawn from (seed, epoch + 1)): loops over epochs need no call in between. */
 LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
 LOOM_API int64_t loom_loader_batches(const loom_loader *l);
+/* The epoch the loader is in (0-based). */
+LOOM_API int64_t loom_loader_epoch(const loom_loader *l);
 
 /* ---- process groups: collectives between ranks ------------------------------------------------
  */

@@ -131,6 +131,13 @@ TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
             ASSERT_EQ(seen[i], 1);
     }
     ASSERT(memcmp(order[0], order[1], sizeof order[0]) != 0); /* epochs differ */
+    /* without a call, the end of epoch 1 leads into epoch 2: (seed, 2)'s order */
+    ASSERT_EQ(loom_loader_epoch(l), 2);
+    loom_batch b3, b4;
+    ASSERT(loom_loader_next(l, &b3));
+    loom_loader_start_epoch(l2, 2);
+    ASSERT(loom_loader_next(l2, &b4));
+    ASSERT(!memcmp(b3.x, b4.x, sizeof(float) * 10));
     loom_loader_free(l);
     loom_loader_free(l2);
     l = loom_loader_new(

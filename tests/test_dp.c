@@ -278,6 +278,42 @@ TEST(failures_stop_every_device_and_name_it) {
     ASSERT(dt < 4);
 }
 
+/* Allocations above a size fail once armed: a device's replica or workspace cannot be had. */
+static size_t fail_above = SIZE_MAX;
+static void *big_fails_malloc(size_t n, void *ud) {
+    (void)ud;
+    return n > fail_above ? NULL : malloc(n);
+}
+static void *big_fails_realloc(void *p, size_t n, void *ud) {
+    (void)ud;
+    return n > fail_above ? NULL : realloc(p, n);
+}
+static void plain_free(void *p, void *ud) {
+    (void)ud;
+    free(p);
+}
+
+TEST(allocation_failure_names_the_device) {
+    loom_set_allocator(&(loom_allocator){big_fails_malloc, big_fails_realloc, plain_free, NULL});
+    rig r;
+    loom_status st = rig_new(&r, "fmnist-mlp", 2, (loom_devices_config){0});
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 8});
+    loom_batch b;
+    double loss;
+    loom_loader_next(l, &b);
+    fail_above = 512 * 1024; /* the replica of device 1 (the MLP is ~1 MiB) */
+    if (!st)
+        st = step(&r, &b, &loss);
+    fail_above = SIZE_MAX;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    loom_loader_free(l);
+    rig_free(&r);
+    loom_set_allocator(NULL);
+    ASSERT_EQ(st, LOOM_ENOMEM);
+    ASSERT_STR_CONTAINS(msg, "device 1, step 1: out of memory for its replica");
+}
+
 int main(void) {
     if (getenv("LOOM_TEST_QUICK"))
         equiv_steps = 3;
@@ -290,6 +326,7 @@ int main(void) {
     RUN(repeated_runs_are_bitwise_identical);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
+    RUN(allocation_failure_names_the_device);
     fprintf(stderr, "largest difference from 1 device after %d steps: %.2g\n", equiv_steps,
             worst_equiv);
     loom_dataset_free(train);

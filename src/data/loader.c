@@ -1,8 +1,9 @@
 /*
  * loader.c - batches over a dataset. The order of epoch e is a Fisher-Yates permutation whose
  * random numbers come from Philox stream (2, e) of the seed, so any epoch's order can be
- * recomputed without replaying earlier ones (a resumed run gets the same batches). The final short
- * batch is kept (a smaller batch) unless drop_last.
+ * recomputed without replaying earlier ones (a resumed run gets the same batches). The end of an
+ * epoch starts the next one, so no call is needed between epochs. The final short batch is kept
+ * (a smaller batch) unless drop_last.
  */
 #include "internal.h"
 
@@ -11,6 +12,7 @@
 struct loom_loader {
     const loom_dataset *d;
     loom_loader_config c;
+    int64_t epoch;
     int64_t *order;
     int64_t pos;
     float *x;
@@ -54,6 +56,7 @@ void loom_loader_free(loom_loader *l) {
 
 void loom_loader_start_epoch(loom_loader *l, int64_t epoch) {
     int64_t n = loom_dataset_count(l->d);
+    l->epoch = epoch;
     for (int64_t i = 0; i < n; i++)
         l->order[i] = i;
     l->pos = 0;
@@ -75,8 +78,10 @@ void loom_loader_start_epoch(loom_loader *l, int64_t epoch) {
 bool loom_loader_next(loom_loader *l, loom_batch *b) {
     int64_t n = loom_dataset_count(l->d), left = n - l->pos, sn;
     int64_t take = left < l->c.batch_size ? left : l->c.batch_size;
-    if (take <= 0 || (l->c.drop_last && take < l->c.batch_size))
+    if (take <= 0 || (l->c.drop_last && take < l->c.batch_size)) {
+        loom_loader_start_epoch(l, l->epoch + 1); /* the next loop gets the next epoch */
         return false;
+    }
     const float *x = loom__dataset_x(l->d, &sn);
     const int32_t *y = loom__dataset_y(l->d);
     for (int64_t i = 0; i < take; i++) {
@@ -96,4 +101,8 @@ bool loom_loader_next(loom_loader *l, loom_batch *b) {
 int64_t loom_loader_batches(const loom_loader *l) {
     int64_t n = loom_dataset_count(l->d), bs = l->c.batch_size;
     return l->c.drop_last ? n / bs : (n + bs - 1) / bs;
+}
+
+int64_t loom_loader_epoch(const loom_loader *l) {
+    return l->epoch;
 }

@@ -248,7 +248,10 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             if (loom__grow((void **)&D->dev[i].slab[s], &D->dev[i].slab_cap[s], m->len[s] + 1,
                            sizeof(float)))
-                return LOOM_ENOMEM;
+                return loom__error(LOOM_ENOMEM,
+                                   "device %d, step %lld: out of memory for its "
+                                   "replica of the model (%lld floats)",
+                                   i, (long long)D->step, (long long)m->len[s]);
     D->model = m;
     D->job = JOB_REPLICATE;
     loom_status st = dispatch(D);
@@ -268,7 +271,10 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         if (p->ws_bytes > d->ws_size) {
             void *ws = loom__realloc(d->ws, p->ws_bytes);
             if (!ws)
-                return LOOM_ENOMEM;
+                return loom__error(LOOM_ENOMEM,
+                                   "device %d, step %lld: out of memory for its "
+                                   "workspace (%zu bytes)",
+                                   i, (long long)D->step, p->ws_bytes);
             d->ws = ws, d->ws_size = p->ws_bytes;
         }
         const void **in = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
