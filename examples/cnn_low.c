@@ -19,12 +19,7 @@ static double accuracy(loom_graph *g, loom_sequential *net, loom_dataset *test) 
         loom_output(z);
         if (loom_graph_run(g) || loom_tensor_gather(z, logits) != b.n)
             return -1;
-        for (int64_t i = 0; i < b.n; i++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                best = logits[i * 10 + k] > logits[i * 10 + best] ? k : best;
-            correct += best == b.y[i];
-        }
+        correct += loom_count_correct(logits, b.n, 10, b.y);
         seen += b.n;
     }
     loom_loader_free(l);

@@ -50,12 +50,7 @@ int main(int argc, char **argv) {
         /* each device's rows, in order, without padding: every test image counted once */
         int64_t rows = loom_tensor_gather(z, logits);
         loom_tensor_gather(y, labels);
-        for (int64_t i = 0; i < rows; i++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                best = logits[i * 10 + k] > logits[i * 10 + best] ? k : best;
-            correct += best == labels[i];
-        }
+        correct += loom_count_correct(logits, rows, 10, labels);
         seen += rows;
     }
     printf("devices %d, last loss %.4f\n", loom_accelerator_devices(acc), loss_value);

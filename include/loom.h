@@ -555,6 +555,11 @@ LOOM_API loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fn
                                            loom_loader *val, double *accuracy);
 LOOM_API void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out);
 
+/* How many rows of logits (rows x classes, row-major) have their first maximum at the row's label:
+ * the count behind an accuracy. Pure, thread-safe. */
+LOOM_API int64_t loom_count_correct(const float *logits, int64_t rows, int64_t classes,
+                                    const int32_t *labels);
+
 /* ---- information ------------------------------------------------------------------------------
  */
 

@@ -164,12 +164,7 @@ static int64_t evaluate(rig *r, const loom_dataset *d, int64_t batch, double *ac
         loom_output(y);
         if (loom_graph_run(r->g) || loom_tensor_gather(y, logits) != b.n)
             return -1;
-        for (int64_t i = 0; i < b.n; i++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                best = logits[i * 10 + k] > logits[i * 10 + best] ? k : best;
-            correct += best == b.y[i];
-        }
+        correct += loom_count_correct(logits, b.n, 10, b.y);
         seen += b.n;
     }
     loom_loader_free(l);

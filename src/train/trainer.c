@@ -46,8 +46,7 @@ void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out) 
     *out = t->m;
 }
 
-/* Counts correct argmaxes of gathered logits (rows x classes) against the batch's labels. */
-static int64_t count_correct(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
+int64_t loom_count_correct(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
     int64_t correct = 0;
     for (int64_t i = 0; i < rows; i++) {
         int64_t best = 0;
@@ -75,7 +74,7 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
         if (loom__grow((void **)&t->logits, &t->logits_cap, rows * classes, sizeof(float)))
             return LOOM_ENOMEM;
         rows = loom_tensor_gather(z, t->logits);
-        correct += count_correct(t->logits, rows, classes, loom__accelerator_labels(t->acc));
+        correct += loom_count_correct(t->logits, rows, classes, loom__accelerator_labels(t->acc));
         seen += rows;
     }
     *accuracy = seen ? (double)correct / (double)seen : NAN;

@@ -51,14 +51,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
             loom_loader_free(l);
             return cli_fail("evaluation: %s", loom_last_error());
         }
-        int64_t c = loom_tensor_shape(logits)[1];
-        for (int64_t i = 0; i < b.n; i++) {
-            int64_t best = 0;
-            for (int64_t k = 1; k < c; k++)
-                if (z[i * c + k] > z[i * c + best])
-                    best = k;
-            correct += best == b.y[i];
-        }
+        correct += loom_count_correct(z, b.n, loom_tensor_shape(logits)[1], b.y);
         seen += b.n;
     }
     loom_loader_free(l);
