@@ -96,6 +96,13 @@ static void rig_free(rig *r) {
     loom_model_free(r->m);
 }
 
+static char logged[1024];
+static void capture_log(loom_log_level level, const char *msg, void *ud) {
+    (void)ud;
+    if (level >= LOOM_LOG_WARN)
+        snprintf(logged + strlen(logged), sizeof logged - strlen(logged), "%s\n", msg);
+}
+
 TEST(cache_keyed_by_structure_not_data) {
     rig r;
     rig_new(&r, false);
@@ -114,11 +121,19 @@ TEST(cache_keyed_by_structure_not_data) {
     ASSERT_EQ(m.graphs_built, 2);
     ASSERT_EQ(m.programs_built, 1);
     ASSERT_EQ(m.cache_hits, 1);
-    mlp_step(r.g, r.s, r.o, x1, y, 5); /* a short batch: a new program */
+    logged[0] = 0;
+    loom_set_log_hook(capture_log, NULL);
+    mlp_step(r.g, r.s, r.o, x1, y, 5); /* a short batch: a new program, and one warning */
     mlp_step(r.g, r.s, r.o, x1, y, 5);
+    mlp_step(r.g, r.s, r.o, x1, y, 4);
+    loom_set_log_hook(NULL, NULL);
     loom_graph_metrics(r.g, &m);
-    ASSERT_EQ(m.programs_built, 2);
+    ASSERT_EQ(m.programs_built, 3);
     ASSERT_EQ(m.cache_hits, 2);
+    ASSERT_STR_CONTAINS(logged, "step 3 built a new program: input 0 is (5,6) where the cached "
+                                "program has (8,6)");
+    const char *first = strstr(logged, "built a new program");
+    ASSERT(first && !strstr(first + 1, "built a new program")); /* said once */
     rig_free(&r);
 }
 

@@ -436,6 +436,38 @@ void loom__programs_free(loom_graph *g) {
     g->nprograms = g->programs_cap = 0;
 }
 
+/* A new program after the first: if a cached program has the same ops and only input shapes differ
+ * (the usual cause: a short last batch), say so once, naming the input and both shapes. */
+static void warn_recompile(loom_graph *g) {
+    for (int64_t k = 0; k < g->nprograms && !g->warned_recompile; k++) {
+        const loom__program *p = g->programs[k];
+        int64_t diff = -1;
+        for (int64_t i = 0; p->n == g->n && i < g->n; i++) {
+            const loom_tensor *t = g->nodes[i];
+            if (t->op != p->nodes[i].op)
+                break;
+            if (diff < 0 && t->op == LOOM_OP_INPUT &&
+                memcmp(t->shape, p->nodes[i].shape, sizeof(int64_t) * t->ndim) != 0)
+                diff = i;
+            if (i == g->n - 1 && diff >= 0) {
+                const loom_tensor *in = g->nodes[diff];
+                loom_tensor old = {.ndim = in->ndim};
+                memcpy(old.shape, p->nodes[diff].shape, sizeof old.shape);
+                char now_s[96], old_s[96];
+                loom__shape_str(in, now_s, sizeof now_s);
+                loom__shape_str(&old, old_s, sizeof old_s);
+                loom__log(LOOM_LOG_WARN,
+                          "step %lld built a new program: input %d is %s%s where the cached "
+                          "program has %s; a short last batch does this: drop it (--drop-last) "
+                          "or pad it to keep one program",
+                          (long long)g->metrics.graphs_built, in->attr.input, now_s,
+                          in->role == LOOM_ROLE_BATCH ? " per device" : "", old_s);
+                g->warned_recompile = true;
+            }
+        }
+    }
+}
+
 static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
     uint64_t h = graph_hash(g);
     for (int64_t i = 0; i < g->nprograms; i++) {
@@ -444,6 +476,7 @@ static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
             return g->programs[i];
         }
     }
+    warn_recompile(g);
     double t0 = loom__now();
     loom__program *p = NULL;
     if (loom__grow((void **)&g->programs, &g->programs_cap, g->nprograms + 1, sizeof(void *)) ||

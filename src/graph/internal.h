@@ -103,6 +103,7 @@ struct loom_graph {
     void *workspace;
     size_t workspace_size;
     loom_metrics metrics;
+    bool warned_recompile;
     /* devices: set by loom_graph_set_devices() before the first node */
     const loom__runner *runner;
     void *runner_ctx;
