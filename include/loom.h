@@ -169,6 +169,11 @@ LOOM_API void loom_graph_reset(loom_graph *g);
 /* Ends the step: returns the sticky error if any; else hashes the graph, plans a program on a cache
  * miss, and executes it. After success, output tensors can be read until the next run or reset. */
 LOOM_API loom_status loom_graph_run(loom_graph *g);
+/* Who runs programs: the reference interpreter, or generated C kernels (elementwise chains fused,
+ * compiled by the system compiler, cached on disk; the rest interpreted). AUTO follows the
+ * environment's LOOM_BACKEND (interp or cpu), cpu by default; without a C compiler, interp. */
+typedef enum { LOOM_BACKEND_AUTO, LOOM_BACKEND_INTERP, LOOM_BACKEND_CPU } loom_backend;
+LOOM_API void loom_graph_set_backend(loom_graph *g, loom_backend b);
 /* The first builder error of this step, or NULL. */
 LOOM_API const char *loom_graph_error(const loom_graph *g);
 
@@ -185,6 +190,10 @@ typedef struct {
     int64_t allreduce_bytes;   /* bytes all-reduced, all devices together */
     double collective_seconds; /* time in collectives, per device on average (waiting included) */
     double device_compute_min, device_compute_max; /* per-device time outside collectives */
+    int64_t fused_ops;      /* elementwise ops computed inside another op's kernel */
+    int64_t compiles;       /* programs whose kernels the C compiler built */
+    int64_t disk_hits;      /* programs whose kernels came from the disk cache */
+    double compile_seconds; /* time in the C compiler */
 } loom_metrics;
 LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */

@@ -40,8 +40,20 @@ typedef struct {
     loom__layout src_lay;
     int64_t copy_shape[LOOM_MAX_DIMS];
     int copy_ndim;
-    int64_t ws_off; /* bytes: where this node's own workspace buffer starts */
+    int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
+    int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
 } loom__pnode;
+
+#define LOOM_FUSED_MAX_ARGS 16
+
+/* A generated kernel: args[0] is the root node (the output), the rest its leaves. */
+typedef void (*loom__kfn)(void *const *args);
+typedef struct {
+    int32_t root;
+    int32_t nargs;
+    int32_t args[LOOM_FUSED_MAX_ARGS];
+    loom__kfn fn;
+} loom__fused;
 
 struct loom__program {
     uint64_t hash;
@@ -51,7 +63,11 @@ struct loom__program {
     int64_t nexec;
     double *consts; /* constant slots (8 bytes each, holding the node's dtype) */
     int64_t nconsts;
-    size_t ws_bytes; /* workspace needed */
+    size_t ws_bytes;    /* workspace needed */
+    loom__fused *fused; /* generated kernels */
+    int64_t nfused;
+    int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
+    void *dl;          /* the loaded shared object of the generated kernels */
 };
 
 /* Collectives of the device running a program (set by dist/; NULL on a single device, where a

@@ -600,7 +600,16 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
     loom__blas_init();
     for (int64_t i = 0; i < p->nexec; i++) {
         int32_t id = p->exec[i];
-        loom_status s = kernels[p->nodes[id].op](p, b, id);
+        loom_status s = LOOM_OK;
+        if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel */
+            const loom__fused *k = &p->fused[p->fused_of[id]];
+            void *args[LOOM_FUSED_MAX_ARGS];
+            for (int a = 0; a < k->nargs; a++)
+                args[a] = loom__addr(p, b, k->args[a]);
+            k->fn(args);
+        } else {
+            s = kernels[p->nodes[id].op](p, b, id);
+        }
         if (!s && p->nodes[id].check)
             s = check_finite(p, b, id);
         if (s)

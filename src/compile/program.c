@@ -10,15 +10,25 @@
  *   3. memory: buffers are placed in one workspace by first fit, each freed after its last use,
  *      so the workspace is the high-water mark of live intermediates, reused every step.
  */
-#include "../backend/internal.h"
+#include "internal.h"
+
+#include <dlfcn.h>
 
 #include <string.h>
+
+static bool use_compiler(const loom_graph *g) {
+    if (g->backend != LOOM_BACKEND_AUTO)
+        return g->backend == LOOM_BACKEND_CPU;
+    const char *b = loom__getenv()->backend;
+    return !b || strcmp(b, "interp") != 0;
+}
 
 static uint64_t graph_hash(const loom_graph *g) {
     loom__hash h;
     loom__hash_init(&h);
     loom__hash_u64(&h, (uint64_t)g->n);
     loom__hash_u64(&h, (uint64_t)g->detect_anomaly);
+    loom__hash_u64(&h, (uint64_t)use_compiler(g));
     for (int64_t i = 0; i < g->n; i++) {
         const loom_tensor *t = g->nodes[i];
         loom__hash_u64(&h, (uint64_t)t->op | (uint64_t)t->dtype << 8 | (uint64_t)t->ndim << 16 |
@@ -332,12 +342,15 @@ static loom_status place_buffers(loom__program *p, const bool *live, const bool 
         const loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
+        int64_t at = i; /* a fused member reads when its kernel runs */
+        while (p->nodes[at].fused_into >= 0)
+            at = p->nodes[at].fused_into;
         if (t->copy)
-            use(last, &t->src_lay, i);
+            use(last, &t->src_lay, at);
         else if (loom__ops[t->op].kind != LOOM_KIND_MOV)
             for (int k = 0; k < 3; k++)
                 if (t->src[k] >= 0)
-                    use(last, &p->nodes[t->src[k]].lay, i);
+                    use(last, &p->nodes[t->src[k]].lay, at);
         if (is_out[i])
             use(last, &t->lay, INT64_MAX);
     }
@@ -346,7 +359,8 @@ static loom_status place_buffers(loom__program *p, const bool *live, const bool 
         if (!live[i])
             continue;
         loom__kind kind = loom__ops[t->op].kind;
-        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy) && !t->elided;
+        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy) && !t->elided &&
+                    t->fused_into < 0;
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
@@ -378,13 +392,51 @@ static loom_status place_buffers(loom__program *p, const bool *live, const bool 
 static void program_free(loom__program *p) {
     if (!p)
         return;
+    if (p->dl)
+        dlclose(p->dl);
+    loom__free(p->fused);
+    loom__free(p->fused_of);
     loom__free(p->nodes);
     loom__free(p->exec);
     loom__free(p->consts);
     loom__free(p);
 }
 
-static loom__program *plan(const loom_graph *g, uint64_t hash) {
+/* Fuses elementwise chains and builds their kernels; without a compiler (or on a failed build) the
+ * program stays interpreted. */
+static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out) {
+    int64_t fused = loom__fuse(p, live, is_out);
+    if (fused < 0 || p->nfused == 0) {
+        loom__unfuse(p);
+        return;
+    }
+    uint64_t key;
+    char *src = loom__codegen(p, &key);
+    bool compiled = false;
+    double t0 = loom__now();
+    loom_status st = src ? loom__cc_load(src, key, &p->dl, &compiled) : LOOM_ENOMEM;
+    loom__free(src);
+    for (int64_t k = 0; !st && k < p->nfused; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "loom_k%d", p->fused[k].root);
+        void *sym = dlsym(p->dl, name);
+        memcpy(&p->fused[k].fn, &sym, sizeof sym); /* object pointer to function pointer */
+        st = sym ? LOOM_OK : LOOM_EINTERNAL;
+    }
+    if (st) {
+        if (p->dl)
+            dlclose(p->dl);
+        p->dl = NULL;
+        loom__unfuse(p);
+        return;
+    }
+    g->metrics.compiles += compiled;
+    g->metrics.disk_hits += !compiled;
+    g->metrics.compile_seconds += compiled ? loom__now() - t0 : 0;
+    g->metrics.fused_ops += fused;
+}
+
+static loom__program *plan(loom_graph *g, uint64_t hash) {
     int64_t n = g->n;
     loom__program *p = loom__calloc(1, sizeof *p);
     bool *flags = loom__calloc((size_t)(2 * n + 1), sizeof(bool));
@@ -416,6 +468,10 @@ static loom__program *plan(const loom_graph *g, uint64_t hash) {
     }
     assign_layouts(p, live, is_out);
     store_in_place(p, live, is_out);
+    for (int64_t i = 0; i < n; i++)
+        p->nodes[i].fused_into = -1;
+    if (use_compiler(g) && n > 0)
+        compile_kernels(g, p, live, is_out);
     if (place_buffers(p, live, is_out, last))
         goto fail;
     loom__free(flags);
@@ -603,10 +659,12 @@ void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
     int k =
         snprintf(buf, size,
                  "metrics: graphs built %lld, programs built %lld, cache hits %lld, nodes %lld, "
-                 "kernels/step %lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
+                 "kernels/step %lld, ops fused %lld, compiles %lld (%.2f s), disk cache hits "
+                 "%lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
                  (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
-                 (long long)m->nodes, (long long)m->kernels, (double)m->workspace_bytes / 1048576.0,
-                 m->plan_seconds, m->exec_seconds);
+                 (long long)m->nodes, (long long)m->kernels, (long long)m->fused_ops,
+                 (long long)m->compiles, m->compile_seconds, (long long)m->disk_hits,
+                 (double)m->workspace_bytes / 1048576.0, m->plan_seconds, m->exec_seconds);
     if (m->devices > 0 && k > 0 && (size_t)k < size)
         snprintf(buf + k, size - (size_t)k,
                  "\nmetrics: %lld devices, all-reduced %.1f MiB, %.3f s in collectives per device, "

@@ -57,8 +57,9 @@ uint64_t loom__hash_final(const loom__hash *h);
 
 /* The environment, read once per process. */
 typedef struct {
-    bool metrics;     /* LOOM_METRICS=1 */
-    const char *data; /* LOOM_DATA, or NULL */
+    bool metrics;        /* LOOM_METRICS=1 */
+    const char *data;    /* LOOM_DATA, or NULL */
+    const char *backend; /* LOOM_BACKEND (interp or cpu), or NULL */
 } loom__env;
 const loom__env *loom__getenv(void);
 

@@ -97,6 +97,8 @@ static void read_env(void) {
     env.metrics = m && *m && strcmp(m, "0") != 0;
     const char *d = getenv("LOOM_DATA");
     env.data = d && *d ? d : NULL;
+    const char *b = getenv("LOOM_BACKEND");
+    env.backend = b && *b ? b : NULL;
 }
 
 const loom__env *loom__getenv(void) {

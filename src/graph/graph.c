@@ -356,3 +356,7 @@ void loom_assign(loom_graph *g, loom_param *p, loom_tensor *v) {
     }
     loom__store(g, v, LOOM_SLAB_PARAM, p->offset);
 }
+
+void loom_graph_set_backend(loom_graph *g, loom_backend b) {
+    g->backend = b;
+}

@@ -104,6 +104,7 @@ struct loom_graph {
     size_t workspace_size;
     loom_metrics metrics;
     bool warned_recompile;
+    loom_backend backend;
     /* devices: set by loom_graph_set_devices() before the first node */
     const loom__runner *runner;
     void *runner_ctx;

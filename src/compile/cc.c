@@ -1,0 +1,148 @@
+/*
+ * cc.c - the system C compiler and the disk cache of compiled kernels. A program's source is
+ * keyed by the hash of its text, the compiler's identity and flags and loom's version; the shared
+ * object lives at $XDG_CACHE_HOME/loom/<key>.so (or ~/.cache/loom). Builds go to a temporary name
+ * and are renamed into place, so processes compiling the same program at once all succeed. An
+ * entry that fails to load, or whose embedded key differs, is rebuilt.
+ */
+#include "internal.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CC_FLAGS "-O2 -march=native -std=c11 -ffp-contract=off -fPIC -shared -w"
+
+static char identity[512];
+static bool have_cc;
+
+static const char *compiler(void) {
+    const char *cc = getenv("CC");
+    return cc && *cc ? cc : "cc";
+}
+
+static void probe(void) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", compiler());
+    FILE *f = popen(cmd, "r");
+    char line[256] = "";
+    if (f) {
+        if (!fgets(line, sizeof line, f))
+            line[0] = 0;
+        have_cc = pclose(f) == 0 && line[0];
+    }
+    line[strcspn(line, "\n")] = 0;
+    snprintf(identity, sizeof identity, "%s | %s | %s", compiler(), line, CC_FLAGS);
+    if (!have_cc)
+        loom__log(LOOM_LOG_WARN, "no C compiler ('%s --version' failed): kernels are interpreted",
+                  compiler());
+}
+
+const char *loom__cc_identity(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, probe);
+    return have_cc ? identity : NULL;
+}
+
+/* mkdir -p for the cache directory; false if it cannot be had. */
+static bool cache_dir(char *out, size_t size) {
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (x && *x)
+        snprintf(out, size, "%s/loom", x);
+    else
+        snprintf(out, size, "%s/.cache/loom", home && *home ? home : "/tmp");
+    for (char *s = out + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        mkdir(out, 0777);
+        *s = '/';
+    }
+    return mkdir(out, 0777) == 0 || errno == EEXIST;
+}
+
+static bool write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return false;
+    bool ok = fputs(text, f) >= 0;
+    return (fclose(f) == 0) && ok;
+}
+
+/* Loads path and checks its embedded key; NULL (closed) if it is not the wanted build. */
+static void *open_checked(const char *path, uint64_t key) {
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl)
+        return NULL;
+    const char *k = dlsym(dl, "loom_key");
+    char want[17];
+    snprintf(want, sizeof want, "%016llx", (unsigned long long)key);
+    if (!k || strcmp(k, want) != 0) {
+        dlclose(dl);
+        return NULL;
+    }
+    return dl;
+}
+
+static void dump(const char *src, uint64_t key) {
+    const char *dir = getenv("LOOM_DUMP");
+    if (!dir || !*dir)
+        return;
+    char path[4096];
+    mkdir(dir, 0777);
+    snprintf(path, sizeof path, "%s/%016llx.c", dir, (unsigned long long)key);
+    if (!write_file(path, src))
+        loom__log(LOOM_LOG_WARN, "LOOM_DUMP: cannot write %s", path);
+}
+
+/* Compiles src into dir/<key>.so through temporary names; false with a logged reason. */
+static bool build(const char *dir, const char *src, uint64_t key) {
+    char c_tmp[4200], so_tmp[4200], so[4200], log[4200], cmd[18000];
+    unsigned long tag = (unsigned long)getpid() ^ ((unsigned long)(uintptr_t)&tag << 16);
+    snprintf(c_tmp, sizeof c_tmp, "%s/%016llx.%lx.c", dir, (unsigned long long)key, tag);
+    snprintf(so_tmp, sizeof so_tmp, "%s/%016llx.%lx.so", dir, (unsigned long long)key, tag);
+    snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
+    snprintf(log, sizeof log, "%s/%016llx.log", dir, (unsigned long long)key);
+    if (!write_file(c_tmp, src)) {
+        loom__log(LOOM_LOG_WARN, "cannot write %s: kernels are interpreted", c_tmp);
+        return false;
+    }
+    snprintf(cmd, sizeof cmd, "%s %s -o '%s' '%s' -lm 2>'%s'", compiler(), CC_FLAGS, so_tmp, c_tmp,
+             log);
+    bool ok = system(cmd) == 0 && rename(so_tmp, so) == 0;
+    unlink(c_tmp);
+    unlink(so_tmp);
+    if (ok)
+        unlink(log);
+    else
+        loom__log(LOOM_LOG_WARN, "compiling kernels failed (see %s): they are interpreted", log);
+    return ok;
+}
+
+loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compiled) {
+    *dl = NULL;
+    *compiled = false;
+    if (!loom__cc_identity())
+        return LOOM_EUNSUPPORTED;
+    char dir[4096], so[4200];
+    _Static_assert(sizeof so > sizeof dir + 24, "room for /<key>.so");
+    if (!cache_dir(dir, sizeof dir)) {
+        loom__log(LOOM_LOG_WARN, "cannot create the kernel cache %s: kernels are interpreted", dir);
+        return LOOM_EUNSUPPORTED;
+    }
+    dump(src, key);
+    snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
+    if ((*dl = open_checked(so, key)))
+        return LOOM_OK;
+    if (access(so, F_OK) == 0) /* present but corrupt, truncated or another build: rebuild */
+        loom__log(LOOM_LOG_WARN, "kernel cache entry %s is damaged: rebuilding it", so);
+    if (!build(dir, src, key))
+        return LOOM_EUNSUPPORTED;
+    *compiled = true;
+    *dl = open_checked(so, key);
+    return *dl ? LOOM_OK : LOOM_EUNSUPPORTED;
+}

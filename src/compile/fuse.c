@@ -1,0 +1,103 @@
+/*
+ * fuse.c - the schedule: which nodes become one kernel. An elementwise node whose only reader is
+ * an elementwise consumer of the same shape (reading it directly, not through a view) is computed
+ * inside that consumer's loop and never stored; chains and trees of such nodes become one kernel
+ * rooted at the node that is stored. Views, broadcasts and constants feeding a kernel are its
+ * leaves, read through their strides. Kernel roots are elementwise nodes that own a workspace
+ * buffer, or that write their slab in place.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static bool is_ew(const loom__pnode *t) {
+    return loom__ops[t->op].kind == LOOM_KIND_EW && !t->copy;
+}
+
+void loom__unfuse(loom__program *p) {
+    for (int64_t i = 0; i < p->n; i++)
+        p->nodes[i].fused_into = -1;
+    loom__free(p->fused);
+    loom__free(p->fused_of);
+    p->fused = NULL, p->fused_of = NULL, p->nfused = 0;
+}
+
+/* Adds the leaves of member or root m to kernel k; false if the kernel has too many. */
+static bool add_leaves(const loom__program *p, loom__fused *k, int64_t m) {
+    const loom__pnode *t = &p->nodes[m];
+    for (int s = 0; s < loom__ops[t->op].arity; s++) {
+        int32_t id = t->src[s];
+        if (p->nodes[id].fused_into >= 0)
+            continue;
+        bool seen = false;
+        for (int a = 1; a < k->nargs && !seen; a++)
+            seen = k->args[a] == id;
+        if (seen)
+            continue;
+        if (k->nargs == LOOM_FUSED_MAX_ARGS)
+            return false;
+        k->args[k->nargs++] = id;
+    }
+    return true;
+}
+
+static int32_t root_of(const loom__program *p, int64_t i) {
+    while (p->nodes[i].fused_into >= 0)
+        i = p->nodes[i].fused_into;
+    return (int32_t)i;
+}
+
+int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
+    int64_t n = p->n, fused = 0;
+    int32_t *readers = loom__calloc((size_t)n + 1, sizeof(int32_t));
+    int32_t *reader = loom__calloc((size_t)n + 1, sizeof(int32_t));
+    p->fused_of = loom__malloc(sizeof(int32_t) * (size_t)(n + 1));
+    p->fused = loom__calloc((size_t)n + 1, sizeof(loom__fused));
+    if (!readers || !reader || !p->fused_of || !p->fused) {
+        loom__free(readers), loom__free(reader);
+        loom__unfuse(p);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        p->nodes[i].fused_into = -1;
+        p->fused_of[i] = -1;
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (p->nodes[i].src[k] >= 0)
+                readers[p->nodes[i].src[k]]++, reader[p->nodes[i].src[k]] = (int32_t)i;
+    }
+    for (int64_t i = 0; i < n; i++) { /* members */
+        const loom__pnode *t = &p->nodes[i], *c = &p->nodes[reader[i]];
+        if (!live[i] || !is_ew(t) || is_out[i] || t->check || readers[i] != 1 ||
+            t->lay.base != LOOM_BASE_WS || !is_ew(c) || c->ndim != t->ndim ||
+            memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim) != 0 || c->dtype != t->dtype)
+            continue;
+        p->nodes[i].fused_into = reader[i];
+        fused++;
+    }
+restart:
+    p->nfused = 0;
+    for (int64_t i = 0; i < n; i++)
+        p->fused_of[i] = -1;
+    for (int64_t i = 0; i < n; i++) { /* kernels: roots with their leaves */
+        const loom__pnode *t = &p->nodes[i];
+        if (!live[i] || !is_ew(t) || t->fused_into >= 0 ||
+            (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
+            continue;
+        loom__fused *k = &p->fused[p->nfused];
+        *k = (loom__fused){.root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}};
+        bool ok = add_leaves(p, k, i);
+        for (int64_t m = 0; m < i && ok; m++)
+            if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
+                ok = add_leaves(p, k, m);
+        if (!ok) { /* too many leaves: the members become kernels of their own */
+            for (int64_t m = 0; m < i; m++)
+                if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
+                    p->nodes[m].fused_into = -1, fused--;
+            goto restart;
+        }
+        p->fused_of[i] = (int32_t)p->nfused++;
+    }
+    loom__free(readers);
+    loom__free(reader);
+    return fused;
+}

@@ -1,0 +1,29 @@
+/*
+ * compile/internal.h - the compiler's stages shared between its files: fusion of elementwise ops
+ * into kernels (fuse.c), C code generation for them (codegen.c), and the system compiler with its
+ * disk cache (cc.c). Never installed.
+ */
+#ifndef LOOM_COMPILE_INTERNAL_H
+#define LOOM_COMPILE_INTERNAL_H
+
+#include "../backend/internal.h"
+
+/* Marks elementwise nodes computed inside their single consumer's kernel (pnode.fused_into, -1
+ * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the
+ * number of ops fused away, -1 out of memory. */
+int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out);
+/* Undoes loom__fuse (when no compiler can build the kernels). */
+void loom__unfuse(loom__program *p);
+
+/* The C source of p's fused kernels (functions loom_k<root>), with `key` written into it; owned by
+ * the caller (loom__free). NULL out of memory. */
+char *loom__codegen(const loom__program *p, uint64_t *key);
+
+/* Builds source `src` (identified by key) into a shared object, or finds it in the disk cache,
+ * and loads it. *compiled says whether the compiler ran. A missing compiler or a failed build is
+ * reported once through the log and returns EUNSUPPORTED (the caller interprets). */
+loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compiled);
+/* Identity of the compiler and flags (part of every key); NULL when there is no compiler. */
+const char *loom__cc_identity(void);
+
+#endif

@@ -1,0 +1,225 @@
+/*
+ * test_compile.c - generated C kernels against the interpreter: every elementwise op of the table
+ * (from ops.def), in float and double, inside fused chains with broadcast, permuted and constant
+ * leaves, gives bitwise the interpreter's values; whole training steps of both recipes agree after
+ * 20 steps; a second graph finds its kernels in the disk cache; a truncated cache entry is rebuilt.
+ */
+#include "harness.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+static const char *const ew_ops[] = {
+#define LOOM_EW(name, arity, expr) #name,
+#include "../src/graph/ops.def"
+};
+static const int ew_arity[] = {
+#define LOOM_EW(name, arity, expr) arity,
+#include "../src/graph/ops.def"
+};
+
+/* op applied to operands through the public builders (the table's names map to them). */
+static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_tensor *b,
+                          loom_tensor *c) {
+    if (!strcmp(op, "NEG"))
+        return loom_neg(g, a);
+    if (!strcmp(op, "EXP"))
+        return loom_exp(g, a);
+    if (!strcmp(op, "LOG"))
+        return loom_log(g, loom_exp(g, a)); /* a positive operand */
+    if (!strcmp(op, "SQRT"))
+        return loom_sqrt(g, loom_exp(g, a));
+    if (!strcmp(op, "RELU"))
+        return loom_relu(g, a);
+    if (!strcmp(op, "ADD"))
+        return loom_add(g, a, b);
+    if (!strcmp(op, "SUB"))
+        return loom_sub(g, a, b);
+    if (!strcmp(op, "MUL"))
+        return loom_mul(g, a, b);
+    if (!strcmp(op, "DIV"))
+        return loom_div(g, a, b);
+    if (!strcmp(op, "CMPGT"))
+        return loom_cmpgt(g, a, b);
+    if (!strcmp(op, "CMPEQ"))
+        return loom_cmpeq(g, a, loom_relu(g, b));
+    if (!strcmp(op, "WHERE"))
+        return loom_where(g, loom_cmpgt(g, a, b), b, c);
+    return NULL;
+}
+
+/* One fused expression around op, on graph g with the given backend; returns its output bytes. */
+static void *run_op(const char *op, loom_dtype dt, loom_backend be, size_t *bytes,
+                    loom_metrics *m) {
+    enum { R = 7, C = 33 };
+    static double buf[3][R * C];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < R * C; i++) {
+            double v = test_rand((uint64_t)k, (uint64_t)i, -3, 3);
+            if (dt == LOOM_F32)
+                ((float *)buf[k])[i] = (float)v;
+            else
+                buf[k][i] = v;
+        }
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t s2[2] = {R, C}, s2t[2] = {C, R}, row[2] = {1, C};
+    loom_tensor *a = loom_input(g, dt, 2, s2, buf[0]);
+    loom_tensor *bt = loom_transpose(g, loom_input(g, dt, 2, s2t, buf[1])); /* a strided leaf */
+    loom_tensor *c = loom_input(g, dt, 2, row, buf[2]);                     /* a broadcast leaf */
+    loom_tensor *x = loom_mul(g, loom_add(g, a, loom_scalar(g, 0.25, dt)), loom_exp(g, c));
+    loom_tensor *y = apply(g, op, x, loom_sub(g, bt, c), loom_neg(g, a));
+    loom_tensor *z = loom_add(g, loom_mul(g, y, c), a); /* the op in the middle of a chain */
+    loom_output(z);
+    void *out = NULL;
+    if (loom_graph_run(g) == LOOM_OK) {
+        *bytes = (size_t)loom_tensor_numel(z) * (dt == LOOM_F64 ? 8 : 4);
+        out = malloc(*bytes);
+        memcpy(out, loom_tensor_data(z), *bytes);
+    }
+    loom_graph_metrics(g, m);
+    loom_graph_free(g);
+    return out;
+}
+
+TEST(every_elementwise_op_compiles_bitwise) {
+    for (size_t i = 0; i < sizeof ew_ops / sizeof *ew_ops; i++) {
+        (void)ew_arity;
+        for (int d = 0; d < 2; d++) {
+            loom_dtype dt = d ? LOOM_F64 : LOOM_F32;
+            size_t n1 = 0, n2 = 0;
+            loom_metrics mi, mc;
+            void *ref = run_op(ew_ops[i], dt, LOOM_BACKEND_INTERP, &n1, &mi);
+            void *got = run_op(ew_ops[i], dt, LOOM_BACKEND_CPU, &n2, &mc);
+            if (!ref || !got || n1 != n2 || memcmp(ref, got, n1) != 0)
+                FAILF("%s (%s): compiled and interpreted values differ", ew_ops[i],
+                      d ? "f64" : "f32");
+            if (mc.fused_ops < 3 || mc.compiles + mc.disk_hits != 1 || mi.fused_ops != 0)
+                FAILF("%s: %lld ops fused, %lld compiles, %lld disk hits", ew_ops[i],
+                      (long long)mc.fused_ops, (long long)mc.compiles, (long long)mc.disk_hits);
+            free(ref);
+            free(got);
+        }
+    }
+}
+
+/* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
+static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
+    static loom_dataset *d;
+    if (!d && loom_dataset_fmnist(NULL, "train", &d))
+        return NULL;
+    loom_model *model = loom_model_new();
+    bool flat;
+    loom_sequential *net = loom_sequential_new(model, loom_recipe(recipe, &flat));
+    loom_sequential_init(net, 1);
+    loom_optim *o = loom_sgd_new(model, &(loom_optim_config){.lr = 0.05, .momentum = 0.9});
+    loom_graph *g = loom_graph_new(model);
+    loom_graph_set_backend(g, be);
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = 64, .seed = 4});
+    loom_batch b;
+    for (int s = 0; s < 20 && loom_loader_next(l, &b); s++) {
+        loom_graph_reset(g);
+        int64_t f[2] = {b.n, 784};
+        loom_tensor *x = flat ? loom_input(g, LOOM_F32, 2, f, b.x)
+                              : loom_input(g, LOOM_F32, b.ndim, b.shape, b.x);
+        loom_tensor *y = loom_input(g, LOOM_I32, 1, &b.n, b.y);
+        loom_backward(g, loom_cross_entropy(g, loom_sequential_forward(g, net, x), y));
+        loom_optim_step(g, o);
+        if (loom_graph_run(g))
+            return NULL;
+    }
+    loom_graph_metrics(g, m);
+    int64_t n = loom_model_numel(model);
+    float *out = malloc(sizeof(float) * (size_t)n);
+    memcpy(out, loom_param_data(loom_model_at(model, 0)), sizeof(float) * (size_t)n);
+    loom_loader_free(l);
+    loom_graph_free(g);
+    loom_optim_free(o);
+    loom_sequential_free(net);
+    loom_model_free(model);
+    return out;
+}
+
+static void steps_agree(const char *recipe, int64_t n) {
+    loom_metrics mi, mc;
+    float *ref = train(recipe, LOOM_BACKEND_INTERP, &mi),
+          *got = train(recipe, LOOM_BACKEND_CPU, &mc);
+    ASSERT(ref && got);
+    double err = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)ref[i] - got[i]));
+        scale = fmax(scale, fabs(ref[i]));
+    }
+    fprintf(stderr,
+            "%s: 20 steps compiled vs interpreted: max difference %.3g (%s), %lld ops "
+            "fused, %lld kernels per step (interpreted: %lld)\n",
+            recipe, err / scale,
+            memcmp(ref, got, sizeof(float) * (size_t)n) ? "not bitwise" : "bitwise",
+            (long long)mc.fused_ops, (long long)mc.kernels, (long long)mi.kernels);
+    ASSERT(err / scale <= 1e-6);
+    ASSERT(mc.fused_ops > 0 && mc.kernels < mi.kernels);
+    free(ref);
+    free(got);
+}
+
+TEST(training_steps_agree_with_the_interpreter) {
+    steps_agree("fmnist-mlp", 269322);
+    steps_agree("fmnist-cnn", 225034);
+}
+
+static int count_entries(const char *dir, const char *suffix, char *last, size_t size) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t l = strlen(e->d_name), s = strlen(suffix);
+        if (l > s && !strcmp(e->d_name + l - s, suffix)) {
+            n++;
+            snprintf(last, size, "%s/%s", dir, e->d_name);
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+TEST(disk_cache_is_reused_and_repaired) {
+    char dir[600], entry[1200];
+    snprintf(dir, sizeof dir, "%s/loom",
+             getenv("XDG_CACHE_HOME") ? getenv("XDG_CACHE_HOME") : "/tmp");
+    size_t n;
+    loom_metrics m;
+    free(run_op("DIV", LOOM_F32, LOOM_BACKEND_CPU, &n, &m)); /* built or found */
+    void *first = run_op("MUL", LOOM_F64, LOOM_BACKEND_CPU, &n, &m);
+    void *again = run_op("MUL", LOOM_F64, LOOM_BACKEND_CPU, &n, &m); /* a new graph */
+    ASSERT_EQ(m.compiles, 0);
+    ASSERT_EQ(m.disk_hits, 1);
+    ASSERT(count_entries(dir, ".so", entry, sizeof entry) > 0);
+    char key[1200]; /* truncate every entry: each must be rebuilt */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strstr(e->d_name, ".so")) {
+            snprintf(key, sizeof key, "%s/%s", dir, e->d_name);
+            ASSERT(truncate(key, 100) == 0);
+        }
+    if (d)
+        closedir(d);
+    void *rebuilt = run_op("MUL", LOOM_F64, LOOM_BACKEND_CPU, &n, &m);
+    ASSERT_EQ(m.compiles, 1);
+    ASSERT(rebuilt && !memcmp(rebuilt, first, n));
+    ASSERT(!memcmp(again, first, n));
+    free(first), free(again), free(rebuilt);
+}
+
+int main(void) {
+    char cache[512]; /* a fresh kernel cache: the damaged-entry test must not meet old entries */
+    test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
+    if (!mkdtemp(cache))
+        return 1;
+    setenv("XDG_CACHE_HOME", cache, 1);
+    RUN(every_elementwise_op_compiles_bitwise);
+    RUN(training_steps_agree_with_the_interpreter);
+    RUN(disk_cache_is_reused_and_repaired);
+    return HARNESS_EXIT();
+}
