@@ -23,8 +23,9 @@ if grep -q "compiles 0 (0.00 s), disk cache hits [1-9]" "$tmp/c"; then
 else
     fail "third process compiled: $(grep 'metrics: graphs' "$tmp/c")"
 fi
-if ls "$tmp"/dump/*.c >/dev/null 2>&1 && grep -q "void loom_k" "$tmp"/dump/*.c; then
-    echo "ok   LOOM_DUMP wrote $(ls "$tmp"/dump/*.c | wc -l) sources"
+if ls "$tmp"/dump/*.c >/dev/null 2>&1 && grep -q "void loom_k" "$tmp"/dump/*.c &&
+   grep -q "generated loom_k.*fusing" "$tmp"/dump/*.schedule; then
+    echo "ok   LOOM_DUMP wrote $(ls "$tmp"/dump/*.c | wc -l) sources and $(ls "$tmp"/dump/*.schedule | wc -l) schedules"
 else
     fail "LOOM_DUMP wrote nothing"
 fi

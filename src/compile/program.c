@@ -16,6 +16,43 @@
 
 #include <string.h>
 
+/* LOOM_DUMP: the schedule of a program, one line per kernel in execution order. */
+static void dump_schedule(const loom__program *p) {
+    const char *dir = getenv("LOOM_DUMP");
+    if (!dir || !*dir)
+        return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%016llx.schedule", dir, (unsigned long long)p->hash);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return;
+    fprintf(f, "# program %016llx: %lld nodes, %lld kernels, workspace %zu bytes\n",
+            (unsigned long long)p->hash, (long long)p->n, (long long)p->nexec, p->ws_bytes);
+    for (int64_t e = 0; e < p->nexec; e++) {
+        int32_t id = p->exec[e];
+        const loom__pnode *t = &p->nodes[id];
+        loom_tensor shape = {.ndim = t->ndim};
+        char s[96];
+        memcpy(shape.shape, t->shape, sizeof shape.shape);
+        loom__shape_str(&shape, s, sizeof s);
+        fprintf(f, "%4lld  node %d %s %s", (long long)e, id, loom__ops[t->op].name, s);
+        if (p->fused_of && p->fused_of[id] >= 0) {
+            fprintf(f, "  generated loom_k%d, fusing", id);
+            for (int64_t m = 0; m < id; m++) {
+                int64_t r = m;
+                while (p->nodes[r].fused_into >= 0)
+                    r = p->nodes[r].fused_into;
+                if (r == id && m != id)
+                    fprintf(f, " %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
+            }
+        } else {
+            fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
+        }
+        fputc('\n', f);
+    }
+    fclose(f);
+}
+
 static bool use_compiler(const loom_graph *g) {
     if (g->backend != LOOM_BACKEND_AUTO)
         return g->backend == LOOM_BACKEND_CPU;
@@ -474,6 +511,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         compile_kernels(g, p, live, is_out);
     if (place_buffers(p, live, is_out, last))
         goto fail;
+    dump_schedule(p);
     loom__free(flags);
     loom__free(last);
     return p;
