@@ -89,8 +89,8 @@ static void *open_checked(const char *path, uint64_t key) {
 }
 
 static void dump(const char *src, uint64_t key) {
-    const char *dir = getenv("LOOM_DUMP");
-    if (!dir || !*dir)
+    const char *dir = loom__getenv()->dump;
+    if (!dir)
         return;
     char path[4096];
     mkdir(dir, 0777);

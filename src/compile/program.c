@@ -13,15 +13,17 @@
 #include "internal.h"
 
 #include <dlfcn.h>
+#include <sys/stat.h>
 
 #include <string.h>
 
 /* LOOM_DUMP: the schedule of a program, one line per kernel in execution order. */
 static void dump_schedule(const loom__program *p) {
-    const char *dir = getenv("LOOM_DUMP");
-    if (!dir || !*dir)
+    const char *dir = loom__getenv()->dump;
+    if (!dir)
         return;
     char path[4200];
+    mkdir(dir, 0777);
     snprintf(path, sizeof path, "%s/%016llx.schedule", dir, (unsigned long long)p->hash);
     FILE *f = fopen(path, "w");
     if (!f)

@@ -60,6 +60,7 @@ typedef struct {
     bool metrics;        /* LOOM_METRICS=1 */
     const char *data;    /* LOOM_DATA, or NULL */
     const char *backend; /* LOOM_BACKEND (interp or cpu), or NULL */
+    const char *dump;    /* LOOM_DUMP: where to write generated sources and schedules */
 } loom__env;
 const loom__env *loom__getenv(void);
 

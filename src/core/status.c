@@ -99,6 +99,8 @@ static void read_env(void) {
     env.data = d && *d ? d : NULL;
     const char *b = getenv("LOOM_BACKEND");
     env.backend = b && *b ? b : NULL;
+    const char *dump = getenv("LOOM_DUMP");
+    env.dump = dump && *dump ? dump : NULL;
 }
 
 const loom__env *loom__getenv(void) {
