@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CC_FLAGS "-O2 -march=native -std=c11 -ffp-contract=off -fPIC -shared -w"
+#define CC_FLAGS "-O3 -march=native -std=c11 -ffp-contract=off -fPIC -shared -w"
 
 static char identity[512];
 static bool have_cc;

@@ -335,13 +335,25 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
 /* A value computed by a kernel and then stored into a persistent slab is computed in its slab place
  * when that is safe (can_store_in_place): gradients, optimizer state and parameter updates then
  * cost no copy. Elided stores stay in the program, as no-ops. */
+/* The kernel node whose buffer a store reads: its source, or the node under a contiguous view that
+ * covers that node's whole buffer (a reshape of a reduction, say). */
+static int32_t stored_kernel(const loom__program *p, int32_t src) {
+    const loom__pnode *v = &p->nodes[src];
+    if (loom__ops[v->op].kind != LOOM_KIND_MOV || v->copy || v->lay.base != LOOM_BASE_WS ||
+        v->lay.offset != 0 || !is_contiguous(v->ndim, v->shape, v->lay.stride))
+        return src;
+    const loom__pnode *r = &p->nodes[v->lay.index];
+    return loom__numel(r->ndim, r->shape) == loom__numel(v->ndim, v->shape) ? v->lay.index : src;
+}
+
 static void store_in_place(loom__program *p, const bool *live, const bool *is_out) {
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *t = &p->nodes[i];
-        if (!live[i] || t->op != LOOM_OP_STORE ||
-            !can_store_in_place(p, live, is_out, t->src[0], i))
+        if (!live[i] || t->op != LOOM_OP_STORE)
             continue;
-        int32_t si = t->src[0];
+        int32_t si = stored_kernel(p, t->src[0]);
+        if (!can_store_in_place(p, live, is_out, si, i))
+            continue;
         for (int64_t c = si; c < p->n; c++) { /* s and its views now live in the slab */
             loom__layout *ls[2] = {&p->nodes[c].lay,
                                    p->nodes[c].copy ? &p->nodes[c].src_lay : NULL};
