@@ -3,18 +3,27 @@
 # (Debian's python3-torch 1.13) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
 # 1 thread), all measured in this one run: same model, global batch 128, SGD momentum 0.9.
 # loom's figure is its own "samples/s training" over the first STEPS steps of an epoch
-# (evaluation excluded); PyTorch's is steady state after 20 warm-up steps. Not a test.
+# (evaluation excluded) with its kernel cache warm; the cold compile time (an empty cache, all the
+# run's programs) is reported apart. PyTorch's is steady state after 20 warm-up steps. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 loom=build/loom
 [ -x "$loom" ] || { echo "build first: make build"; exit 1; }
-rate() { "$loom" train "$1" --steps "$2" --devices "$3" | sed -n 's/.*(\([0-9]*\) samples\/s training.*/\1/p'; }
+rate() { "$loom" train "$1" --steps "$2" --devices "$3" 2>/dev/null | sed -n 's/.*(\([0-9]*\) samples\/s training.*/\1/p'; }
+cold=$(mktemp -d)
+trap 'rm -rf "$cold"' EXIT
+cold_compile() { XDG_CACHE_HOME="$cold/$1.$2" "$loom" train "$1" --steps 3 --devices "$2" 2>/dev/null |
+    sed -n 's/.*compiles \([0-9]*\) (\([0-9.]*\) s).*/\1 programs in \2 s/p'; }
 torch() { /usr/bin/python3 bench/torch_peer.py "$@" | sed -n 's/^samples\/s //p'; }
+compile_note=""
 printf '%-11s %6s %10s %10s %8s %10s %10s %10s %10s\n' recipe steps loom_1dev loom_2dev scaling \
     torch_1thr torch_ddp2 vs_1thr vs_ddp2
 for spec in fmnist-mlp:400 fmnist-cnn:150; do
     recipe=${spec%%:*} steps=${spec##*:}
+    compile_note="$compile_note
+$recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_compile "$recipe" 2)"
+    rate "$recipe" 3 1 >/dev/null; rate "$recipe" 3 2 >/dev/null   # warm the kernel cache
     l1=$(rate "$recipe" "$steps" 1)
     l2=$(rate "$recipe" "$steps" 2)
     t1=$(torch "$recipe" "$steps")
@@ -23,3 +32,4 @@ for spec in fmnist-mlp:400 fmnist-cnn:150; do
         "$(echo "$l2 / $l1" | bc -l)" "$t1" "$t2" "$(echo "$l1 / $t1" | bc -l)" \
         "$(echo "$l2 / $t2" | bc -l)"
 done
+echo "$compile_note" | sed '/^$/d'
