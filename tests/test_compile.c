@@ -212,6 +212,35 @@ TEST(disk_cache_is_reused_and_repaired) {
     free(first), free(again), free(rebuilt);
 }
 
+/* w := 2 * w^T + 1 written in place: the transposed read must not see elements already written. */
+static void transpose_update(loom_backend be, float *out) {
+    loom_model *m = loom_model_new();
+    int64_t s[2] = {5, 5};
+    loom_param *p = loom_model_add(m, "w", 2, s);
+    for (int i = 0; i < 25; i++)
+        loom_param_data(p)[i] = (float)i;
+    loom_graph *g = loom_graph_new(m);
+    loom_graph_set_backend(g, be);
+    loom_tensor *w = loom_parameter(g, p);
+    loom_tensor *two = loom_scalar(g, 2.0, LOOM_F32), *one = loom_scalar(g, 1.0, LOOM_F32);
+    loom_assign(g, p, loom_add(g, loom_mul(g, loom_transpose(g, w), two), one));
+    if (loom_graph_run(g) == LOOM_OK)
+        memcpy(out, loom_param_data(p), sizeof(float) * 25);
+    loom_graph_free(g);
+    loom_model_free(m);
+}
+
+TEST(in_place_updates_read_before_they_write) {
+    float interp[25] = {0}, cpu[25] = {0};
+    transpose_update(LOOM_BACKEND_INTERP, interp);
+    transpose_update(LOOM_BACKEND_CPU, cpu);
+    for (int r = 0; r < 5; r++)
+        for (int c = 0; c < 5; c++) {
+            ASSERT(interp[r * 5 + c] == 2.0f * (float)(c * 5 + r) + 1.0f);
+            ASSERT(cpu[r * 5 + c] == interp[r * 5 + c]);
+        }
+}
+
 int main(void) {
     char cache[512]; /* a fresh kernel cache: the damaged-entry test must not meet old entries */
     test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
@@ -221,5 +250,6 @@ int main(void) {
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
+    RUN(in_place_updates_read_before_they_write);
     return HARNESS_EXIT();
 }

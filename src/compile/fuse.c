@@ -41,6 +41,29 @@ static bool add_leaves(const loom__program *p, loom__fused *k, int64_t m) {
     return true;
 }
 
+/* A kernel writing a slab in place may read that slab range only at the index it writes (each
+ * element is read before it is written); a leaf reading it through other strides or offsets could
+ * see elements the loop already wrote. */
+static bool in_place_safe(const loom__program *p, const loom__fused *k) {
+    const loom__layout *o = &p->nodes[k->root].lay;
+    if (o->base != LOOM_BASE_PERSIST)
+        return true;
+    const loom__pnode *r = &p->nodes[k->root];
+    int64_t lo = o->offset, hi = o->offset + loom__numel(r->ndim, r->shape);
+    for (int a = 1; a < k->nargs; a++) {
+        const loom__pnode *l = &p->nodes[k->args[a]];
+        int64_t last = l->lay.offset;
+        for (int d = 0; d < l->ndim; d++)
+            last += (l->shape[d] - 1) * l->lay.stride[d];
+        bool overlaps = l->lay.base == LOOM_BASE_PERSIST && l->lay.index == o->index &&
+                        l->lay.offset < hi && last >= lo;
+        if (overlaps &&
+            (l->lay.offset != o->offset || memcmp(l->lay.stride, o->stride, sizeof o->stride) != 0))
+            return false;
+    }
+    return true;
+}
+
 static int32_t root_of(const loom__program *p, int64_t i) {
     while (p->nodes[i].fused_into >= 0)
         i = p->nodes[i].fused_into;
@@ -89,7 +112,11 @@ restart:
         for (int64_t m = 0; m < i && ok; m++)
             if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
                 ok = add_leaves(p, k, m);
-        if (!ok) { /* too many leaves: the members become kernels of their own */
+        bool has_members = false;
+        for (int64_t m = 0; m < i && !has_members; m++)
+            has_members = p->nodes[m].fused_into >= 0 && root_of(p, m) == i;
+        ok = ok && (!has_members || in_place_safe(p, k));
+        if (!ok) { /* too many leaves, or unsafe in place: the members run on their own */
             for (int64_t m = 0; m < i; m++)
                 if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
                     p->nodes[m].fused_into = -1, fused--;
