@@ -8,6 +8,13 @@
 
 #include "../backend/internal.h"
 
+/* memplan.c, in this order: layouts of live nodes; stores computed in their slab place; workspace
+ * offsets and the exec list (last: scratch of p->n entries). */
+void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out);
+void loom__store_in_place(loom__program *p, const bool *live, const bool *is_out);
+loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
+                                int64_t *last);
+
 /* Marks elementwise nodes computed inside their single consumer's kernel (pnode.fused_into, -1
  * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the
  * number of ops fused away, -1 out of memory. */

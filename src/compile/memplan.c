@@ -1,0 +1,329 @@
+/*
+ * memplan.c - where every value of a program lives. In creation order:
+ *   layouts: views become strides over their source; a view that BLAS cannot read, a
+ *     non-contiguous reshape or output is materialized; other nodes get a buffer of their own;
+ *   in place: a value that is then stored into a persistent slab is computed in its slab place
+ *     when no reader can tell (gradients, optimizer state, parameter updates cost no copy);
+ *   buffers: workspace offsets by first fit over the live buffers, each freed after its last
+ *     reader, so the workspace is the high-water mark of live intermediates, reused every step.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static void contiguous(int nd, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= shape[d];
+    }
+}
+
+static bool is_contiguous(int nd, const int64_t *shape, const int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (shape[d] != 1 && st[d] != s)
+            return false;
+        s *= shape[d];
+    }
+    return true;
+}
+
+/* The layout of a view node as strides over its source's layout. */
+static void view_layout(const loom__pnode *t, const loom__pnode *s, loom__layout *l) {
+    *l = s->lay;
+    switch ((loom__op)t->op) {
+        case LOOM_OP_RESHAPE:
+            contiguous(t->ndim, t->shape, l->stride);
+            break;
+        case LOOM_OP_PERMUTE:
+            for (int d = 0; d < t->ndim; d++)
+                l->stride[d] = s->lay.stride[t->attr.perm[d]];
+            break;
+        case LOOM_OP_EXPAND:
+            for (int d = 0; d < t->ndim; d++)
+                l->stride[d] = s->shape[d] == 1 && t->shape[d] != 1 ? 0 : s->lay.stride[d];
+            break;
+        default:
+            LOOM_ASSERT(0);
+    }
+}
+
+/* Turns view node `id` into a copy of its elements into a fresh buffer of its own. */
+static void materialize(loom__program *p, int64_t id) {
+    loom__pnode *t = &p->nodes[id];
+    const loom__pnode *s = &p->nodes[t->src[0]];
+    t->copy = true;
+    if (t->op == LOOM_OP_RESHAPE) { /* copy the source in row-major order */
+        t->src_lay = s->lay;
+        t->copy_ndim = s->ndim;
+        memcpy(t->copy_shape, s->shape, sizeof t->copy_shape);
+    } else {
+        view_layout(t, s, &t->src_lay);
+        t->copy_ndim = t->ndim;
+        memcpy(t->copy_shape, t->shape, sizeof t->copy_shape);
+    }
+    memset(&t->lay, 0, sizeof t->lay);
+    t->lay.base = LOOM_BASE_WS;
+    t->lay.index = (int32_t)id;
+    contiguous(t->ndim, t->shape, t->lay.stride);
+}
+
+static bool blas_ok(const loom__pnode *t) {
+    bool tr;
+    int64_t ld;
+    int nd = t->ndim;
+    return loom__blas_layout(t->shape[nd - 2], t->shape[nd - 1], t->lay.stride[nd - 2],
+                             t->lay.stride[nd - 1], &tr, &ld);
+}
+
+/* Step 2: layouts, in creation order. A workspace layout names the node owning the buffer. */
+void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out) {
+    for (int64_t i = 0; i < p->n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        loom__layout *l = &t->lay;
+        memset(l, 0, sizeof *l);
+        contiguous(t->ndim, t->shape, l->stride);
+        switch (loom__ops[t->op].kind) {
+            case LOOM_KIND_LEAF:
+                if (t->op == LOOM_OP_INPUT) {
+                    l->base = LOOM_BASE_INPUT, l->index = t->attr.input;
+                } else if (t->op == LOOM_OP_CONST) {
+                    l->base = LOOM_BASE_CONST, l->index = (int32_t)p->nconsts;
+                    if (t->dtype == LOOM_F32) {
+                        float f = (float)t->attr.value;
+                        memcpy(&p->consts[p->nconsts++], &f, sizeof f);
+                    } else {
+                        p->consts[p->nconsts++] = t->attr.value;
+                    }
+                } else {
+                    l->base = LOOM_BASE_PERSIST, l->index = t->attr.persist.slab;
+                    l->offset = t->attr.persist.offset;
+                }
+                break;
+            case LOOM_KIND_MOV: {
+                const loom__pnode *s = &p->nodes[t->src[0]];
+                bool reshape_ok =
+                    t->op != LOOM_OP_RESHAPE || is_contiguous(s->ndim, s->shape, s->lay.stride);
+                if (reshape_ok)
+                    view_layout(t, s, l);
+                if (!reshape_ok || (is_out[i] && !is_contiguous(t->ndim, t->shape, l->stride)))
+                    materialize(p, i);
+                break;
+            }
+            default:
+                l->base =
+                    t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC ? LOOM_BASE_NONE : LOOM_BASE_WS;
+                l->index = (int32_t)i;
+                break;
+        }
+        if (t->check && !t->copy && loom__ops[t->op].kind == LOOM_KIND_MOV &&
+            l->base == LOOM_BASE_WS) /* a checked view: check the node that computes it */
+            p->nodes[l->index].check = true;
+        for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++)
+            if (!blas_ok(&p->nodes[t->src[k]])) /* BLAS cannot read this view: copy it */
+                materialize(p, t->src[k]);
+    }
+}
+
+/* Whether a running node writes a buffer of its own (stores and syncs write persistent slabs). */
+static bool l_owns(const loom__pnode *t) {
+    return t->op != LOOM_OP_STORE && t->op != LOOM_OP_SYNC;
+}
+
+/* The layout a kernel node reads for its input k (a materialized view reads src_lay). */
+static const loom__layout *read_layout(const loom__program *p, const loom__pnode *t, int k) {
+    return t->copy          ? (k == 0 ? &t->src_lay : NULL)
+           : t->src[k] >= 0 ? &p->nodes[t->src[k]].lay
+                            : NULL;
+}
+
+/* Whether layout l (shape of its node) touches slab elements [lo, hi). */
+static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab, int64_t lo,
+                    int64_t hi) {
+    if (!l || l->base != LOOM_BASE_PERSIST || l->index != slab)
+        return false;
+    int64_t last = l->offset;
+    for (int d = 0; d < nd; d++)
+        last += (shape[d] - 1) * l->stride[d];
+    return l->offset < hi && last >= lo;
+}
+
+static bool runs_kernel(const loom__pnode *t) {
+    loom__kind kind = loom__ops[t->op].kind;
+    return (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
+}
+
+/* Whether node c reads or writes slab range [lo, hi). */
+static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
+                     int64_t hi) {
+    if ((c->op == LOOM_OP_STORE || c->op == LOOM_OP_SYNC) && c->attr.persist.slab == slab) {
+        int64_t n = c->op == LOOM_OP_SYNC ? c->shape[0] : loom__numel(c->ndim, c->shape);
+        if (c->attr.persist.offset < hi && c->attr.persist.offset + n > lo)
+            return true;
+    }
+    for (int k = 0; k < 3; k++) {
+        const loom__layout *l = read_layout(p, c, k);
+        const loom__pnode *s = c->src[k] >= 0 ? &p->nodes[c->src[k]] : NULL;
+        if (l && s &&
+            touches(l, c->copy ? c->copy_ndim : s->ndim, c->copy ? c->copy_shape : s->shape, slab,
+                    lo, hi))
+            return true;
+    }
+    return false;
+}
+
+/* Whether store t of kernel s (ids si < ti) can write its slab range when s runs instead of
+ * copying at t: nothing between them reads or writes the range (s itself only elementwise, in
+ * place), and every reader of s runs before the next write to the range. */
+static bool can_store_in_place(const loom__program *p, const bool *live, const bool *is_out,
+                               int64_t si, int64_t ti) {
+    const loom__pnode *s = &p->nodes[si], *t = &p->nodes[ti];
+    int32_t slab = t->attr.persist.slab;
+    int64_t lo = t->attr.persist.offset, hi = lo + loom__numel(t->ndim, t->shape);
+    if (!runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS)
+        return false;
+    for (int k = 0; k < 3 && s->src[k] >= 0; k++) { /* s may read the range only in place */
+        const loom__layout *l = read_layout(p, s, k);
+        const loom__pnode *in = &p->nodes[s->src[k]];
+        bool same = l->offset == lo && !memcmp(l->stride, s->lay.stride, sizeof l->stride) &&
+                    !memcmp(in->shape, s->shape, sizeof in->shape);
+        if (touches(l, in->ndim, in->shape, slab, lo, hi) &&
+            (loom__ops[s->op].kind != LOOM_KIND_EW || !same))
+            return false;
+    }
+    int64_t next_write = INT64_MAX;
+    for (int64_t c = si + 1; c < p->n; c++) {
+        const loom__pnode *n = &p->nodes[c];
+        if (!live[c] || c == ti || !runs_kernel(n))
+            continue;
+        if (c < ti && accesses(p, n, slab, lo, hi))
+            return false;
+        if (c > ti && (n->op == LOOM_OP_STORE || n->op == LOOM_OP_SYNC) &&
+            accesses(p, n, slab, lo, hi) && c < next_write)
+            next_write = c;
+    }
+    for (int64_t c = si; c < p->n; c++) { /* readers of s (or of its views) */
+        const loom__pnode *n = &p->nodes[c];
+        if (!live[c])
+            continue;
+        if (n->lay.base == LOOM_BASE_WS && n->lay.index == si && is_out[c])
+            return false;
+        for (int k = 0; k < 3 && runs_kernel(n) && c != si; k++) {
+            const loom__layout *l = read_layout(p, n, k);
+            if (l && l->base == LOOM_BASE_WS && l->index == si && c > next_write)
+                return false;
+        }
+    }
+    return true;
+}
+
+/* A value computed by a kernel and then stored into a persistent slab is computed in its slab place
+ * when that is safe (can_store_in_place): gradients, optimizer state and parameter updates then
+ * cost no copy. Elided stores stay in the program, as no-ops. */
+/* The kernel node whose buffer a store reads: its source, or the node under a contiguous view that
+ * covers that node's whole buffer (a reshape of a reduction, say). */
+static int32_t stored_kernel(const loom__program *p, int32_t src) {
+    const loom__pnode *v = &p->nodes[src];
+    if (loom__ops[v->op].kind != LOOM_KIND_MOV || v->copy || v->lay.base != LOOM_BASE_WS ||
+        v->lay.offset != 0 || !is_contiguous(v->ndim, v->shape, v->lay.stride))
+        return src;
+    const loom__pnode *r = &p->nodes[v->lay.index];
+    return loom__numel(r->ndim, r->shape) == loom__numel(v->ndim, v->shape) ? v->lay.index : src;
+}
+
+void loom__store_in_place(loom__program *p, const bool *live, const bool *is_out) {
+    for (int64_t i = 0; i < p->n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i] || t->op != LOOM_OP_STORE)
+            continue;
+        int32_t si = stored_kernel(p, t->src[0]);
+        if (!can_store_in_place(p, live, is_out, si, i))
+            continue;
+        for (int64_t c = si; c < p->n; c++) { /* s and its views now live in the slab */
+            loom__layout *ls[2] = {&p->nodes[c].lay,
+                                   p->nodes[c].copy ? &p->nodes[c].src_lay : NULL};
+            for (int k = 0; k < 2; k++) {
+                if (!ls[k] || ls[k]->base != LOOM_BASE_WS || ls[k]->index != si)
+                    continue;
+                ls[k]->base = LOOM_BASE_PERSIST;
+                ls[k]->index = t->attr.persist.slab;
+                ls[k]->offset += t->attr.persist.offset;
+            }
+        }
+        t->elided = true;
+    }
+}
+
+typedef struct {
+    int64_t off, size, owner;
+} block;
+
+/* Marks that node i reads layout l (extending its buffer's life to i). */
+static void use(int64_t *last, const loom__layout *l, int64_t i) {
+    if (l->base == LOOM_BASE_WS && last[l->index] < i)
+        last[l->index] = i;
+}
+
+/* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
+ * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
+loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
+                                int64_t *last) {
+    int64_t n = p->n, nblocks = 0, end = 0;
+    block *blocks = loom__malloc(sizeof(block) * (size_t)(n + 1));
+    if (!blocks)
+        return LOOM_ENOMEM;
+    for (int64_t i = 0; i < n; i++)
+        last[i] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        int64_t at = i; /* a fused member reads when its kernel runs */
+        while (p->nodes[at].fused_into >= 0)
+            at = p->nodes[at].fused_into;
+        if (t->copy)
+            use(last, &t->src_lay, at);
+        else if (loom__ops[t->op].kind != LOOM_KIND_MOV)
+            for (int k = 0; k < 3; k++)
+                if (t->src[k] >= 0)
+                    use(last, &p->nodes[t->src[k]].lay, at);
+        if (is_out[i])
+            use(last, &t->lay, INT64_MAX);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        loom__pnode *t = &p->nodes[i];
+        if (!live[i])
+            continue;
+        loom__kind kind = loom__ops[t->op].kind;
+        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy) && !t->elided &&
+                    t->fused_into < 0;
+        if (runs)
+            p->exec[p->nexec++] = (int32_t)i;
+        if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
+            int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
+            size = (size + 63) & ~(int64_t)63;
+            int64_t off = 0, at = 0;
+            for (; at < nblocks; at++) {
+                if (blocks[at].off - off >= size)
+                    break;
+                off = blocks[at].off + blocks[at].size;
+            }
+            memmove(blocks + at + 1, blocks + at, sizeof(block) * (size_t)(nblocks - at));
+            blocks[at] = (block){off, size, i};
+            nblocks++;
+            t->ws_off = off;
+            end = off + size > end ? off + size : end;
+        }
+        int64_t w = 0; /* free the blocks whose last reader is this node */
+        for (int64_t b = 0; b < nblocks; b++)
+            if (last[blocks[b].owner] > i)
+                blocks[w++] = blocks[b];
+        nblocks = w;
+    }
+    p->ws_bytes = (size_t)end;
+    loom__free(blocks);
+    return LOOM_OK;
+}
