@@ -242,6 +242,24 @@ static loom_status run_until_failure(loom_devices_config dc, bool nan_on_device1
     return st;
 }
 
+/* The same on one device. */
+static loom_status run_until_failure1(loom_devices_config dc, char *msg, double *seconds,
+                                      loom_status *after) {
+    rig r;
+    loom_status st = rig_new(&r, "fmnist-mlp", 1, dc);
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 8});
+    loom_batch b;
+    double loss, t0 = now();
+    for (int s = 0; !st && s < 4 && loom_loader_next(l, &b); s++)
+        st = step(&r, &b, &loss);
+    *seconds = now() - t0;
+    snprintf(msg, 512, "%s", loom_last_error());
+    *after = loom_graph_run(r.g);
+    loom_loader_free(l);
+    rig_free(&r);
+    return st;
+}
+
 TEST(failures_stop_every_device_and_name_it) {
     char msg[512];
     double dt;
@@ -271,6 +289,15 @@ TEST(failures_stop_every_device_and_name_it) {
     ASSERT_STR_CONTAINS(msg, "watchdog");
     ASSERT_STR_CONTAINS(msg, "device(s) 0");
     ASSERT(dt < 4);
+
+    /* one device stuck outside any collective: the controller's own watchdog */
+    setenv("LOOM_FAULT", "0:2:hang", 1);
+    st = run_until_failure1((loom_devices_config){.timeout_s = 0.5}, msg, &dt, &after);
+    unsetenv("LOOM_FAULT");
+    ASSERT_EQ(st, LOOM_ETIMEDOUT);
+    ASSERT_STR_CONTAINS(msg,
+                        "watchdog: step 2 did not finish within 0.5 s; still running: device 0");
+    ASSERT(dt < 5);
 }
 
 /* Allocations above a size fail once armed: a device's replica or workspace cannot be had. */

@@ -35,6 +35,7 @@ struct loom__device {
     loom__bind bind;
     loom_status st;
     char msg[512];
+    bool done;         /* finished the current job (under the owner's mutex) */
     double busy, coll; /* this run: seconds in all, seconds in collectives */
     double busy_total, coll_total;
     int64_t coll_bytes; /* cumulative */
@@ -170,6 +171,7 @@ static void *worker(void *arg) {
         pthread_mutex_unlock(&D->mu);
         run_job(D, d);
         pthread_mutex_lock(&D->mu);
+        d->done = true;
         D->ndone++;
         pthread_cond_signal(&D->done);
         pthread_mutex_unlock(&D->mu);
@@ -199,6 +201,9 @@ static loom_status collect(loom_devices *D) {
     for (int i = 0; i < D->n && cause < 0; i++)
         if (D->dev[i].st && D->dev[i].st != LOOM_EABORTED && D->dev[i].st != LOOM_ETIMEDOUT)
             cause = i;
+    for (int i = 0; i < D->n && cause < 0; i++) /* then a collective's watchdog */
+        if (D->dev[i].st == LOOM_ETIMEDOUT)
+            cause = i;
     for (int i = 0; i < D->n && cause < 0; i++)
         if (D->dev[i].st)
             cause = i;
@@ -215,6 +220,8 @@ static loom_status collect(loom_devices *D) {
 static loom_status dispatch(loom_devices *D) {
     pthread_mutex_lock(&D->mu);
     D->ndone = 0;
+    for (int i = 0; i < D->n; i++)
+        D->dev[i].done = false;
     D->gen++;
     pthread_cond_broadcast(&D->go);
     bool ok = wait_done(D, D->c.timeout_s + 1.0);
@@ -225,16 +232,15 @@ static loom_status dispatch(loom_devices *D) {
                                     "%.1f s; still running:",
                                     (long long)D->step, D->c.timeout_s);
         for (int i = 0; i < D->n && k < sizeof msg; i++)
-            if (loom_comm_seq(D->dev[i].comm) < loom_comm_seq(D->dev[0].comm) || i == 0)
+            if (!D->dev[i].done)
                 k += (size_t)snprintf(msg + k, sizeof msg - k, " device %d (collective #%llu)", i,
                                       (unsigned long long)loom_comm_seq(D->dev[i].comm));
         loom_comm_abort(D->dev[0].comm, msg);
         ok = wait_done(D, 2.0);
-        if (!ok) {
-            D->broken = true;
-            pthread_mutex_unlock(&D->mu);
-            return loom__error(LOOM_ETIMEDOUT, "%s", msg);
-        }
+        D->broken = true;
+        pthread_mutex_unlock(&D->mu);
+        loom_status st = ok ? collect(D) : LOOM_OK; /* a device's own cause or watchdog */
+        return st && st != LOOM_EABORTED ? st : loom__error(LOOM_ETIMEDOUT, "%s", msg);
     }
     pthread_mutex_unlock(&D->mu);
     return collect(D);
