@@ -21,6 +21,12 @@ expect_fail() {
     fi
 }
 
+if "$loom" info >"$tmp/info" 2>&1 && grep -q "^loom [0-9]" "$tmp/info" && grep -q "^blas: OpenBLAS" "$tmp/info" &&
+   grep -q "^devices: [1-9]" "$tmp/info" && grep -q "^backends: interp" "$tmp/info"; then
+    echo "ok   loom info"
+else
+    echo "FAIL: loom info: $(cat "$tmp/info")"; fails=$((fails + 1))
+fi
 expect_fail "unknown command 'frob'" frob
 expect_fail "expected a recipe" train
 expect_fail "unknown recipe 'fmnist-foo'" train fmnist-foo
