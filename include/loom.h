@@ -484,7 +484,7 @@ typedef struct {
 /* Starts the worker threads. NULL on bad config or failure (loom_last_error). Steps are counted
  * from 1 over every run on these devices (training and evaluation alike). For testing failure
  * handling, the environment's LOOM_FAULT=D:S makes device D fail at step S (counted from 1), and
- * LOOM_FAULT=D:S:hang makes it stop answering for three deadlines. */
+ * LOOM_FAULT=D:S:hang makes it stop answering for twice the deadline plus 2 s. */
 LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);
 /* Stops the workers. Graphs using d must be freed first. */
 LOOM_API void loom_devices_free(loom_devices *d);

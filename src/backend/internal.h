@@ -63,8 +63,9 @@ struct loom__program {
     int64_t nexec;
     double *consts; /* constant slots (8 bytes each, holding the node's dtype) */
     int64_t nconsts;
-    size_t ws_bytes;    /* workspace needed */
-    loom__fused *fused; /* generated kernels */
+    size_t ws_bytes;     /* workspace needed */
+    size_t gemm_scratch; /* workspace offset of the matmul packing scratch (with a matmul) */
+    loom__fused *fused;  /* generated kernels */
     int64_t nfused;
     int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
     void *dl;          /* the loaded shared object of the generated kernels */
@@ -92,6 +93,17 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b);
 /* How BLAS can read a (rows x cols) matrix with these strides: false if it cannot. */
 bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
                        int64_t *ld);
+/* gemm.c: loom's AVX-512 sgemm, C (ldc, row-major) = A B with A(i,k) = a[i*ars + k*acs] and
+ * B(k,j) = b[k*brs + j*bcs]; scratch holds loom__gemm_scratch_bytes(). Only where
+ * loom__gemm_available() (the interpreter falls back to BLAS otherwise). */
+bool loom__gemm_available(void);
+size_t loom__gemm_scratch_bytes(void);
+void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);
+/* Whether float32 products use loom__sgemm: LOOM_MATMUL=loom on a CPU with AVX-512 (OpenBLAS by
+ * default, see bench/RESULTS.md for why it is not the default yet). */
+bool loom__use_own_gemm(void);
+
 /* One-time BLAS setup (one thread per device). Thread-safe. */
 void loom__blas_init(void);
 const char *loom__blas_name(void);

@@ -333,6 +333,10 @@ static loom_status k_MAXMASK(const loom__program *p, const loom__bind *b, int32_
 
 bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
                        int64_t *ld) {
+    if (rows == 0 || cols == 0) { /* nothing is read */
+        *trans = false, *ld = cols > 1 ? cols : 1;
+        return true;
+    }
     if (cols <= 1 || scol == 1) {
         int64_t l = rows <= 1 ? (cols > 1 ? cols : 1) : srow;
         if (rows <= 1 || l >= (cols > 1 ? cols : 1)) {
@@ -363,6 +367,11 @@ const char *loom__blas_name(void) {
     return openblas_get_config();
 }
 
+bool loom__use_own_gemm(void) {
+    const char *m = loom__getenv()->matmul;
+    return loom__gemm_available() && m && strcmp(m, "loom") == 0;
+}
+
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
@@ -386,6 +395,11 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
                         (const double *)(pa + (size_t)oa * es), (int)lda,
                         (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0, (double *)po,
                         (int)(n > 1 ? n : 1));
+        } else if (m * n > 0 && loom__use_own_gemm()) {
+            const float *fa = (const float *)(pa + (size_t)oa * es);
+            const float *fb = (const float *)(pb + (size_t)ob * es);
+            loom__sgemm(m, n, k, fa, ta ? 1 : lda, ta ? lda : 1, fb, tb ? 1 : ldb, tb ? ldb : 1,
+                        (float *)po, n, b->ws + p->gemm_scratch);
         } else if (m * n > 0) {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                         tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,

@@ -324,6 +324,12 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         nblocks = w;
     }
     p->ws_bytes = (size_t)end;
+    for (int64_t i = 0; i < n; i++) /* packing scratch for loom's own matmul, after the buffers */
+        if (live[i] && p->nodes[i].op == LOOM_OP_MATMUL && loom__use_own_gemm()) {
+            p->gemm_scratch = p->ws_bytes;
+            p->ws_bytes += loom__gemm_scratch_bytes();
+            break;
+        }
     loom__free(blocks);
     return LOOM_OK;
 }

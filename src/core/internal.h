@@ -61,6 +61,7 @@ typedef struct {
     const char *data;    /* LOOM_DATA, or NULL */
     const char *backend; /* LOOM_BACKEND (interp or cpu), or NULL */
     const char *dump;    /* LOOM_DUMP: where to write generated sources and schedules */
+    const char *matmul;  /* LOOM_MATMUL: "loom" selects loom's AVX-512 sgemm over OpenBLAS */
 } loom__env;
 const loom__env *loom__getenv(void);
 

@@ -101,6 +101,8 @@ static void read_env(void) {
     env.backend = b && *b ? b : NULL;
     const char *dump = getenv("LOOM_DUMP");
     env.dump = dump && *dump ? dump : NULL;
+    const char *mm = getenv("LOOM_MATMUL");
+    env.matmul = mm && *mm ? mm : NULL;
 }
 
 const loom__env *loom__getenv(void) {

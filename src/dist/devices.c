@@ -123,8 +123,8 @@ static void run_job(loom_devices *D, device *d) {
         st = loom__error(LOOM_EINTERNAL, "fault injected by LOOM_FAULT=%d:%lld", D->fault_dev,
                          (long long)D->fault_step);
     else if (d->index == D->fault_dev && D->step == D->fault_step) {
-        struct timespec ts = {(time_t)(3 * D->c.timeout_s),
-                              (long)(fmod(3 * D->c.timeout_s, 1.0) * 1e9)};
+        double hang = 2 * D->c.timeout_s + 2.0; /* past the controller's deadline and grace */
+        struct timespec ts = {(time_t)hang, (long)(fmod(hang, 1.0) * 1e9)};
         nanosleep(&ts, NULL); /* a device that stops answering, then comes back */
         st = loom__interp_run(D->prog, &d->bind);
     } else
