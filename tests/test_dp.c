@@ -1,8 +1,10 @@
 /*
  * test_dp.c - data parallelism across devices (threads) of one process:
  *   equivalence: both recipes, same init and data order, global batch 128: after 20 SGD steps on
- *     2 and 4 devices the parameters match the 1-device run (normwise relative error reported),
- *     and a repeated run on the same device count is bitwise identical;
+ *     2 and 4 devices the parameters match the 1-device run (normwise relative error reported);
+ *     so do the first step's averaged gradients and every step's global loss (criteria that stay
+ *     meaningful for the CNN, whose max-pool argmax can flip on a 1e-7 rounding difference and
+ *     make the trajectories part by a jump); a repeated run is bitwise identical;
  *   exactly once: 203 samples in global batches of 64 on 4 devices (the last batch of 11 padded)
  *     give the 1-device losses step by step, and evaluation gathers each sample exactly once;
  *   failures: an injected fault, a NaN loss under anomaly detection, a kernel error and a device
@@ -85,23 +87,51 @@ static double param_error(const rig *a, const rig *ref) {
     return err;
 }
 
+/* Normwise difference of the gradient slabs (the last step's, averaged over devices). */
+static double grad_error(const rig *a, const rig *ref) {
+    double diff = 0, scale = 0;
+    const float *ga = loom_param_grad(loom_model_at(a->m, 0));
+    const float *gr = loom_param_grad(loom_model_at(ref->m, 0));
+    for (int64_t k = 0; k < loom_model_numel(ref->m); k++) {
+        scale = fmax(scale, fabs(gr[k]));
+        diff = fmax(diff, fabs((double)ga[k] - gr[k]));
+    }
+    return diff / scale;
+}
+
 static void equivalence(const char *recipe) {
     rig ref, a, b;
     loom_loader_config lc = {.batch_size = 128, .no_shuffle = true};
     ASSERT_EQ(rig_new(&ref, recipe, 0, (loom_devices_config){0}), LOOM_OK);
     loom_loader *l = loom_loader_new(train, &lc);
     loom_batch batch;
-    double loss;
-    for (int s = 0; s < equiv_steps && loom_loader_next(l, &batch); s++)
-        ASSERT_EQ(step(&ref, &batch, &loss), LOOM_OK);
+    double loss, ref_loss[32];
+    rig first; /* the first step's gradients on one device */
+    ASSERT_EQ(rig_new(&first, recipe, 0, (loom_devices_config){0}), LOOM_OK);
+    for (int s = 0; s < equiv_steps && loom_loader_next(l, &batch); s++) {
+        ASSERT_EQ(step(&ref, &batch, &ref_loss[s]), LOOM_OK);
+        if (s == 0)
+            ASSERT_EQ(step(&first, &batch, &loss), LOOM_OK);
+    }
     for (int ndev = 2; ndev <= 4; ndev += 2) {
         ASSERT_EQ(rig_new(&a, recipe, ndev, (loom_devices_config){0}), LOOM_OK);
         ASSERT_EQ(rig_new(&b, recipe, ndev, (loom_devices_config){.bucket_bytes = 4096}), LOOM_OK);
         loom_loader_start_epoch(l, 0);
+        double loss_err = 0, grad_err = 0;
         for (int s = 0; s < equiv_steps && loom_loader_next(l, &batch); s++) {
             ASSERT_EQ(step(&a, &batch, &loss), LOOM_OK);
+            loss_err = fmax(loss_err, fabs(loss - ref_loss[s]) / fabs(ref_loss[s]));
+            if (s == 0)
+                grad_err = grad_error(&a, &first);
             ASSERT_EQ(step(&b, &batch, &loss), LOOM_OK);
         }
+        /* robust to max-pool argmax flips: the first gradients and every step's global loss */
+        fprintf(stderr,
+                "%s, %d devices: first-step gradients differ by %.2g, losses by at most "
+                "%.2g (relative)\n",
+                recipe, ndev, grad_err, loss_err);
+        ASSERT(grad_err <= 1e-6);
+        ASSERT(loss_err <= 1e-5);
         double err = param_error(&a, &ref);
         worst_equiv = fmax(worst_equiv, err);
         fprintf(stderr,
@@ -121,6 +151,7 @@ static void equivalence(const char *recipe) {
     }
     loom_loader_free(l);
     rig_free(&ref);
+    rig_free(&first);
 }
 
 TEST(mlp_on_2_and_4_devices_matches_1) {
