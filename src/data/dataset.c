@@ -2,7 +2,9 @@
  * dataset.c - in-memory datasets of float samples with int32 labels, read from IDX files (the
  * MNIST format: big-endian magic 0x0000 08 NDIM, NDIM big-endian 32-bit dims, unsigned bytes),
  * gzip'd or plain (zlib reads both). Pixels are scaled to [0, 1] as torchvision's ToTensor does.
- * Every malformed input is reported with the file, the byte offset and what was expected.
+ * Every malformed input is reported with the file, the byte offset and what was expected. IDX
+ * pixels stay bytes in memory (a quarter of the floats' size) and are scaled when a batch is
+ * gathered, which gives the same floats as scaling them up front.
  */
 #include "internal.h"
 
@@ -16,7 +18,8 @@ struct loom_dataset {
     int ndim; /* of a sample */
     int64_t shape[LOOM_MAX_DIMS];
     int64_t sample_numel;
-    float *x;
+    float *x;    /* samples given as floats, or NULL */
+    uint8_t *x8; /* samples read as bytes (IDX), scaled by 1/255 when gathered, or NULL */
     int32_t *y;
 };
 
@@ -24,6 +27,7 @@ void loom_dataset_free(loom_dataset *d) {
     if (!d)
         return;
     loom__free(d->x);
+    loom__free(d->x8);
     loom__free(d->y);
     loom__free(d);
 }
@@ -38,9 +42,19 @@ const int64_t *loom_dataset_sample_shape(const loom_dataset *d) {
     return d->shape;
 }
 
-const float *loom__dataset_x(const loom_dataset *d, int64_t *sample_numel) {
-    *sample_numel = d->sample_numel;
-    return d->x;
+int64_t loom__dataset_sample_numel(const loom_dataset *d) {
+    return d->sample_numel;
+}
+
+void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst) {
+    int64_t n = d->sample_numel;
+    if (d->x) {
+        memcpy(dst, d->x + i * n, sizeof(float) * (size_t)n);
+        return;
+    }
+    const uint8_t *src = d->x8 + i * n;
+    for (int64_t k = 0; k < n; k++)
+        dst[k] = (float)src[k] / 255.0f;
 }
 const int32_t *loom__dataset_y(const loom_dataset *d) {
     return d->y;
@@ -143,14 +157,13 @@ loom_status loom_dataset_load_idx(const char *images, const char *labels, int nu
         d->n = di[0], d->ndim = 3;
         d->shape[0] = 1, d->shape[1] = di[1], d->shape[2] = di[2];
         d->sample_numel = di[1] * di[2];
-        d->x = loom__malloc(sizeof(float) * (size_t)(d->n * d->sample_numel));
         d->y = loom__malloc(sizeof(int32_t) * (size_t)d->n);
-        if (!d->x || !d->y)
+        if (!d->y)
             s = LOOM_ENOMEM;
     }
     if (!s) {
-        for (int64_t i = 0; i < d->n * d->sample_numel; i++)
-            d->x[i] = (float)img[i] / 255.0f;
+        d->x8 = img; /* the dataset keeps the bytes */
+        img = NULL;
         for (int64_t i = 0; i < d->n; i++)
             d->y[i] = lab[i];
         *out = d;

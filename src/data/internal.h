@@ -6,8 +6,9 @@
 
 #include "../core/internal.h"
 
-/* Samples, contiguous; *sample_numel elements each. */
-const float *loom__dataset_x(const loom_dataset *d, int64_t *sample_numel);
+/* Elements per sample, and sample i as floats into dst. */
+int64_t loom__dataset_sample_numel(const loom_dataset *d);
+void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst);
 const int32_t *loom__dataset_y(const loom_dataset *d);
 
 #endif

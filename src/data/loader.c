@@ -28,8 +28,7 @@ loom_loader *loom_loader_new(const loom_dataset *d, const loom_loader_config *c)
                     d ? "batch size must be >= 1" : "NULL dataset");
         return NULL;
     }
-    int64_t n = loom_dataset_count(d), sn;
-    loom__dataset_x(d, &sn);
+    int64_t n = loom_dataset_count(d), sn = loom__dataset_sample_numel(d);
     loom_loader *l = loom__calloc(1, sizeof *l);
     if (!l)
         return NULL;
@@ -82,11 +81,11 @@ bool loom_loader_next(loom_loader *l, loom_batch *b) {
         loom_loader_start_epoch(l, l->epoch + 1); /* the next loop gets the next epoch */
         return false;
     }
-    const float *x = loom__dataset_x(l->d, &sn);
     const int32_t *y = loom__dataset_y(l->d);
+    sn = loom__dataset_sample_numel(l->d);
     for (int64_t i = 0; i < take; i++) {
         int64_t s = l->order[l->pos + i];
-        memcpy(l->x + i * sn, x + s * sn, sizeof(float) * (size_t)sn);
+        loom__dataset_sample(l->d, s, l->x + i * sn);
         l->y[i] = y[s];
     }
     l->pos += take;

@@ -9,8 +9,10 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now(void) {
     struct timespec ts;
@@ -86,6 +88,7 @@ typedef struct {
     int64_t samples;
     double last_acc;
     loom_devices *devs;
+    double started, first_step_at; /* process start to the end of the first step */
 } run_state;
 
 /* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
@@ -108,6 +111,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         r->train_seconds += now() - ts;
         r->samples += b.n, tick_samples += b.n;
         r->step++, i++;
+        if (r->step == 1)
+            r->first_step_at = now() - r->started;
         *done = o->steps && r->step >= o->steps;
         double rate = tick_samples / (now() - tick + 1e-12);
         if (r->log)
@@ -174,8 +179,30 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     return 0;
 }
 
+/* Seconds since this process started (from /proc/self/stat), or since main when unknown. */
+static double process_start(void) {
+    FILE *f = fopen("/proc/self/stat", "r");
+    char buf[1024];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    unsigned long long start = 0;
+    for (int field = 2; p && *p && field < 22; p++) /* field 22: start time in clock ticks */
+        if (*p == ' ')
+            field++;
+    FILE *u = fopen("/proc/uptime", "r");
+    double up = 0;
+    bool ok = p && sscanf(p, "%llu", &start) == 1 && u && fscanf(u, "%lf", &up) == 1;
+    if (u)
+        fclose(u);
+    long hz = sysconf(_SC_CLK_TCK);
+    return ok && hz > 0 ? now() - (up - (double)start / (double)hz) : now();
+}
+
 int cli_train(const train_opts *o) {
-    run_state r = {.o = o};
+    run_state r = {.o = o, .started = process_start()};
     loom_model *model = loom_model_new();
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
@@ -194,6 +221,10 @@ int cli_train(const train_opts *o) {
         printf("trained %lld steps in %.1f s (%.0f samples/s training, %.1f s in all)\n",
                (long long)r.step, r.train_seconds, r.samples / (r.train_seconds + 1e-12),
                now() - t0);
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        printf("start-up to the end of the first step %.3f s; peak RSS %.0f MiB\n", r.first_step_at,
+               (double)ru.ru_maxrss / 1024.0);
         loom_metrics mt;
         char buf[1024];
         loom_graph_metrics(r.m.g, &mt);
