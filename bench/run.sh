@@ -16,13 +16,19 @@ trap 'rm -rf "$cold"' EXIT
 cold_compile() { XDG_CACHE_HOME="$cold/$1.$2" "$loom" train "$1" --steps 3 --devices "$2" 2>/dev/null |
     sed -n 's/.*compiles \([0-9]*\) (\([0-9.]*\) s).*/\1 programs in \2 s/p'; }
 torch() { /usr/bin/python3 bench/torch_peer.py "$@" | sed -n 's/^samples\/s //p'; }
+# start-up to the end of the first step (warm kernel cache) and peak RSS, loom then PyTorch
+startup() { "$loom" train "$1" --steps 3 --devices 1 2>/dev/null | sed -n 's/^start-up to the end of the first step \([0-9.]*\) s; peak RSS \([0-9]*\) MiB$/\1 s, \2 MiB/p'; }
+torch_startup() { /usr/bin/python3 bench/torch_peer.py "$1" 3 | awk '/^startup/ {s=$2} /^maxrss/ {m=$2} END {print s " s, " m " MiB"}'; }
+# FLOP per training sample (forward + weight gradients + the input gradients that are needed)
+flop() { [ "$1" = fmnist-mlp ] && echo 1211392 || echo 15403776; }
 compile_note=""
 printf '%-11s %6s %10s %10s %8s %10s %10s %10s %10s\n' recipe steps loom_1dev loom_2dev scaling \
     torch_1thr torch_ddp2 vs_1thr vs_ddp2
 for spec in fmnist-mlp:400 fmnist-cnn:150; do
     recipe=${spec%%:*} steps=${spec##*:}
     compile_note="$compile_note
-$recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_compile "$recipe" 2)"
+$recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_compile "$recipe" 2)
+$recipe start-up to first step and peak RSS: loom $(startup "$recipe"); torch $(torch_startup "$recipe")"
     rate "$recipe" 3 1 >/dev/null; rate "$recipe" 3 2 >/dev/null   # warm the kernel cache
     l1=$(rate "$recipe" "$steps" 1)
     l2=$(rate "$recipe" "$steps" 2)
@@ -31,5 +37,7 @@ $recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_com
     printf '%-11s %6s %10s %10s %7.2fx %10s %10s %9.2fx %9.2fx\n' "$recipe" "$steps" "$l1" "$l2" \
         "$(echo "$l2 / $l1" | bc -l)" "$t1" "$t2" "$(echo "$l1 / $t1" | bc -l)" \
         "$(echo "$l2 / $t2" | bc -l)"
+    compile_note="$compile_note
+$recipe 1 device: $(echo "$l1 * $(flop "$recipe") / 1000000000" | bc -l | xargs printf '%.1f') GFLOP/s = $(echo "100 * $l1 * $(flop "$recipe") / 275000000000" | bc -l | xargs printf '%.0f')% of one core's 275 GFLOP/s FMA peak"
 done
 echo "$compile_note" | sed '/^$/d'

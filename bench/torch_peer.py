@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch peer for bench/run.sh: the same model, data, global batch 128 and SGD momentum 0.9 as a
 loom recipe, one thread per process (intra-op and BLAS), steady-state training samples/s after 20
-warm-up steps. Prints one line "samples/s X".
+warm-up steps. Prints "samples/s X", then "startup S" (process start to the end of
+the first step) and "maxrss MiB" of the process running rank 0.
 
     /usr/bin/python3 bench/torch_peer.py RECIPE STEPS [DDP_PROCESSES]
 
@@ -48,6 +49,18 @@ def setup(recipe):
         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
+def proc_start():
+    """Wall-clock time at which this process was exec'd (from /proc)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+T_START = proc_start()
+
+
 def train(rank, world, recipe, steps, port, out):
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -71,12 +84,16 @@ def train(rank, world, recipe, steps, port, out):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if s == 0:
+            first = time.time() - T_START
     if world:
         dist.barrier()
     dt = time.perf_counter() - t0
     if rank == 0:
+        import resource
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with open(out, "w") as f:
-            f.write(f"{steps * BATCH / dt:.0f}")
+            f.write(f"{steps * BATCH / dt:.0f}\nstartup {first:.3f}\nmaxrss {rss:.0f}")
     if world:
         dist.destroy_process_group()
 
