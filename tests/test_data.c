@@ -5,6 +5,8 @@
  */
 #include "harness.h"
 
+#include <dirent.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static void be32(unsigned char *p, uint32_t v) {
@@ -92,6 +94,57 @@ TEST(idx_errors_name_file_offset_and_expectation) {
     }
 }
 
+/* A large gzip'd IDX file is inflated once: later loads read its decompressed copy from the cache
+ * (same values), and a damaged copy falls back to the source and is rewritten. */
+TEST(large_idx_files_are_cached_decompressed) {
+    char img[512], lab[512], cache[512], entry[1024];
+    test_tmp(cache, sizeof cache, "idx-cache");
+    setenv("XDG_CACHE_HOME", cache, 1);
+    test_tmp(img, sizeof img, "big-images.gz");
+    test_tmp(lab, sizeof lab, "big-labels");
+    enum { N = 3000, H = 28, W = 28 };
+    gzFile f = gzopen(img, "wb0"); /* stored, not deflated: > 1 MiB on disk */
+    unsigned char hdr[16];
+    be32(hdr, 0x803), be32(hdr + 4, N), be32(hdr + 8, H), be32(hdr + 12, W);
+    gzwrite(f, hdr, 16);
+    for (int i = 0; i < N * H * W; i++) {
+        unsigned char v = (unsigned char)((i * 131) % 251);
+        gzwrite(f, &v, 1);
+    }
+    gzclose(f);
+    write_idx(lab, false, 0x801, N, 0, 0, 0, 3);
+    loom_dataset *a = NULL, *b = NULL, *c = NULL;
+    ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &a), LOOM_OK);
+    ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &b), LOOM_OK);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/loom/data", cache);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int entries = 0;
+    while (d && (e = readdir(d)))
+        if (strstr(e->d_name, ".idx"))
+            entries++, snprintf(entry, sizeof entry, "%s/%s", dir, e->d_name);
+    if (d)
+        closedir(d);
+    ASSERT_EQ(entries, 1);
+    ASSERT(truncate(entry, 100) == 0); /* damaged: the source is read again */
+    ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &c), LOOM_OK);
+    loom_loader *la =
+        loom_loader_new(a, &(loom_loader_config){.batch_size = N, .no_shuffle = true});
+    loom_loader *lb =
+        loom_loader_new(b, &(loom_loader_config){.batch_size = N, .no_shuffle = true});
+    loom_loader *lc =
+        loom_loader_new(c, &(loom_loader_config){.batch_size = N, .no_shuffle = true});
+    loom_batch ba, bb, bc;
+    ASSERT(loom_loader_next(la, &ba) && loom_loader_next(lb, &bb) && loom_loader_next(lc, &bc));
+    ASSERT(!memcmp(ba.x, bb.x, sizeof(float) * N * H * W));
+    ASSERT(!memcmp(ba.x, bc.x, sizeof(float) * N * H * W));
+    ASSERT(ba.x[1000] == (float)((1000 * 131) % 251) / 255.0f);
+    loom_loader_free(la), loom_loader_free(lb), loom_loader_free(lc);
+    loom_dataset_free(a), loom_dataset_free(b), loom_dataset_free(c);
+    unsetenv("XDG_CACHE_HOME");
+}
+
 TEST(missing_dataset_says_what_to_do) {
     loom_dataset *d;
     ASSERT_EQ(loom_dataset_fmnist("/nonexistent/dir", "train", &d), LOOM_ENOTFOUND);
@@ -157,6 +210,7 @@ TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
 int main(void) {
     RUN(idx_reads_plain_and_gzip);
     RUN(idx_errors_name_file_offset_and_expectation);
+    RUN(large_idx_files_are_cached_decompressed);
     RUN(missing_dataset_says_what_to_do);
     RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
     return HARNESS_EXIT();

@@ -48,23 +48,6 @@ const char *loom__cc_identity(void) {
     return have_cc ? identity : NULL;
 }
 
-/* mkdir -p for the cache directory; false if it cannot be had. */
-static bool cache_dir(char *out, size_t size) {
-    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (x && *x)
-        snprintf(out, size, "%s/loom", x);
-    else
-        snprintf(out, size, "%s/.cache/loom", home && *home ? home : "/tmp");
-    for (char *s = out + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = 0;
-        mkdir(out, 0777);
-        *s = '/';
-    }
-    return mkdir(out, 0777) == 0 || errno == EEXIST;
-}
-
 static bool write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -130,7 +113,7 @@ loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compil
         return LOOM_EUNSUPPORTED;
     char dir[4096], so[4200];
     _Static_assert(sizeof so > sizeof dir + 24, "room for /<key>.so");
-    if (!cache_dir(dir, sizeof dir)) {
+    if (!loom__cache_dir("", dir, sizeof dir)) {
         loom__log(LOOM_LOG_WARN, "cannot create the kernel cache %s: kernels are interpreted", dir);
         return LOOM_EUNSUPPORTED;
     }

@@ -67,6 +67,10 @@ const loom__env *loom__getenv(void);
 
 double loom__now(void); /* monotonic seconds */
 
+/* fs.c: $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>) into out, created with its parents;
+ * false if it cannot be had. */
+bool loom__cache_dir(const char *sub, char *out, size_t size);
+
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
 loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);
 

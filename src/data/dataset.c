@@ -9,8 +9,10 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 struct loom_dataset {
@@ -88,7 +90,7 @@ static uint32_t be32(const unsigned char *b) {
 }
 
 /* Reads an IDX file of unsigned bytes with `ndim` dims; *data is owned by the caller. */
-static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned char **data) {
+static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsigned char **data) {
     *data = NULL;
     gzFile f = gzopen(path, "rb");
     if (!f)
@@ -132,6 +134,59 @@ static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned 
         loom__free(*data);
         *data = NULL;
     }
+    return s;
+}
+
+/* The decompressed copy of a large gzip'd file, kept under $XDG_CACHE_HOME/loom/data (or
+ * ~/.cache/loom/data) and named by the file's path, size and modification time, so that a warm
+ * start reads bytes instead of inflating them. Small files are not cached. */
+static bool data_cache_path(const char *path, char *out, size_t size) {
+    struct stat st;
+    if (stat(path, &st) != 0 || st.st_size < (1 << 20))
+        return false;
+    char dir[3000];
+    if (!loom__cache_dir("data", dir, sizeof dir))
+        return false;
+    loom__hash h;
+    loom__hash_init(&h);
+    loom__hash_bytes(&h, path, strlen(path));
+    loom__hash_u64(&h, (uint64_t)st.st_size);
+    loom__hash_u64(&h, (uint64_t)st.st_mtim.tv_sec);
+    loom__hash_u64(&h, (uint64_t)st.st_mtim.tv_nsec);
+    snprintf(out, size, "%s/%016llx.idx", dir, (unsigned long long)loom__hash_final(&h));
+    return true;
+}
+
+/* Writes the decoded file to the cache (temp + rename); failures only cost the next start. */
+static void cache_idx(const char *cached, int ndim, const int64_t *dims, const unsigned char *data,
+                      int64_t total) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.%ld", cached, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    unsigned char hdr[4 + 4 * 3] = {0, 0, 8, (unsigned char)ndim};
+    for (int i = 0; i < ndim; i++)
+        for (int b = 0; b < 4; b++)
+            hdr[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
+    bool ok = fwrite(hdr, 1, 4 + 4 * (size_t)ndim, f) == 4 + 4 * (size_t)ndim &&
+              fwrite(data, 1, (size_t)total, f) == (size_t)total;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, cached) != 0)
+        unlink(tmp);
+}
+
+static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned char **data) {
+    char cached[4200];
+    bool cacheable = data_cache_path(path, cached, sizeof cached);
+    if (cacheable && read_idx_file(cached, ndim, dims, data) == LOOM_OK)
+        return LOOM_OK;
+    loom_status s = read_idx_file(path, ndim, dims, data);
+    int64_t total = 1;
+    for (int i = 0; i < ndim; i++)
+        total *= dims[i];
+    if (!s && cacheable)
+        cache_idx(cached, ndim, dims, *data, total);
     return s;
 }
 
