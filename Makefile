@@ -8,6 +8,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 GENERATOR  := -G Ninja
 WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
+DATA_CACHE := -DLOOM_TEST_DATA_CACHE=$(CURDIR)/$(BUILD)/tests/cache/data
 
 .PHONY: all deps build demo test test-asan test-tsan format-check bench install clean
 
@@ -40,13 +41,13 @@ format-check:
 # AddressSanitizer + UndefinedBehaviorSanitizer over everything but the slow end-to-end runs and
 # the install check (a sanitized library cannot serve an unsanitized program).
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address $(WERROR)
+	cmake -S . -B $(ASAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=address $(WERROR) $(DATA_CACHE)
 	cmake --build $(ASAN_BUILD)
 	cd $(ASAN_BUILD) && LOOM_TEST_QUICK=1 ctest --output-on-failure -j2 -LE "e2e|install"
 
 # ThreadSanitizer over the tests of the data-parallel layer (threads, collectives, devices).
 test-tsan: deps
-	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(WERROR)
+	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(WERROR) $(DATA_CACHE)
 	cmake --build $(TSAN_BUILD)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	    LOOM_TEST_QUICK=1 ctest --output-on-failure -L dist

@@ -6,6 +6,7 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -94,12 +95,51 @@ TEST(idx_errors_name_file_offset_and_expectation) {
     }
 }
 
+/* Cached copies in dir; the newest one's path into entry. */
+static int count_idx(const char *dir, char *entry, size_t size) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)))
+        if (strstr(e->d_name, ".idx"))
+            n++, snprintf(entry, size, "%s/%s", dir, e->d_name);
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static bool newest_idx(const char *dir, char *entry, size_t size) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    struct timespec best = {0, 0};
+    bool found = false;
+    while (d && (e = readdir(d))) {
+        char path[1200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!strstr(e->d_name, ".idx") || stat(path, &st) != 0)
+            continue;
+        if (!found || st.st_mtim.tv_sec > best.tv_sec ||
+            (st.st_mtim.tv_sec == best.tv_sec && st.st_mtim.tv_nsec > best.tv_nsec))
+            best = st.st_mtim, found = true, snprintf(entry, size, "%s", path);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
 /* A large gzip'd IDX file is inflated once: later loads read its decompressed copy from the cache
  * (same values), and a damaged copy falls back to the source and is rewritten. */
 TEST(large_idx_files_are_cached_decompressed) {
-    char img[512], lab[512], cache[512], entry[1024];
+    char img[512], lab[512], cache[512], entry[1300], dir[600];
     test_tmp(cache, sizeof cache, "idx-cache");
-    setenv("XDG_CACHE_HOME", cache, 1);
+    setenv("XDG_CACHE_HOME", cache, 1); /* where the copy goes unless LOOM_DATA_CACHE says */
+    const char *where = getenv("LOOM_DATA_CACHE");
+    if (where)
+        snprintf(dir, sizeof dir, "%s", where);
+    else
+        snprintf(dir, sizeof dir, "%s/loom/data", cache);
+    int before = count_idx(dir, entry, sizeof entry);
     test_tmp(img, sizeof img, "big-images.gz");
     test_tmp(lab, sizeof lab, "big-labels");
     enum { N = 3000, H = 28, W = 28 };
@@ -116,17 +156,8 @@ TEST(large_idx_files_are_cached_decompressed) {
     loom_dataset *a = NULL, *b = NULL, *c = NULL;
     ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &a), LOOM_OK);
     ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &b), LOOM_OK);
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/loom/data", cache);
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int entries = 0;
-    while (d && (e = readdir(d)))
-        if (strstr(e->d_name, ".idx"))
-            entries++, snprintf(entry, sizeof entry, "%s/%s", dir, e->d_name);
-    if (d)
-        closedir(d);
-    ASSERT_EQ(entries, 1);
+    ASSERT_EQ(count_idx(dir, entry, sizeof entry), before + 1);
+    ASSERT(newest_idx(dir, entry, sizeof entry));
     ASSERT(truncate(entry, 100) == 0); /* damaged: the source is read again */
     ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &c), LOOM_OK);
     loom_loader *la =

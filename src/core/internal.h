@@ -57,11 +57,12 @@ uint64_t loom__hash_final(const loom__hash *h);
 
 /* The environment, read once per process. */
 typedef struct {
-    bool metrics;        /* LOOM_METRICS=1 */
-    const char *data;    /* LOOM_DATA, or NULL */
-    const char *backend; /* LOOM_BACKEND (interp or cpu), or NULL */
-    const char *dump;    /* LOOM_DUMP: where to write generated sources and schedules */
-    const char *matmul;  /* LOOM_MATMUL: "loom" selects loom's AVX-512 sgemm over OpenBLAS */
+    bool metrics;           /* LOOM_METRICS=1 */
+    const char *data;       /* LOOM_DATA, or NULL */
+    const char *backend;    /* LOOM_BACKEND (interp or cpu), or NULL */
+    const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */
+    const char *matmul;     /* LOOM_MATMUL: "loom" selects loom's AVX-512 sgemm over OpenBLAS */
+    const char *data_cache; /* LOOM_DATA_CACHE: where decompressed datasets go, "off": nowhere */
 } loom__env;
 const loom__env *loom__getenv(void);
 
@@ -70,6 +71,7 @@ double loom__now(void); /* monotonic seconds */
 /* fs.c: $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>) into out, created with its parents;
  * false if it cannot be had. */
 bool loom__cache_dir(const char *sub, char *out, size_t size);
+bool loom__mkdirs(char *path); /* mkdir -p */
 
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
 loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);

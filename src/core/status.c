@@ -103,6 +103,8 @@ static void read_env(void) {
     env.dump = dump && *dump ? dump : NULL;
     const char *mm = getenv("LOOM_MATMUL");
     env.matmul = mm && *mm ? mm : NULL;
+    const char *dc = getenv("LOOM_DATA_CACHE");
+    env.data_cache = dc && *dc ? dc : NULL;
 }
 
 const loom__env *loom__getenv(void) {

@@ -138,14 +138,20 @@ static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsi
 }
 
 /* The decompressed copy of a large gzip'd file, kept under $XDG_CACHE_HOME/loom/data (or
- * ~/.cache/loom/data) and named by the file's path, size and modification time, so that a warm
- * start reads bytes instead of inflating them. Small files are not cached. */
+ * ~/.cache/loom/data, or $LOOM_DATA_CACHE; "off" turns it off) and named by the file's path, size
+ * and modification time, so that a warm start reads bytes instead of inflating them. Small files
+ * are not cached. */
 static bool data_cache_path(const char *path, char *out, size_t size) {
     struct stat st;
     if (stat(path, &st) != 0 || st.st_size < (1 << 20))
         return false;
     char dir[3000];
-    if (!loom__cache_dir("data", dir, sizeof dir))
+    const char *where = loom__getenv()->data_cache;
+    if (where && strcmp(where, "off") == 0)
+        return false;
+    if (where)
+        snprintf(dir, sizeof dir, "%s", where);
+    if (where ? !loom__mkdirs(dir) : !loom__cache_dir("data", dir, sizeof dir))
         return false;
     loom__hash h;
     loom__hash_init(&h);
