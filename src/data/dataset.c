@@ -188,11 +188,12 @@ static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned 
     if (cacheable && read_idx_file(cached, ndim, dims, data) == LOOM_OK)
         return LOOM_OK;
     loom_status s = read_idx_file(path, ndim, dims, data);
-    int64_t total = 1;
-    for (int i = 0; i < ndim; i++)
-        total *= dims[i];
-    if (!s && cacheable)
+    if (!s && cacheable) { /* dims are valid (and bounded) only after a successful read */
+        int64_t total = 1;
+        for (int i = 0; i < ndim; i++)
+            total *= dims[i];
         cache_idx(cached, ndim, dims, *data, total);
+    }
     return s;
 }
 
