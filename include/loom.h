@@ -574,6 +574,9 @@ LOOM_API int64_t loom_count_correct(const float *logits, int64_t rows, int64_t c
 
 /* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
 LOOM_API void loom_info(char *buf, size_t size);
+/* Removes loom's cached files (compiled kernels and decompressed datasets, see the README) and
+ * says how many and how large through *files and *bytes. EIO if the directory cannot be read. */
+LOOM_API loom_status loom_cache_clear(int64_t *files, int64_t *bytes);
 
 #ifdef __cplusplus
 }

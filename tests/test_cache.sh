@@ -38,5 +38,14 @@ if [ "$(grep -c 'no C compiler' "$tmp/d")" -eq 1 ] && grep -q "compiles 0" "$tmp
 else
     fail "without a compiler: $(grep -c 'no C compiler' "$tmp/d") warnings; $(tail -3 "$tmp/d")"
 fi
+# loom cache clear removes the kernels; the next run compiles again
+out=$(XDG_CACHE_HOME="$tmp/cache" LOOM_DATA_CACHE=off "$loom" cache clear) || fail "cache clear: $out"
+if echo "$out" | grep -q "^removed [1-9][0-9]* cached files" && ! ls "$tmp"/cache/loom/*.so >/dev/null 2>&1 &&
+   run 2>&1 | grep -q "compiles [1-9]"; then
+    echo "ok   loom cache clear: $out"
+else
+    fail "cache clear: $out; $(ls "$tmp/cache/loom" | head -3)"
+fi
+
 rm -rf "$tmp"
 [ "$fails" -eq 0 ]

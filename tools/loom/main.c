@@ -24,6 +24,7 @@ static const char usage[] =
     "usage: loom train RECIPE [options]   train a built-in recipe (fmnist-mlp, fmnist-cnn)\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
+    "       loom cache clear              remove compiled kernels and decompressed datasets\n"
     "\n"
     "train options:\n"
     "  --epochs N          passes over the training set (default 1)\n"
@@ -167,6 +168,14 @@ int main(int argc, char **argv) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "cache") && argc == 3 && !strcmp(argv[2], "clear")) {
+        int64_t files, bytes;
+        if (loom_cache_clear(&files, &bytes))
+            return cli_fail("cache clear: %s", loom_last_error());
+        printf("removed %lld cached files (%.1f MiB)\n", (long long)files,
+               (double)bytes / 1048576.0);
+        return 0;
+    }
     if (!strcmp(argv[1], "info")) {
         char buf[2048];
         loom_info(buf, sizeof buf);
@@ -175,6 +184,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval"))
         return cmd_train(argc, argv, !strcmp(argv[1], "eval"));
-    cli_fail("unknown command '%s' (expected train, eval or info; see loom --help)", argv[1]);
+    cli_fail("unknown command '%s' (expected train, eval, info or cache clear; see loom --help)",
+             argv[1]);
     return 2;
 }
