@@ -65,15 +65,11 @@ struct loom_devices {
     loom__runner runner;
 };
 
-static double now(void) {
-    return loom__now();
-}
-
 static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_op op) {
     device *d = ctx;
-    double t0 = now();
+    double t0 = loom__now();
     loom_status s = loom_comm_allreduce(d->comm, buf, n, op);
-    d->coll += now() - t0;
+    d->coll += loom__now() - t0;
     d->coll_bytes += n * (int64_t)sizeof(float);
     return s;
 }
@@ -114,7 +110,7 @@ static loom_status replicate(loom_devices *D, device *d) {
 }
 
 static void run_job(loom_devices *D, device *d) {
-    double t0 = now();
+    double t0 = loom__now();
     d->coll = 0;
     loom_status st;
     if (D->job == JOB_REPLICATE)
@@ -139,7 +135,7 @@ static void run_job(loom_devices *D, device *d) {
             loom_comm_abort(d->comm, why);
         }
     }
-    d->busy = now() - t0;
+    d->busy = loom__now() - t0;
     d->busy_total += d->busy;
     d->coll_total += d->coll;
 }

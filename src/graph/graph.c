@@ -180,10 +180,9 @@ loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int6
     int64_t local[LOOM_MAX_DIMS];
     memcpy(local, shape, sizeof(int64_t) * (size_t)ndim);
     local[0] = (shape[0] + g->ndev - 1) / g->ndev; /* the last shards are padded */
-    loom_tensor *t = loom_input(g, dt, ndim, local, data ? data : (const void *)shape);
+    loom_tensor *t = loom_input(g, dt, ndim, local, data);
     if (t) {
         t->role = LOOM_ROLE_BATCH;
-        t->data = data;
         g->batch_rows = shape[0];
     }
     return t;
