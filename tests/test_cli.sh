@@ -76,5 +76,16 @@ else
     echo "FAIL: LOOM_METRICS=1: $(cat "$tmp/err")"; fails=$((fails + 1))
 fi
 
+# LOOM_PROFILE=1 prints each program's kernels, slowest first, with shares that add up to ~100%.
+if LOOM_PROFILE=1 "$loom" train fmnist-mlp --steps 3 --devices 2 2>"$tmp/err" >/dev/null &&
+   grep -q "^profile: program [0-9a-f]*, 6 runs (all devices)" "$tmp/err" &&
+   grep "^profile: .*% .* ms .* MATMUL (" "$tmp/err" | head -1 | grep -q "node" &&
+   awk '/^profile: program/ { if (n++ && (s < 99 || s > 101)) bad = 1; s = 0 }
+        /^profile: +[0-9.]+%/ { s += $2 } END { exit bad || s < 99 || s > 101 }' "$tmp/err"; then
+    echo "ok   LOOM_PROFILE=1"
+else
+    echo "FAIL: LOOM_PROFILE=1: $(head -5 "$tmp/err")"; fails=$((fails + 1))
+fi
+
 rm -rf "$tmp"
 [ "$fails" -eq 0 ] || { echo "$fails failed"; exit 1; }

@@ -69,6 +69,7 @@ struct loom__program {
     int64_t nfused;
     int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
     void *dl;          /* the loaded shared object of the generated kernels */
+    uint64_t *prof_ns; /* LOOM_PROFILE: nanoseconds per exec entry summed over devices, then runs */
 };
 
 /* Collectives of the device running a program (set by dist/; NULL on a single device, where a

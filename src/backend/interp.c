@@ -612,9 +612,12 @@ static const kernel_fn kernels[LOOM_OP_COUNT] = {
 
 loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
     loom__blas_init();
+    if (p->prof_ns)
+        __atomic_fetch_add(&p->prof_ns[p->nexec], 1, __ATOMIC_RELAXED);
     for (int64_t i = 0; i < p->nexec; i++) {
         int32_t id = p->exec[i];
         loom_status s = LOOM_OK;
+        double t0 = p->prof_ns ? loom__now() : 0;
         if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel */
             const loom__fused *k = &p->fused[p->fused_of[id]];
             void *args[LOOM_FUSED_MAX_ARGS];
@@ -626,6 +629,9 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
         }
         if (!s && p->nodes[id].check)
             s = check_finite(p, b, id);
+        if (p->prof_ns)
+            __atomic_fetch_add(&p->prof_ns[i], (uint64_t)((loom__now() - t0) * 1e9),
+                               __ATOMIC_RELAXED);
         if (s)
             return s;
     }

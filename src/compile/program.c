@@ -14,6 +14,30 @@
 
 #include <string.h>
 
+/* One kernel of the schedule: its node, op, shape and whether it is generated (with the nodes it
+ * fuses) or interpreted. */
+static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    loom_tensor shape = {.ndim = t->ndim};
+    char s[96];
+    memcpy(shape.shape, t->shape, sizeof shape.shape);
+    loom__shape_str(&shape, s, sizeof s);
+    fprintf(f, "node %d %s %s", id, loom__ops[t->op].name, s);
+    if (p->fused_of && p->fused_of[id] >= 0) {
+        fprintf(f, "  generated loom_k%d, fusing", id);
+        for (int64_t m = 0; m < id; m++) {
+            int64_t r = m;
+            while (p->nodes[r].fused_into >= 0)
+                r = p->nodes[r].fused_into;
+            if (r == id && m != id)
+                fprintf(f, " %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
+        }
+    } else {
+        fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
+    }
+    fputc('\n', f);
+}
+
 /* LOOM_DUMP: the schedule of a program, one line per kernel in execution order. */
 static void dump_schedule(const loom__program *p) {
     const char *dir = loom__getenv()->dump;
@@ -28,28 +52,39 @@ static void dump_schedule(const loom__program *p) {
     fprintf(f, "# program %016llx: %lld nodes, %lld kernels, workspace %zu bytes\n",
             (unsigned long long)p->hash, (long long)p->n, (long long)p->nexec, p->ws_bytes);
     for (int64_t e = 0; e < p->nexec; e++) {
-        int32_t id = p->exec[e];
-        const loom__pnode *t = &p->nodes[id];
-        loom_tensor shape = {.ndim = t->ndim};
-        char s[96];
-        memcpy(shape.shape, t->shape, sizeof shape.shape);
-        loom__shape_str(&shape, s, sizeof s);
-        fprintf(f, "%4lld  node %d %s %s", (long long)e, id, loom__ops[t->op].name, s);
-        if (p->fused_of && p->fused_of[id] >= 0) {
-            fprintf(f, "  generated loom_k%d, fusing", id);
-            for (int64_t m = 0; m < id; m++) {
-                int64_t r = m;
-                while (p->nodes[r].fused_into >= 0)
-                    r = p->nodes[r].fused_into;
-                if (r == id && m != id)
-                    fprintf(f, " %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
-            }
-        } else {
-            fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
-        }
-        fputc('\n', f);
+        fprintf(f, "%4lld  ", (long long)e);
+        kernel_line(f, p, p->exec[e]);
     }
     fclose(f);
+}
+
+/* LOOM_PROFILE: the kernels of a program that ran, slowest first, with their share of its time. */
+static void print_profile(const loom__program *p) {
+    int64_t runs = p->prof_ns ? (int64_t)p->prof_ns[p->nexec] : 0;
+    if (runs == 0)
+        return;
+    int64_t *order = loom__calloc((size_t)p->nexec + 1, sizeof *order);
+    if (!order)
+        return;
+    uint64_t total = 0;
+    for (int64_t e = 0; e < p->nexec; e++) { /* insertion sort: a few hundred kernels */
+        int64_t k = e;
+        for (; k > 0 && p->prof_ns[order[k - 1]] < p->prof_ns[e]; k--)
+            order[k] = order[k - 1];
+        order[k] = e, total += p->prof_ns[e];
+    }
+    fprintf(stderr,
+            "profile: program %016llx, %lld runs (all devices), %.3f ms per run in %lld kernels\n",
+            (unsigned long long)p->hash, (long long)runs, 1e-6 * (double)total / (double)runs,
+            (long long)p->nexec);
+    for (int64_t k = 0; k < p->nexec; k++) {
+        int64_t e = order[k];
+        fprintf(stderr, "profile: %5.1f%% %8.3f ms  #%-3lld ",
+                total ? 100.0 * (double)p->prof_ns[e] / (double)total : 0.0,
+                1e-6 * (double)p->prof_ns[e] / (double)runs, (long long)e);
+        kernel_line(stderr, p, p->exec[e]);
+    }
+    loom__free(order);
 }
 
 static bool use_compiler(const loom_graph *g) {
@@ -123,6 +158,8 @@ static uint64_t graph_hash(const loom_graph *g) {
 static void program_free(loom__program *p) {
     if (!p)
         return;
+    print_profile(p);
+    loom__free(p->prof_ns);
     if (p->dl)
         dlclose(p->dl);
     loom__free(p->fused);
@@ -206,6 +243,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
+    if (loom__getenv()->profile && !(p->prof_ns = loom__calloc((size_t)p->nexec + 1, 8)))
+        goto fail;
     loom__free(flags);
     loom__free(last);
     return p;

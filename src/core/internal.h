@@ -58,6 +58,7 @@ uint64_t loom__hash_final(const loom__hash *h);
 /* The environment, read once per process. */
 typedef struct {
     bool metrics;           /* LOOM_METRICS=1 */
+    bool profile;           /* LOOM_PROFILE=1: time every kernel, print a table per program */
     const char *data;       /* LOOM_DATA, or NULL */
     const char *backend;    /* LOOM_BACKEND (interp or cpu), or NULL */
     const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */

@@ -95,6 +95,8 @@ static loom__env env;
 static void read_env(void) {
     const char *m = getenv("LOOM_METRICS");
     env.metrics = m && *m && strcmp(m, "0") != 0;
+    const char *pr = getenv("LOOM_PROFILE");
+    env.profile = pr && *pr && strcmp(pr, "0") != 0;
     const char *d = getenv("LOOM_DATA");
     env.data = d && *d ? d : NULL;
     const char *b = getenv("LOOM_BACKEND");
