@@ -278,6 +278,13 @@ LOOM_API loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w);
 /* col2im, the adjoint of unfold (overlaps add): (C, KH, KW, N, OH, OW) -> (N, C, H, W). */
 LOOM_API loom_tensor *loom_fold(loom_graph *g, loom_tensor *cols, loom_window w, int64_t h,
                                 int64_t wd);
+/* Max pooling: (N, C, H, W) -> (N, C, OH, OW), the first maximum of each window in row-major
+ * window order (a NaN wins); padded positions are ignored, as PyTorch's -inf padding.
+ * pool_max_grad: the gradient of pool_max at x for output gradient dy, (N, C, H, W): each window's
+ * dy goes to its maximum's position (overlapping windows add). */
+LOOM_API loom_tensor *loom_pool_max(loom_graph *g, loom_tensor *x, loom_window w);
+LOOM_API loom_tensor *loom_pool_max_grad(loom_graph *g, loom_tensor *x, loom_tensor *dy,
+                                         loom_window w);
 /* (...) int32 class indices -> (..., n) of dtype dt. An index outside [0, n) fails the run. */
 LOOM_API loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype dt);
 

@@ -115,6 +115,9 @@ static loom_tensor *b_conv(loom_graph *g, loom_tensor **x) {
 static loom_tensor *b_pool(loom_graph *g, loom_tensor **x) {
     return loom_max_pool2d(g, x[0], 2);
 }
+static loom_tensor *b_poolmax(loom_graph *g, loom_tensor **x) { /* overlapping, padded */
+    return loom_pool_max(g, x[0], (loom_window){3, 3, 2, 2, 1, 1});
+}
 static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) {
     return loom_flatten(g, x[0]);
 }
@@ -158,6 +161,7 @@ static const opcase cases[] = {
     {"MATMUL", 2, {2, 2}, {S2(4, 3), S2(5, 4)}, {1, 1}, -2, 2, b_matmul_t},
     {"UNFOLD", 1, {4}, {S4(2, 3, 5, 4)}, {1}, -2, 2, b_unfold},
     {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
+    {"POOLMAX", 1, {4}, {S4(2, 3, 5, 6)}, {1}, -2, 2, b_poolmax},
     {"ALLREDUCE", 1, {2}, {S2(2, 3)}, {1}, -2, 2, b_allreduce},
     {"softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
     {"log_softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_logsm},
@@ -172,7 +176,7 @@ static const opcase cases[] = {
 
 /* Ops without a gradient, checked by forward tests below. */
 static const char *const forward_only[] = {"INPUT",   "CONST",  "PERSIST", "CMPGT", "CMPEQ",
-                                           "MAXMASK", "ONEHOT", "STORE",   "SYNC"};
+                                           "MAXMASK", "ONEHOT", "STORE",   "SYNC",  "POOLGRAD"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name)                #name,
@@ -386,6 +390,66 @@ TEST(conv2d_and_pool_match_naive_loops) {
     loom_graph_free(g);
 }
 
+/* pool_max and pool_max_grad against naive loops, with many ties (values from 4 levels, so that
+ * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input,
+ * for the specialised 2x2 window and the general path (overlapping, padded, odd sizes). */
+TEST(pool_matches_naive_loops) {
+    enum { N = 2, C = 3, H = 7, W = 9 };
+    const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}};
+    float x[C * N * H * W], dy[N * C * H * W];
+    for (int i = 0; i < C * N * H * W; i++)
+        x[i] = (float)(int)test_rand(6, (uint64_t)i, 0, 4);
+    x[17] = NAN;
+    for (int i = 0; i < N * C * H * W; i++)
+        dy[i] = (float)(int)test_rand(7, (uint64_t)i, -8, 8) / 8; /* sums are exact */
+    for (size_t wi = 0; wi < sizeof wins / sizeof *wins; wi++) {
+        const loom_window w = wins[wi];
+        int OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
+        loom_graph *g = loom_graph_new(NULL);
+        int64_t sx[4] = {C, N, H, W}, sy[4] = {N, C, OH, OW};
+        static const int perm[4] = {1, 0, 2, 3}; /* x is stored (C,N,H,W), used as (N,C,H,W) */
+        loom_tensor *tx = loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
+        loom_tensor *y = loom_pool_max(g, tx, w);
+        loom_tensor *dx = loom_pool_max_grad(g, tx, loom_input(g, LOOM_F32, 4, sy, dy), w);
+        loom_output(y), loom_output(dx);
+        ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+        const float *py = loom_tensor_data(y), *pdx = loom_tensor_data(dx);
+        float ref_dx[N * C * H * W] = {0};
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)
+                for (int oy = 0; oy < OH; oy++)
+                    for (int ox = 0; ox < OW; ox++) {
+                        int at = -1;
+                        float best = 0;
+                        for (int i = 0; i < w.kh; i++)
+                            for (int j = 0; j < w.kw; j++) {
+                                int iy = oy * w.sh - w.ph + i, ix = ox * w.sw - w.pw + j;
+                                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                                    continue;
+                                float v = x[((c * N + n) * H + iy) * W + ix];
+                                if (at < 0 || v > best || isnan(v))
+                                    best = v, at = iy * W + ix;
+                            }
+                        int o = ((n * C + c) * OH + oy) * OW + ox;
+                        float got = py[o];
+                        if (!(got == best || (isnan(got) && isnan(best))))
+                            FAILF("window %zu: y[%d] = %g, expected %g", wi, o, got, best);
+                        ref_dx[(n * C + c) * H * W + at] += dy[o];
+                    }
+        for (int i = 0; i < N * C * H * W; i++)
+            if (pdx[i] != ref_dx[i])
+                FAILF("window %zu: dx[%d] = %g, expected %g", wi, i, pdx[i], ref_dx[i]);
+        int64_t sx2[4] = {N, C, H, W};
+        loom_tensor *x2 = loom_input(g, LOOM_F32, 4, sx2, x);
+        loom_requires_grad(x2);
+        loom_tensor *dy2 = loom_input(g, LOOM_F32, 4, sy, dy);
+        loom_tensor *twice = loom_sum_all(g, loom_pool_max_grad(g, x2, dy2, w));
+        ASSERT(loom_grad(g, twice, x2) == NULL);
+        ASSERT_STR_CONTAINS(loom_graph_error(g), "second derivative of max pooling");
+        loom_graph_free(g);
+    }
+}
+
 TEST(forward_only_ops) {
     float a[6] = {1, 5, 5, -2, 3, 3}, b[6] = {1, 4, 6, -2, 3, 4};
     int32_t idx[3] = {2, 0, 1};
@@ -436,6 +500,7 @@ int main(void) {
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(conv2d_and_pool_match_naive_loops);
+    RUN(pool_matches_naive_loops);
     RUN(forward_only_ops);
     RUN(empty_tensors);
     return HARNESS_EXIT();

@@ -523,6 +523,134 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
     return window_kernel(p, b, id, true);
 }
 
+/* ---- max pooling -------------------------------------------------------------------------------
+ */
+
+/* POOLMAX: x (N,C,H,W) strided -> y (N,C,OH,OW) contiguous, the first maximum of each window in
+ * row-major window order (a NaN wins, as MAX's combine); padded positions are skipped. POOLGRAD
+ * finds the same position and adds dy there; dx is contiguous. The 2x2 stride-2 unpadded window
+ * on unit-stride rows, the CNN's, has its own loop. */
+#define POOL_KERNELS(T, U)                                                                       \
+    static int64_t pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,         \
+                                   const loom_window *w, int64_t oy, int64_t ox, T *best) {      \
+        int64_t at = -1;                                                                         \
+        T acc = (T)0;                                                                            \
+        for (int i = 0; i < w->kh; i++) {                                                        \
+            int64_t iy = oy * w->sh - w->ph + i;                                                 \
+            for (int j = 0; j < w->kw && iy >= 0 && iy < H; j++) {                               \
+                int64_t ix = ox * w->sw - w->pw + j;                                             \
+                if (ix < 0 || ix >= W)                                                           \
+                    continue;                                                                    \
+                T a = x[iy * xst[2] + ix * xst[3]];                                              \
+                if (at < 0 || a > acc || a != a)                                                 \
+                    acc = a, at = iy * W + ix;                                                   \
+            }                                                                                    \
+        }                                                                                        \
+        *best = acc;                                                                             \
+        return at;                                                                               \
+    }                                                                                            \
+    /* One output row of the 2x2 stride-2 window over input rows r0, r1, branch-free so that it  \
+     * vectorizes: q1..q3 are all-ones where b, c, d take over from the maximum so far (the same \
+     * rule as the general path); the gradient goes to the winner as bits masked in U. */        \
+    static void pool2_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,            \
+                              T *restrict o) {                                                   \
+        for (int64_t ox = 0; ox < ow; ox++) {                                                    \
+            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];            \
+            T m = (b > a) | (b != b) ? b : a;                                                    \
+            m = (c > m) | (c != c) ? c : m;                                                      \
+            o[ox] = (d > m) | (d != d) ? d : m;                                                  \
+        }                                                                                        \
+    }                                                                                            \
+    static void pool2_grad_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,       \
+                                   const T *restrict gy, T *restrict o0, T *restrict o1) {       \
+        for (int64_t ox = 0; ox < ow; ox++) {                                                    \
+            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];            \
+            U q1 = -(U)((b > a) | (b != b));                                                     \
+            T m = q1 ? b : a;                                                                    \
+            U q2 = -(U)((c > m) | (c != c));                                                     \
+            m = q2 ? c : m;                                                                      \
+            U q3 = -(U)((d > m) | (d != d)), g;                                                  \
+            memcpy(&g, &gy[ox], sizeof g);                                                       \
+            U v3 = g & q3, v2 = g & q2 & ~q3, v1 = g & q1 & ~q2 & ~q3, v0 = g & ~q1 & ~q2 & ~q3; \
+            memcpy(&o1[2 * ox + 1], &v3, sizeof g);                                              \
+            memcpy(&o1[2 * ox], &v2, sizeof g);                                                  \
+            memcpy(&o0[2 * ox + 1], &v1, sizeof g);                                              \
+            memcpy(&o0[2 * ox], &v0, sizeof g);                                                  \
+        }                                                                                        \
+    }                                                                                            \
+    static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
+                         const int64_t *ys, const T *x, const T *dy, T *out, bool grad) {        \
+        int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];              \
+        bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&          \
+                  w->pw == 0 && xst[3] == 1;                                                     \
+        if (grad && !k2)                                                                         \
+            memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                 \
+        for (int64_t n = 0; n < N; n++)                                                          \
+            for (int64_t c = 0; c < C; c++) {                                                    \
+                const T *xp = x + n * xst[0] + c * xst[1];                                       \
+                const T *gp = grad ? dy + (n * C + c) * OH * OW : NULL;                          \
+                T *op = out + (n * C + c) * (grad ? H * W : OH * OW);                            \
+                if (k2) { /* every position a window covers is written; the rest zeroed */       \
+                    for (int64_t oy = 0; oy < OH; oy++) {                                        \
+                        const T *r0 = xp + 2 * oy * xst[2];                                      \
+                        T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                           \
+                        if (grad)                                                                \
+                            pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);   \
+                        else                                                                     \
+                            pool2_row_##T(r0, r0 + xst[2], OW, o0);                              \
+                        if (grad && W > 2 * OW)                                                  \
+                            o0[W - 1] = o0[2 * W - 1] = (T)0;                                    \
+                    }                                                                            \
+                    if (grad && H > 2 * OH)                                                      \
+                        memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                      \
+                    continue;                                                                    \
+                }                                                                                \
+                for (int64_t oy = 0; oy < OH; oy++)                                              \
+                    for (int64_t ox = 0; ox < OW; ox++) {                                        \
+                        T best;                                                                  \
+                        int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);           \
+                        if (!grad)                                                               \
+                            op[oy * OW + ox] = best;                                             \
+                        else                                                                     \
+                            op[at] += gp[oy * OW + ox];                                          \
+                    }                                                                            \
+            }                                                                                    \
+    }
+POOL_KERNELS(float, uint32_t)
+POOL_KERNELS(double, uint64_t)
+
+static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const loom__pnode *y = grad ? &p->nodes[t->src[1]] : t;
+    const void *dy = NULL;
+    if (grad) { /* dy may be strided: made contiguous in the node's scratch first */
+        const loom__pnode *d = &p->nodes[t->src[1]];
+        int64_t st[MAXD];
+        contiguous_strides(4, d->shape, st);
+        dy = loom__addr(p, b, t->src[1]);
+        if (memcmp(st, d->lay.stride, sizeof(int64_t) * 4) != 0) {
+            void *tmp = b->ws + t->ws_off +
+                        (size_t)loom__numel(4, t->shape) * loom__dtype_size((loom_dtype)t->dtype);
+            strided_copy(tmp, dy, &d->lay, 4, d->shape, loom__dtype_size((loom_dtype)t->dtype));
+            dy = tmp;
+        }
+    }
+    const void *xv = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    if (t->dtype == LOOM_F64)
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad);
+    else
+        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad);
+    return LOOM_OK;
+}
+
+static loom_status k_POOLMAX(const loom__program *p, const loom__bind *b, int32_t id) {
+    return pool_kernel(p, b, id, false);
+}
+static loom_status k_POOLGRAD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return pool_kernel(p, b, id, true);
+}
+
 /* ---- one-hot ----------------------------------------------------------------------------------
  */
 

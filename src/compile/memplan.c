@@ -304,6 +304,9 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
             int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
+            if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
+                size +=
+                    loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)loom__dtype_size(t->dtype);
             size = (size + 63) & ~(int64_t)63;
             int64_t off = 0, at = 0;
             for (; at < nblocks; at++) {

@@ -130,7 +130,9 @@ static uint64_t graph_hash(const loom_graph *g) {
                     loom__hash_u64(&h, (uint64_t)t->attr.perm[d]);
                 break;
             case LOOM_OP_UNFOLD:
-            case LOOM_OP_FOLD: {
+            case LOOM_OP_FOLD:
+            case LOOM_OP_POOLMAX:
+            case LOOM_OP_POOLGRAD: {
                 const loom_window *w = &t->attr.win;
                 loom__hash_u64(&h, (uint64_t)w->kh << 48 | (uint64_t)w->kw << 32 |
                                        (uint64_t)w->sh << 16 | (uint64_t)w->sw);

@@ -115,6 +115,15 @@ RULE(MATMUL) {
 RULE(UNFOLD) {
     gx[0] = loom_fold(g, gy, t->attr.win, A->shape[2], A->shape[3]);
 }
+RULE(POOLMAX) {
+    gx[0] = loom_pool_max_grad(g, A, gy, t->attr.win);
+}
+RULE(POOLGRAD) { /* a second derivative of max pooling: refused, not silently zero */
+    (void)t, (void)gy, (void)gx;
+    loom__graph_fail(g, LOOM_EINVAL,
+                     "loom_grad: the gradient of loom_pool_max_grad (a second derivative of max "
+                     "pooling) is not supported");
+}
 RULE(ALLREDUCE) { /* every device's output depends on every device's input */
     gx[0] = loom_allreduce(g, gy, t->attr.reduce);
 }

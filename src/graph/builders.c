@@ -367,6 +367,59 @@ loom_tensor *loom_fold(loom_graph *g, loom_tensor *cols, loom_window w, int64_t 
     return t;
 }
 
+/* The pooled shape of x under window w, or false after failing the graph. A padding must leave
+ * every window at least one real position (PyTorch's rule: padding <= half the window). */
+static bool pool_shape(loom_graph *g, const char *op, const loom_tensor *x, const loom_window *w,
+                       int64_t *s) {
+    int64_t oh = x->ndim == 4 ? out_size(x->shape[2], w->kh, w->sh, w->ph) : -1;
+    int64_t ow = x->ndim == 4 ? out_size(x->shape[3], w->kw, w->sw, w->pw) : -1;
+    if (oh < 0 || ow < 0 || 2 * w->ph > w->kh || 2 * w->pw > w->kw) {
+        char sx[96];
+        loom__shape_str(x, sx, sizeof sx);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "%s: input %s with window %dx%d padding %dx%d, expected (N,C,H,W) with "
+                         "H,W >= the window and padding <= half the window",
+                         op, sx, w->kh, w->kw, w->ph, w->pw);
+        return false;
+    }
+    s[0] = x->shape[0], s[1] = x->shape[1], s[2] = oh, s[3] = ow;
+    return true;
+}
+
+loom_tensor *loom_pool_max(loom_graph *g, loom_tensor *x, loom_window w) {
+    int64_t s[4];
+    if (!enter(g, "loom_pool_max", 1, &x) || !check_float(g, "loom_pool_max", 1, &x) ||
+        !check_window(g, "loom_pool_max", &w) || !pool_shape(g, "loom_pool_max", x, &w, s))
+        return NULL;
+    loom_tensor *t = loom__node(g, LOOM_OP_POOLMAX, (loom_dtype)x->dtype, 4, s, x, NULL, NULL);
+    if (t)
+        t->attr.win = w;
+    return t;
+}
+
+loom_tensor *loom_pool_max_grad(loom_graph *g, loom_tensor *x, loom_tensor *dy, loom_window w) {
+    loom_tensor *in[2] = {x, dy};
+    int64_t s[4];
+    if (!enter(g, "loom_pool_max_grad", 2, in) || !check_float(g, "loom_pool_max_grad", 2, in) ||
+        !check_window(g, "loom_pool_max_grad", &w) ||
+        !pool_shape(g, "loom_pool_max_grad", x, &w, s))
+        return NULL;
+    if (dy->ndim != 4 || memcmp(dy->shape, s, sizeof s) != 0) {
+        char sd[96];
+        loom__shape_str(dy, sd, sizeof sd);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_pool_max_grad: gradient %s, expected the pooled shape "
+                         "(%lld,%lld,%lld,%lld)",
+                         sd, (long long)s[0], (long long)s[1], (long long)s[2], (long long)s[3]);
+        return NULL;
+    }
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_POOLGRAD, (loom_dtype)x->dtype, 4, x->shape, x, dy, NULL);
+    if (t)
+        t->attr.win = w;
+    return t;
+}
+
 loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype dt) {
     if (!enter(g, "loom_onehot", 1, &idx))
         return NULL;

@@ -96,14 +96,7 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
 }
 
 loom_tensor *loom_max_pool2d(loom_graph *g, loom_tensor *x, int k) {
-    loom_tensor *cols = loom_unfold(g, x, (loom_window){k, k, k, k, 0, 0});
-    if (!cols)
-        return NULL;
-    int64_t c = cols->shape[0], n = cols->shape[3], oh = cols->shape[4], ow = cols->shape[5];
-    int64_t s3[3] = {c, (int64_t)k * k, n * oh * ow}, s4[4] = {c, n, oh, ow};
-    loom_tensor *m = loom_max(g, loom_reshape(g, cols, 3, s3), 1);
-    static const int perm[4] = {1, 0, 2, 3};
-    return loom_permute(g, loom_reshape(g, m, 4, s4), perm);
+    return loom_pool_max(g, x, (loom_window){k, k, k, k, 0, 0});
 }
 
 loom_tensor *loom_flatten(loom_graph *g, loom_tensor *x) {

@@ -42,11 +42,11 @@ typedef enum { LOOM_SLAB_PARAM, LOOM_SLAB_GRAD, LOOM_SLAB_STATE, LOOM_SLAB_COUNT
 typedef union {
     int axis;                /* SUM, MAX, MAXMASK */
     int perm[LOOM_MAX_DIMS]; /* PERMUTE */
-    loom_window win;         /* UNFOLD, FOLD (strides already defaulted to >= 1) */
-    int64_t classes;         /* ONEHOT */
-    double value;            /* CONST */
-    loom_reduce_op reduce;   /* ALLREDUCE */
-    int32_t input;           /* INPUT: ordinal among the graph's inputs */
+    loom_window win;       /* UNFOLD, FOLD, POOLMAX, POOLGRAD (strides already defaulted to >= 1) */
+    int64_t classes;       /* ONEHOT */
+    double value;          /* CONST */
+    loom_reduce_op reduce; /* ALLREDUCE */
+    int32_t input;         /* INPUT: ordinal among the graph's inputs */
     struct {
         int32_t slab;   /* loom__slab */
         int64_t offset; /* in elements */
