@@ -9,11 +9,15 @@
  */
 #include "harness.h"
 
-#define TOL       1e-5
-/* AdamW divides each update by sqrt(v) + eps: for an element whose gradient is near eps (1e-8),
- * float32 rounding differences in the gradient (normwise ~3e-7 here) are amplified. Measured: one
- * or two elements per run reach 2.3e-5 normwise, every other element stays below 1e-6. */
-#define TOL_ADAMW 5e-5
+#define TOL            1e-5
+/* AdamW's update lr * m / (sqrt(v) + eps) does not shrink with the gradient: an element whose
+ * gradient is at the rounding level of its tensor moves by up to lr per step either way, so float32
+ * rounding differences in such a gradient (normwise ~3e-7 here) become a visible parameter error.
+ * AdamW parameters must therefore meet TOL everywhere except at most ADAMW_OUTLIERS elements per
+ * tensor, which must stay within TOL_ADAMW. Measured: OpenBLAS one or two elements at 2.3e-5,
+ * loom's own sgemm one element at 6.6e-5; every other element below 1e-6. */
+#define TOL_ADAMW      2e-4
+#define ADAMW_OUTLIERS 4
 
 static double worst; /* the largest error seen, reported at the end */
 
@@ -46,15 +50,20 @@ static bool compare(const char *what, const char *name, const float *got, const 
     }
     worst = fmax(worst, err);
     if (getenv("GOLDEN_STATS")) {
-        int64_t over = 0;
+        int64_t over6 = 0;
         for (int64_t i = 0; i < n; i++)
-            over += fabs((double)got[i * stride] - ref[i]) / (scale > 0 ? scale : 1.0) > 1e-6;
+            over6 += fabs((double)got[i * stride] - ref[i]) / (scale > 0 ? scale : 1.0) > 1e-6;
         fprintf(stderr, "%s %s: max err %.3g, %lld of %lld elements over 1e-6\n", what, name, err,
-                (long long)over, (long long)n);
+                (long long)over6, (long long)n);
     }
-    if (err > (strcmp(what, "adamw") || !strcmp(name, "loss") ? TOL : TOL_ADAMW)) {
-        fprintf(stderr, "%s %s: error %.3g at element %lld: loom %.9g, torch %.9g\n", what, name,
-                err, (long long)(at * stride), (double)got[at * stride], (double)ref[at]);
+    bool adamw = !strcmp(what, "adamw") && strcmp(name, "loss") != 0;
+    int64_t over = 0;
+    for (int64_t i = 0; i < n && adamw; i++)
+        over += fabs((double)got[i * stride] - ref[i]) / (scale > 0 ? scale : 1.0) > TOL;
+    if (err > (adamw && over <= ADAMW_OUTLIERS ? TOL_ADAMW : TOL)) {
+        fprintf(stderr, "%s %s: error %.3g at element %lld: loom %.9g, torch %.9g (%lld over %g)\n",
+                what, name, err, (long long)(at * stride), (double)got[at * stride],
+                (double)ref[at], (long long)over, TOL);
         return false;
     }
     return true;

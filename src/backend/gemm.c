@@ -3,8 +3,8 @@
  * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and a 12 x 32
  * register-blocked microkernel (24 accumulators, two loads and twelve broadcasts per k) does the
  * arithmetic with FMA. Measured on this project's shapes it beats the OpenBLAS kernel that runs
- * under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). Opt-in for now (LOOM_MATMUL=loom); without
- * AVX-512 the caller uses BLAS.
+ * under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
+ * (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses BLAS.
  * Every element is summed in a fixed order (k ascending within KC blocks), so runs repeat bitwise.
  */
 #include "internal.h"
@@ -16,36 +16,58 @@
 #define KC 256
 #define MC 144
 #define NC 256
+#define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
-    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + NR)) + 128;
+    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR)) + 128;
 }
 
+/* Panels are walked along whichever of k and the panel's row/column is contiguous in memory, in
+ * blocks of TB along k, so that a transposed operand is copied by small cache-resident transposes
+ * rather than as MR or NR interleaved streams. */
 static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t ars, int64_t acs, float *pa) {
-    for (int64_t i = 0; i < mc; i += MR) {
+    for (int64_t i = 0; i < mc; i += MR, pa += MR * kc) {
         int64_t m = mc - i < MR ? mc - i : MR;
-        for (int64_t k = 0; k < kc; k++, pa += MR) {
+        if (acs == 1 && ars != 1) {
+            for (int64_t k0 = 0; k0 < kc; k0 += TB) {
+                int64_t kn = kc - k0 < TB ? kc - k0 : TB;
+                for (int64_t r = 0; r < MR; r++)
+                    for (int64_t k = k0; k < k0 + kn; k++)
+                        pa[k * MR + r] = r < m ? a[(i + r) * ars + k] : 0;
+            }
+            continue;
+        }
+        for (int64_t k = 0; k < kc; k++) {
             for (int64_t r = 0; r < m; r++)
-                pa[r] = a[(i + r) * ars + k * acs];
+                pa[k * MR + r] = a[(i + r) * ars + k * acs];
             for (int64_t r = m; r < MR; r++)
-                pa[r] = 0;
+                pa[k * MR + r] = 0;
         }
     }
 }
 
 static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t brs, int64_t bcs, float *pb) {
-    for (int64_t j = 0; j < nc; j += NR) {
+    for (int64_t j = 0; j < nc; j += NR, pb += NR * kc) {
         int64_t n = nc - j < NR ? nc - j : NR;
-        for (int64_t k = 0; k < kc; k++, pb += NR) {
+        if (brs == 1 && bcs != 1) {
+            for (int64_t k0 = 0; k0 < kc; k0 += TB) {
+                int64_t kn = kc - k0 < TB ? kc - k0 : TB;
+                for (int64_t c = 0; c < NR; c++)
+                    for (int64_t k = k0; k < k0 + kn; k++)
+                        pb[k * NR + c] = c < n ? b[k + (j + c) * bcs] : 0;
+            }
+            continue;
+        }
+        for (int64_t k = 0; k < kc; k++) {
             const float *src = b + k * brs + j * bcs;
             if (bcs == 1 && n == NR) {
-                memcpy(pb, src, NR * sizeof(float));
+                memcpy(pb + k * NR, src, NR * sizeof(float));
                 continue;
             }
             for (int64_t c = 0; c < n; c++)
-                pb[c] = src[c * bcs];
+                pb[k * NR + c] = src[c * bcs];
             for (int64_t c = n; c < NR; c++)
-                pb[c] = 0;
+                pb[k * NR + c] = 0;
         }
     }
 }
@@ -55,8 +77,8 @@ static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t brs, int64_t 
 
 /* C[m x n] (= or +=) packed A panel x packed B panel, over kc. */
 __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa, const float *pb,
-                                                     float *c, int64_t ldc, int64_t m, int64_t n,
-                                                     bool accumulate) {
+                                                     float *c, int64_t ldc, int64_t cs, int64_t m,
+                                                     int64_t n, bool accumulate) {
     __m512 acc[MR][2];
 #    pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -70,7 +92,7 @@ __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa
             acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
         }
     }
-    if (m == MR && n == NR) {
+    if (m == MR && n == NR && cs == 1) {
 #    pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
             float *cr = c + r * ldc;
@@ -89,38 +111,59 @@ __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa
         _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
     }
     for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++)
-            c[r * ldc + j] = accumulate ? c[r * ldc + j] + tile[r * NR + j] : tile[r * NR + j];
+        for (int64_t j = 0; j < n; j++) {
+            float *cj = c + r * ldc + j * cs;
+            *cj = accumulate ? *cj + tile[r * NR + j] : tile[r * NR + j];
+        }
 }
 
 bool loom__gemm_available(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
-void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
-                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {
+/* C(i,j) = c[i*ldc + j*cs]. */
+static void gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t cs,
+                 void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC;
     if (K == 0) {
         for (int64_t i = 0; i < M; i++)
-            memset(c + i * ldc, 0, sizeof(float) * (size_t)N);
+            for (int64_t j = 0; j < N; j++)
+                c[i * ldc + j * cs] = 0;
         return;
     }
-    for (int64_t jc = 0; jc < N; jc += NC) {
-        int64_t nc = N - jc < NC ? N - jc : NC;
-        for (int64_t pc = 0; pc < K; pc += KC) {
-            int64_t kc = K - pc < KC ? K - pc : KC;
+    /* K in equal blocks of at most KC (288 = 2 x 144, not 256 + 32: a thin last block would pay a
+     * full pass over C for little arithmetic). */
+    int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
+    /* N in equal NR-aligned blocks of about NC: 288 = 160 + 128, not 256 + 32. */
+    int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
+    for (int64_t jc = 0; jc < N; jc += nstep) {
+        int64_t nc = N - jc < nstep ? N - jc : nstep;
+        for (int64_t pc = 0; pc < K; pc += kstep) {
+            int64_t kc = K - pc < kstep ? K - pc : kstep;
             pack_b(kc, nc, b + pc * brs + jc * bcs, brs, bcs, pb);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, pa);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     for (int64_t ir = 0; ir < mc; ir += MR)
-                        micro(kc, pa + ir * kc, pb + jr * kc, c + (ic + ir) * ldc + jc + jr, ldc,
-                              mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR, pc > 0);
+                        micro(kc, pa + ir * kc, pb + jr * kc, c + (ic + ir) * ldc + (jc + jr) * cs,
+                              ldc, cs, mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
+                              pc > 0);
             }
         }
     }
+}
+
+void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {
+    /* A product narrower than half a panel (conv1's weight gradient: 32 x 9) runs as its
+     * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
+    if (N < NR / 2 && M > N)
+        gemm(N, M, K, b, bcs, brs, a, acs, ars, c, 1, ldc, scratch);
+    else
+        gemm(M, N, K, a, ars, acs, b, brs, bcs, c, ldc, 1, scratch);
 }
 #else
 bool loom__gemm_available(void) {

@@ -101,8 +101,8 @@ bool loom__gemm_available(void);
 size_t loom__gemm_scratch_bytes(void);
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);
-/* Whether float32 products use loom__sgemm: LOOM_MATMUL=loom on a CPU with AVX-512 (OpenBLAS by
- * default, see bench/RESULTS.md for why it is not the default yet). */
+/* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
+ * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
 
 /* One-time BLAS setup (one thread per device). Thread-safe. */

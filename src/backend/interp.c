@@ -369,7 +369,7 @@ const char *loom__blas_name(void) {
 
 bool loom__use_own_gemm(void) {
     const char *m = loom__getenv()->matmul;
-    return loom__gemm_available() && m && strcmp(m, "loom") == 0;
+    return loom__gemm_available() && !(m && strcmp(m, "blas") == 0);
 }
 
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {

@@ -62,7 +62,7 @@ typedef struct {
     const char *data;       /* LOOM_DATA, or NULL */
     const char *backend;    /* LOOM_BACKEND (interp or cpu), or NULL */
     const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */
-    const char *matmul;     /* LOOM_MATMUL: "loom" selects loom's AVX-512 sgemm over OpenBLAS */
+    const char *matmul;     /* LOOM_MATMUL: "blas" selects OpenBLAS over loom's AVX-512 sgemm */
     const char *data_cache; /* LOOM_DATA_CACHE: where decompressed datasets go, "off": nowhere */
 } loom__env;
 const loom__env *loom__getenv(void);

@@ -2,6 +2,7 @@
  * info.c - what this build of loom is and has: version, backends, BLAS, devices, the default
  * dataset.
  */
+#include "../backend/internal.h"
 #include "../compile/internal.h"
 
 #include <sys/stat.h>
@@ -17,8 +18,9 @@ void loom_info(char *buf, size_t size) {
     struct stat st;
     snprintf(buf, size,
              "loom %s\n"
-             "backends: interp (reference executor, BLAS matmul); cpu (generated C kernels) %s\n"
+             "backends: interp (reference executor); cpu (generated C kernels) %s\n"
              "default backend: %s\n"
+             "matmul: %s\n"
              "blas: %s (one thread per device)\n"
              "devices: %d (one per core this process may run on)\n"
              "dataset: %s (%s)\n",
@@ -26,6 +28,9 @@ void loom_info(char *buf, size_t size) {
              backend ? backend
              : cc    ? "cpu"
                      : "interp",
+             loom__use_own_gemm()     ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
+             : loom__gemm_available() ? "BLAS (LOOM_MATMUL=blas)"
+                                      : "BLAS (no AVX-512)",
              loom__blas_name(), devices, data,
              stat(data, &st) == 0 ? "found" : "missing: apt-get install dataset-fashion-mnist");
 }

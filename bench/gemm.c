@@ -1,0 +1,80 @@
+/*
+ * gemm.c - sgemm microbenchmark at the recipes' shapes: OpenBLAS (as configured by the environment)
+ * against loom's own kernel, GFLOP/s of one thread, best of several runs. Transposed operands are
+ * passed with the strides the training step uses. Built as build/bench_gemm.
+ *   build/bench_gemm            every shape
+ */
+#include "../src/backend/internal.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    const char *what;
+    int64_t m, n, k;
+    bool ta, tb; /* A stored (k x m), B stored (n x k) */
+} shape;
+
+static const shape shapes[] = {
+    {"mlp fc1 forward", 128, 256, 784, false, true},
+    {"mlp fc1 weight grad", 256, 784, 128, true, false},
+    {"mlp fc2 forward", 128, 256, 256, false, true},
+    {"cnn fc1 forward", 128, 128, 1600, false, true},
+    {"cnn conv2 forward", 64, 15488, 288, false, false},
+    {"cnn conv2 weight grad", 64, 288, 15488, false, true},
+    {"cnn conv2 input grad", 288, 15488, 64, true, false},
+    {"cnn conv1 forward", 32, 86528, 9, false, false},
+    {"cnn conv1 weight grad", 32, 9, 86528, false, true},
+};
+
+static double best_of(int reps,
+                      void (*fn)(const shape *, const float *, const float *, float *, void *),
+                      const shape *s, const float *a, const float *b, float *c, void *scratch) {
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = loom__now();
+        fn(s, a, b, c, scratch);
+        double t = loom__now() - t0;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static void run_blas(const shape *s, const float *a, const float *b, float *c, void *scratch) {
+    (void)scratch;
+    cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
+                (int)s->m, (int)s->n, (int)s->k, 1.0f, a, (int)(s->ta ? s->m : s->k), b,
+                (int)(s->tb ? s->k : s->n), 0.0f, c, (int)s->n);
+}
+
+static void run_loom(const shape *s, const float *a, const float *b, float *c, void *scratch) {
+    loom__sgemm(s->m, s->n, s->k, a, s->ta ? 1 : s->k, s->ta ? s->m : 1, b, s->tb ? 1 : s->n,
+                s->tb ? s->k : 1, c, s->n, scratch);
+}
+
+int main(void) {
+    loom__blas_init();
+    bool own = loom__gemm_available();
+    void *scratch = malloc(loom__gemm_scratch_bytes());
+    printf("%-24s %6s %6s %6s %10s %10s\n", "shape", "M", "N", "K", "openblas", "loom");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const shape *s = &shapes[i];
+        float *a = malloc(sizeof(float) * (size_t)(s->m * s->k));
+        float *b = malloc(sizeof(float) * (size_t)(s->k * s->n));
+        float *c = malloc(sizeof(float) * (size_t)(s->m * s->n));
+        for (int64_t j = 0; j < s->m * s->k; j++)
+            a[j] = (float)(j % 7) - 3;
+        for (int64_t j = 0; j < s->k * s->n; j++)
+            b[j] = (float)(j % 5) - 2;
+        double flop = 2.0 * (double)s->m * (double)s->n * (double)s->k;
+        int reps = flop > 1e9 ? 5 : 20;
+        double tb = best_of(reps, run_blas, s, a, b, c, scratch);
+        double tl = own ? best_of(reps, run_loom, s, a, b, c, scratch) : 0;
+        printf("%-24s %6lld %6lld %6lld %10.1f %10.1f\n", s->what, (long long)s->m, (long long)s->n,
+               (long long)s->k, flop / tb * 1e-9, own ? flop / tl * 1e-9 : 0.0);
+        free(a), free(b), free(c);
+    }
+    free(scratch);
+    return 0;
+}
