@@ -450,6 +450,36 @@ TEST(pool_matches_naive_loops) {
     }
 }
 
+/* Reductions along long contiguous rows (the lanes-and-tree path, with a ragged tail) against a
+ * double-precision sum and an exact max; a NaN anywhere in a row wins its max. */
+TEST(long_reductions_match_naive) {
+    enum { R = 3, L = 1000 + 7 };
+    static float x[R * L];
+    for (int i = 0; i < R * L; i++)
+        x[i] = (float)test_rand(8, (uint64_t)i, -1, 1);
+    x[L + 500] = NAN;
+    int64_t s[2] = {R, L};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 2, s, x);
+    loom_tensor *sum = loom_sum(g, tx, 1), *max = loom_max(g, tx, 1);
+    loom_output(sum), loom_output(max);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *ps = loom_tensor_data(sum), *pm = loom_tensor_data(max);
+    for (int r = 0; r < R; r++) {
+        double ref = 0, abs = 0;
+        float mx = -INFINITY;
+        for (int k = 0; k < L; k++)
+            ref += x[r * L + k], abs += fabs(x[r * L + k]), mx = fmaxf(mx, x[r * L + k]);
+        if (r != 1)
+            ASSERT_NEAR(ps[r], ref, 1e-6 * abs);
+        if (r == 1)
+            ASSERT(isnan(ps[r]) && isnan(pm[r]));
+        else
+            ASSERT(pm[r] == mx);
+    }
+    loom_graph_free(g);
+}
+
 TEST(forward_only_ops) {
     float a[6] = {1, 5, 5, -2, 3, 3}, b[6] = {1, 4, 6, -2, 3, 4};
     int32_t idx[3] = {2, 0, 1};
@@ -501,6 +531,7 @@ int main(void) {
     RUN(matmul_matches_naive_loop);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(pool_matches_naive_loops);
+    RUN(long_reductions_match_naive);
     RUN(forward_only_ops);
     RUN(empty_tensors);
     return HARNESS_EXIT();

@@ -174,11 +174,43 @@ typedef loom_status (*kernel_fn)(const loom__program *p, const loom__bind *b, in
 /* ---- reductions over one axis: out = combine over k of in[k along axis] -----------------------
  */
 
+/* A reduction along contiguous memory keeps RED_LANES partial results (element k goes to lane
+ * k % RED_LANES) and combines them in a fixed pairwise tree: independent chains that vectorize,
+ * instead of one chain bound by the add latency; the order is fixed, so runs repeat bitwise. */
+#define RED_LANES 16
 #define RED_KERNEL(T, SFX, NAME, COMBINE, IDENT)                                                 \
+    static T red_lanes_##NAME##_##SFX(const T *x, int64_t len) {                                 \
+        T lane[RED_LANES];                                                                       \
+        for (int j = 0; j < RED_LANES; j++)                                                      \
+            lane[j] = (T)(IDENT);                                                                \
+        int64_t k = 0;                                                                           \
+        for (; k + RED_LANES <= len; k += RED_LANES)                                             \
+            for (int j = 0; j < RED_LANES; j++) {                                                \
+                T acc = lane[j], a = x[k + j];                                                   \
+                lane[j] = (T)(COMBINE);                                                          \
+            }                                                                                    \
+        for (int j = 0; k + j < len; j++) {                                                      \
+            T acc = lane[j], a = x[k + j];                                                       \
+            lane[j] = (T)(COMBINE);                                                              \
+        }                                                                                        \
+        for (int w = RED_LANES / 2; w >= 1; w /= 2)                                              \
+            for (int j = 0; j < w; j++) {                                                        \
+                T acc = lane[j], a = lane[j + w];                                                \
+                lane[j] = (T)(COMBINE);                                                          \
+            }                                                                                    \
+        return lane[0];                                                                          \
+    }                                                                                            \
     static void red_##NAME##_##SFX(const iter *it, T *o, const T *x, int64_t len, int64_t sax) { \
         int L = it->nd - 1;                                                                      \
         int64_t outer = iter_outer(it), inner = it->shape[L];                                    \
         int64_t so = it->st[0][L], sx = it->st[1][L];                                            \
+        if (sax == 1 && len >= 4 * RED_LANES) { /* along memory: lanes, then a fixed tree */     \
+            int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                      \
+            for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                         \
+                for (int64_t i = 0; i < inner; i++)                                              \
+                    o[off[0] + i * so] = red_lanes_##NAME##_##SFX(x + off[1] + i * sx, len);     \
+            return;                                                                              \
+        }                                                                                        \
         {                                                                                        \
             int64_t idx[MAXD] = {0}, off[4] = {0, 0, 0, 0};                                      \
             for (int64_t r = 0; r < outer; r++, iter_next(it, idx, off))                         \
