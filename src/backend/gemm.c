@@ -22,6 +22,45 @@ size_t loom__gemm_scratch_bytes(void) {
     return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR)) + 128;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
+#    define HAVE_TR16 1
+
+/* dst[k * dld + r] = src[r * ld + k] for k < 16, r < rows (r in [rows, cols) gets 0): a 16 x 16
+ * transpose in registers (unpack, then 128-bit lane shuffles), written cols (<= 16) wide. */
+__attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld, int rows,
+                                                    float *dst, int64_t dld, int cols) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+    __mmask16 m = (__mmask16)((1u << cols) - 1);
+    for (int k = 0; k < 16; k++)
+        _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
+}
+#endif
+
 /* Panels are walked along whichever of k and the panel's row/column is contiguous in memory, in
  * blocks of TB along k, so that a transposed operand is copied by small cache-resident transposes
  * rather than as MR or NR interleaved streams. */
@@ -31,6 +70,12 @@ static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t ars, int64_t 
         if (acs == 1 && ars != 1) {
             for (int64_t k0 = 0; k0 < kc; k0 += TB) {
                 int64_t kn = kc - k0 < TB ? kc - k0 : TB;
+#ifdef HAVE_TR16
+                if (kn == 16) {
+                    tr16(a + i * ars + k0, ars, (int)m, pa + k0 * MR, MR, MR);
+                    continue;
+                }
+#endif
                 for (int64_t r = 0; r < MR; r++)
                     for (int64_t k = k0; k < k0 + kn; k++)
                         pa[k * MR + r] = r < m ? a[(i + r) * ars + k] : 0;
@@ -52,6 +97,15 @@ static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t brs, int64_t 
         if (brs == 1 && bcs != 1) {
             for (int64_t k0 = 0; k0 < kc; k0 += TB) {
                 int64_t kn = kc - k0 < TB ? kc - k0 : TB;
+#ifdef HAVE_TR16
+                if (kn == 16) {
+                    for (int64_t c0 = 0; c0 < NR; c0 += 16) {
+                        int rows = (int)(n - c0 < 0 ? 0 : n - c0 > 16 ? 16 : n - c0);
+                        tr16(b + k0 + (j + c0) * bcs, bcs, rows, pb + k0 * NR + c0, NR, 16);
+                    }
+                    continue;
+                }
+#endif
                 for (int64_t c = 0; c < NR; c++)
                     for (int64_t k = k0; k < k0 + kn; k++)
                         pb[k * NR + c] = c < n ? b[k + (j + c) * bcs] : 0;
@@ -73,7 +127,6 @@ static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t brs, int64_t 
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#    include <immintrin.h>
 
 /* C[m x n] (= or +=) packed A panel x packed B panel, over kc. */
 __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa, const float *pb,
