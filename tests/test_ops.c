@@ -402,13 +402,16 @@ TEST(pool_matches_naive_loops) {
     x[17] = NAN;
     for (int i = 0; i < N * C * H * W; i++)
         dy[i] = (float)(int)test_rand(7, (uint64_t)i, -8, 8) / 8; /* sums are exact */
-    for (size_t wi = 0; wi < sizeof wins / sizeof *wins; wi++) {
-        const loom_window w = wins[wi];
+    for (size_t wi = 0; wi < 2 * sizeof wins / sizeof *wins; wi++) {
+        const loom_window w = wins[wi % 3];
+        bool hw = wi >= 3; /* stored (N,C,W,H): strided rows, the general kernel path */
         int OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
         loom_graph *g = loom_graph_new(NULL);
-        int64_t sx[4] = {C, N, H, W}, sy[4] = {N, C, OH, OW};
-        static const int perm[4] = {1, 0, 2, 3}; /* x is stored (C,N,H,W), used as (N,C,H,W) */
-        loom_tensor *tx = loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
+        int64_t sx[4] = {C, N, H, W}, sy[4] = {N, C, OH, OW}, sxt[4] = {N, C, W, H};
+        static const int perm[4] = {1, 0, 2, 3}; /* x stored (C,N,H,W), used as (N,C,H,W) */
+        static const int perm_hw[4] = {0, 1, 3, 2};
+        loom_tensor *tx = hw ? loom_permute(g, loom_input(g, LOOM_F32, 4, sxt, x), perm_hw)
+                             : loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
         loom_tensor *y = loom_pool_max(g, tx, w);
         loom_tensor *dx = loom_pool_max_grad(g, tx, loom_input(g, LOOM_F32, 4, sy, dy), w);
         loom_output(y), loom_output(dx);
@@ -426,7 +429,8 @@ TEST(pool_matches_naive_loops) {
                                 int iy = oy * w.sh - w.ph + i, ix = ox * w.sw - w.pw + j;
                                 if (iy < 0 || iy >= H || ix < 0 || ix >= W)
                                     continue;
-                                float v = x[((c * N + n) * H + iy) * W + ix];
+                                float v = hw ? x[((n * C + c) * W + ix) * H + iy]
+                                             : x[((c * N + n) * H + iy) * W + ix];
                                 if (at < 0 || v > best || isnan(v))
                                     best = v, at = iy * W + ix;
                             }

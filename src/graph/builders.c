@@ -194,6 +194,15 @@ static loom_tensor *ew(loom_graph *g, loom__op op, const char *name, int n, loom
     loom_tensor *in[3] = {a, b, c};
     if (!enter(g, name, n, in) || !check_float(g, name, n, in) || !broadcast(g, name, n, in))
         return NULL;
+    /* A unary op of a permuted or reshaped view is that view of the op: computed in the source's
+     * order, it fuses with the source's producer (a convolution's bias add and its ReLU). */
+    if (n == 1 && a->op == LOOM_OP_PERMUTE) {
+        int perm[LOOM_MAX_DIMS];
+        memcpy(perm, a->attr.perm, sizeof(int) * (size_t)a->ndim);
+        return loom_permute(g, ew(g, op, name, 1, a->src[0], NULL, NULL), perm);
+    }
+    if (n == 1 && a->op == LOOM_OP_RESHAPE)
+        return loom_reshape(g, ew(g, op, name, 1, a->src[0], NULL, NULL), a->ndim, a->shape);
     return loom__node(g, op, (loom_dtype)in[0]->dtype, in[0]->ndim, in[0]->shape, in[0], in[1],
                       in[2]);
 }
@@ -391,6 +400,12 @@ loom_tensor *loom_pool_max(loom_graph *g, loom_tensor *x, loom_window w) {
     if (!enter(g, "loom_pool_max", 1, &x) || !check_float(g, "loom_pool_max", 1, &x) ||
         !check_window(g, "loom_pool_max", &w) || !pool_shape(g, "loom_pool_max", x, &w, s))
         return NULL;
+    /* Pooling treats N and C alike: a (C,N,H,W) tensor viewed as (N,C,H,W), a convolution's
+     * output, is pooled in its own order, so that the gradient comes back in the order the
+     * convolution's backward reads without a copy. */
+    static const int swap01[4] = {1, 0, 2, 3};
+    if (x->op == LOOM_OP_PERMUTE && !memcmp(x->attr.perm, swap01, sizeof swap01))
+        return loom_permute(g, loom_pool_max(g, x->src[0], w), swap01);
     loom_tensor *t = loom__node(g, LOOM_OP_POOLMAX, (loom_dtype)x->dtype, 4, s, x, NULL, NULL);
     if (t)
         t->attr.win = w;
