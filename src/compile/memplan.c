@@ -183,7 +183,8 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
     const loom__pnode *s = &p->nodes[si], *t = &p->nodes[ti];
     int32_t slab = t->attr.persist.slab;
     int64_t lo = t->attr.persist.offset, hi = lo + loom__numel(t->ndim, t->shape);
-    if (!runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS)
+    if (!runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS ||
+        s->op == LOOM_OP_POOLGRAD) /* its workspace buffer also holds scratch */
         return false;
     for (int k = 0; k < 3 && s->src[k] >= 0; k++) { /* s may read the range only in place */
         const loom__layout *l = read_layout(p, s, k);
