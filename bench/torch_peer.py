@@ -14,9 +14,7 @@ import sys
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["OMP_NUM_THREADS"] = "1"
-import gzip  # noqa: E402
 import socket  # noqa: E402
-import struct  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -26,15 +24,10 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from torch_recipes import model, read_idx  # noqa: E402
+
 BATCH, WARMUP = 128, 20
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    nd = raw[3]
-    dims = struct.unpack(">" + "I" * nd, raw[4:4 + 4 * nd])
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
 
 
 def setup(recipe):
@@ -42,11 +35,8 @@ def setup(recipe):
     x = torch.from_numpy(read_idx(d + "/train-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     y = torch.from_numpy(read_idx(d + "/train-labels-idx1-ubyte.gz").astype(np.int64))
     if recipe == "fmnist-mlp":
-        return x.reshape(-1, 784), y, nn.Sequential(
-            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    return x.reshape(-1, 1, 28, 28), y, nn.Sequential(
-        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
+        return x.reshape(-1, 784), y, model(recipe)
+    return x.reshape(-1, 1, 28, 28), y, model(recipe)
 
 
 def proc_start():

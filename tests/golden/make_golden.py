@@ -13,38 +13,23 @@ for opt in sgd (lr 0.05, momentum 0.9), sgdn (lr 0.05, momentum 0.9, nesterov, w
 5e-4) and adamw (lr 1e-3, weight decay 1e-2). To keep the files small, gradients and final
 parameters of tensors over 8192 elements are stored at every k-th element, k in stride.<name>.
 """
-import gzip
 import json
 import os
 import struct
+import sys
 
 # The same OpenBLAS kernel as loom's tests (set before numpy and torch load OpenBLAS).
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from torch_recipes import model, read_idx  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
 B, STEPS, KEEP = 16, 3, 8192
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    nd = raw[3]
-    dims = struct.unpack(">" + "I" * nd, raw[4:4 + 4 * nd])
-    return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
-
-
-def model(recipe):
-    if recipe == "fmnist-mlp":
-        return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                             nn.Linear(256, 10))
-    return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 def save_safetensors(path, tensors):

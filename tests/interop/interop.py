@@ -12,9 +12,11 @@ import subprocess
 import sys
 
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 try:
     import numpy as np
     from safetensors.numpy import load_file, save_file
+    from torch_recipes import model, read_idx
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -42,22 +44,13 @@ def loom(*args):
 
 
 def torch_model(recipe):
-    if recipe == "fmnist-mlp":
-        return nn.Sequential(nn.Flatten(), nn.Sequential(
-            nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)))
-    return nn.Sequential(nn.Identity(), nn.Sequential(
-        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10)))
+    first = nn.Flatten() if recipe == "fmnist-mlp" else nn.Identity()
+    return nn.Sequential(first, model(recipe))
 
 
 def test_set():
-    import gzip
     def idx(name):
-        with gzip.open(os.path.join(DATA, name), "rb") as f:
-            raw = f.read()
-        nd = raw[3]
-        dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(nd)]
-        return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+        return read_idx(os.path.join(DATA, name))
     x = torch.from_numpy(idx("t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
     return x.unsqueeze(1), torch.from_numpy(idx("t10k-labels-idx1-ubyte.gz").astype(np.int64))
 
