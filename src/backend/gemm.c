@@ -61,67 +61,44 @@ __attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld
 }
 #endif
 
-/* Panels are walked along whichever of k and the panel's row/column is contiguous in memory, in
- * blocks of TB along k, so that a transposed operand is copied by small cache-resident transposes
- * rather than as MR or NR interleaved streams. */
-static void pack_a(int64_t mc, int64_t kc, const float *a, int64_t ars, int64_t acs, float *pa) {
-    for (int64_t i = 0; i < mc; i += MR, pa += MR * kc) {
-        int64_t m = mc - i < MR ? mc - i : MR;
-        if (acs == 1 && ars != 1) {
+/* Packs an operand into panels of w lanes (MR rows of A, NR columns of B): element (lane r, k)
+ * of the operand is src[r * rs + k * ks]; panel p holds lanes p*w.. as dst[p*w*kc + k*w + r], with
+ * zeros past the last lane. Runs along memory are kept: a panel contiguous along its lanes is
+ * copied row by row, one contiguous along k by 16x16 register transposes (small cache-resident
+ * blocks of TB along k otherwise), never as w interleaved streams. */
+static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_t ks, int64_t w,
+                 float *dst) {
+    for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
+        int64_t m = lanes - i < w ? lanes - i : w;
+        const float *s = src + i * rs;
+        if (ks == 1 && rs != 1) {
             for (int64_t k0 = 0; k0 < kc; k0 += TB) {
                 int64_t kn = kc - k0 < TB ? kc - k0 : TB;
 #ifdef HAVE_TR16
                 if (kn == 16) {
-                    tr16(a + i * ars + k0, ars, (int)m, pa + k0 * MR, MR, MR);
-                    continue;
-                }
-#endif
-                for (int64_t r = 0; r < MR; r++)
-                    for (int64_t k = k0; k < k0 + kn; k++)
-                        pa[k * MR + r] = r < m ? a[(i + r) * ars + k] : 0;
-            }
-            continue;
-        }
-        for (int64_t k = 0; k < kc; k++) {
-            for (int64_t r = 0; r < m; r++)
-                pa[k * MR + r] = a[(i + r) * ars + k * acs];
-            for (int64_t r = m; r < MR; r++)
-                pa[k * MR + r] = 0;
-        }
-    }
-}
-
-static void pack_b(int64_t kc, int64_t nc, const float *b, int64_t brs, int64_t bcs, float *pb) {
-    for (int64_t j = 0; j < nc; j += NR, pb += NR * kc) {
-        int64_t n = nc - j < NR ? nc - j : NR;
-        if (brs == 1 && bcs != 1) {
-            for (int64_t k0 = 0; k0 < kc; k0 += TB) {
-                int64_t kn = kc - k0 < TB ? kc - k0 : TB;
-#ifdef HAVE_TR16
-                if (kn == 16) {
-                    for (int64_t c0 = 0; c0 < NR; c0 += 16) {
-                        int rows = (int)(n - c0 < 0 ? 0 : n - c0 > 16 ? 16 : n - c0);
-                        tr16(b + k0 + (j + c0) * bcs, bcs, rows, pb + k0 * NR + c0, NR, 16);
+                    for (int64_t r0 = 0; r0 < w; r0 += 16) {
+                        int rows = (int)(m - r0 < 0 ? 0 : m - r0 > 16 ? 16 : m - r0);
+                        tr16(s + r0 * rs + k0, rs, rows, dst + k0 * w + r0, w,
+                             (int)(w - r0 < 16 ? w - r0 : 16));
                     }
                     continue;
                 }
 #endif
-                for (int64_t c = 0; c < NR; c++)
+                for (int64_t r = 0; r < w; r++)
                     for (int64_t k = k0; k < k0 + kn; k++)
-                        pb[k * NR + c] = c < n ? b[k + (j + c) * bcs] : 0;
+                        dst[k * w + r] = r < m ? s[r * rs + k] : 0;
             }
             continue;
         }
         for (int64_t k = 0; k < kc; k++) {
-            const float *src = b + k * brs + j * bcs;
-            if (bcs == 1 && n == NR) {
-                memcpy(pb + k * NR, src, NR * sizeof(float));
+            if (rs == 1 && m == w) {
+                memcpy(dst + k * w, s + k * ks, sizeof(float) * (size_t)w);
                 continue;
             }
-            for (int64_t c = 0; c < n; c++)
-                pb[k * NR + c] = src[c * bcs];
-            for (int64_t c = n; c < NR; c++)
-                pb[k * NR + c] = 0;
+            for (int64_t r = 0; r < m; r++)
+                dst[k * w + r] = s[r * rs + k * ks];
+            for (int64_t r = m; r < w; r++)
+                dst[k * w + r] = 0;
         }
     }
 }
@@ -195,10 +172,10 @@ static void gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
         int64_t nc = N - jc < nstep ? N - jc : nstep;
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
-            pack_b(kc, nc, b + pc * brs + jc * bcs, brs, bcs, pb);
+            pack(nc, kc, b + pc * brs + jc * bcs, bcs, brs, NR, pb);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
-                pack_a(mc, kc, a + ic * ars + pc * acs, ars, acs, pa);
+                pack(mc, kc, a + ic * ars + pc * acs, ars, acs, MR, pa);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     for (int64_t ir = 0; ir < mc; ir += MR)
                         micro(kc, pa + ir * kc, pb + jr * kc, c + (ic + ir) * ldc + (jc + jr) * cs,
