@@ -179,11 +179,11 @@ static const char *const forward_only[] = {"INPUT",   "CONST",  "PERSIST", "CMPG
                                            "MAXMASK", "ONEHOT", "STORE",   "SYNC",  "POOLGRAD"};
 
 static const char *const all_ops[] = {
-#define LOOM_LEAF(name)                #name,
+#define LOOM_LEAF(name, attr)          #name,
 #define LOOM_EW(name, arity, expr)     #name,
 #define LOOM_RED(name, combine, ident) #name,
-#define LOOM_MOV(name)                 #name,
-#define LOOM_OPQ(name, arity)          #name,
+#define LOOM_MOV(name, attr)           #name,
+#define LOOM_OPQ(name, arity, attr)    #name,
 #include "../src/graph/ops.def"
 };
 

@@ -762,11 +762,11 @@ static loom_status check_finite(const loom__program *p, const loom__bind *b, int
  */
 
 static const kernel_fn kernels[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name)                [LOOM_OP_##name] = k_##name,
+#define LOOM_LEAF(name, attr)          [LOOM_OP_##name] = k_##name,
 #define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = k_##name,
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = k_##name,
-#define LOOM_MOV(name)                 [LOOM_OP_##name] = k_##name,
-#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = k_##name,
+#define LOOM_MOV(name, attr)           [LOOM_OP_##name] = k_##name,
+#define LOOM_OPQ(name, arity, attr)    [LOOM_OP_##name] = k_##name,
 #include "../graph/ops.def"
 };
 

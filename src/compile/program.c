@@ -109,48 +109,41 @@ static uint64_t graph_hash(const loom_graph *g) {
             loom__hash_u64(&h, (uint64_t)t->shape[d]);
         for (int k = 0; k < 3; k++)
             loom__hash_u64(&h, t->src[k] ? (uint64_t)t->src[k]->id : ~0ull);
-        switch ((loom__op)t->op) {
-            case LOOM_OP_CONST: {
+        switch (loom__ops[t->op].attr) { /* the attribute ops.def says this op reads */
+            case LOOM_ATTR_VALUE: {
                 uint64_t bits;
                 memcpy(&bits, &t->attr.value, sizeof bits);
                 loom__hash_u64(&h, bits);
                 break;
             }
-            case LOOM_OP_PERSIST:
-            case LOOM_OP_STORE:
-            case LOOM_OP_SYNC:
+            case LOOM_ATTR_PERSIST:
                 loom__hash_u64(&h, (uint64_t)t->attr.persist.slab);
                 loom__hash_u64(&h, (uint64_t)t->attr.persist.offset);
                 break;
-            case LOOM_OP_INPUT:
+            case LOOM_ATTR_INPUT:
                 loom__hash_u64(&h, (uint64_t)t->attr.input);
                 break;
-            case LOOM_OP_PERMUTE:
+            case LOOM_ATTR_PERM:
                 for (int d = 0; d < t->ndim; d++)
                     loom__hash_u64(&h, (uint64_t)t->attr.perm[d]);
                 break;
-            case LOOM_OP_UNFOLD:
-            case LOOM_OP_FOLD:
-            case LOOM_OP_POOLMAX:
-            case LOOM_OP_POOLGRAD: {
+            case LOOM_ATTR_WINDOW: {
                 const loom_window *w = &t->attr.win;
                 loom__hash_u64(&h, (uint64_t)w->kh << 48 | (uint64_t)w->kw << 32 |
                                        (uint64_t)w->sh << 16 | (uint64_t)w->sw);
                 loom__hash_u64(&h, (uint64_t)w->ph << 32 | (uint64_t)w->pw);
                 break;
             }
-            case LOOM_OP_ONEHOT:
+            case LOOM_ATTR_CLASSES:
                 loom__hash_u64(&h, (uint64_t)t->attr.classes);
                 break;
-            case LOOM_OP_ALLREDUCE:
+            case LOOM_ATTR_REDUCE:
                 loom__hash_u64(&h, (uint64_t)t->attr.reduce);
                 break;
-            case LOOM_OP_SUM:
-            case LOOM_OP_MAX:
-            case LOOM_OP_MAXMASK:
+            case LOOM_ATTR_AXIS:
                 loom__hash_u64(&h, (uint64_t)t->attr.axis);
                 break;
-            default:
+            case LOOM_ATTR_NONE:
                 break;
         }
     }

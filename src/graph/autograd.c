@@ -11,19 +11,19 @@ typedef void (*grad_rule)(loom_graph *g, loom_tensor *t, loom_tensor *gy, loom_t
 
 #define RULE(name) \
     static void grad_##name(loom_graph *g, loom_tensor *t, loom_tensor *gy, loom_tensor **gx)
-#define LOOM_LEAF(name)                RULE(name);
+#define LOOM_LEAF(name, attr)          RULE(name);
 #define LOOM_EW(name, arity, expr)     RULE(name);
 #define LOOM_RED(name, combine, ident) RULE(name);
-#define LOOM_MOV(name)                 RULE(name);
-#define LOOM_OPQ(name, arity)          RULE(name);
+#define LOOM_MOV(name, attr)           RULE(name);
+#define LOOM_OPQ(name, arity, attr)    RULE(name);
 #include "ops.def"
 
 static const grad_rule rules[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name)                [LOOM_OP_##name] = grad_##name,
+#define LOOM_LEAF(name, attr)          [LOOM_OP_##name] = grad_##name,
 #define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = grad_##name,
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = grad_##name,
-#define LOOM_MOV(name)                 [LOOM_OP_##name] = grad_##name,
-#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = grad_##name,
+#define LOOM_MOV(name, attr)           [LOOM_OP_##name] = grad_##name,
+#define LOOM_OPQ(name, arity, attr)    [LOOM_OP_##name] = grad_##name,
 #include "ops.def"
 };
 

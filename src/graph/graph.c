@@ -10,11 +10,12 @@
 #include <string.h>
 
 const loom__opinfo loom__ops[LOOM_OP_COUNT] = {
-#define LOOM_LEAF(name)                [LOOM_OP_##name] = {#name, LOOM_KIND_LEAF, 0},
-#define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = {#name, LOOM_KIND_EW, arity},
-#define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = {#name, LOOM_KIND_RED, 1},
-#define LOOM_MOV(name)                 [LOOM_OP_##name] = {#name, LOOM_KIND_MOV, 1},
-#define LOOM_OPQ(name, arity)          [LOOM_OP_##name] = {#name, LOOM_KIND_OPQ, arity},
+#define LOOM_LEAF(name, attr)          [LOOM_OP_##name] = {#name, LOOM_KIND_LEAF, 0, LOOM_ATTR_##attr},
+#define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = {#name, LOOM_KIND_EW, arity, LOOM_ATTR_NONE},
+#define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = {#name, LOOM_KIND_RED, 1, LOOM_ATTR_AXIS},
+#define LOOM_MOV(name, attr)           [LOOM_OP_##name] = {#name, LOOM_KIND_MOV, 1, LOOM_ATTR_##attr},
+#define LOOM_OPQ(name, arity, attr) \
+    [LOOM_OP_##name] = {#name, LOOM_KIND_OPQ, arity, LOOM_ATTR_##attr},
 #include "ops.def"
 };
 

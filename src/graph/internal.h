@@ -12,11 +12,11 @@
 #include "../core/internal.h"
 
 typedef enum {
-#define LOOM_LEAF(name)                LOOM_OP_##name,
+#define LOOM_LEAF(name, attr)          LOOM_OP_##name,
 #define LOOM_EW(name, arity, expr)     LOOM_OP_##name,
 #define LOOM_RED(name, combine, ident) LOOM_OP_##name,
-#define LOOM_MOV(name)                 LOOM_OP_##name,
-#define LOOM_OPQ(name, arity)          LOOM_OP_##name,
+#define LOOM_MOV(name, attr)           LOOM_OP_##name,
+#define LOOM_OPQ(name, arity, attr)    LOOM_OP_##name,
 #include "ops.def"
     LOOM_OP_COUNT
 } loom__op;
@@ -29,10 +29,24 @@ typedef enum {
     LOOM_KIND_OPQ
 } loom__kind;
 
+/* Which field of loom__attr an op reads (declared per op in ops.def). */
+typedef enum {
+    LOOM_ATTR_NONE,
+    LOOM_ATTR_AXIS,
+    LOOM_ATTR_PERM,
+    LOOM_ATTR_WINDOW,
+    LOOM_ATTR_CLASSES,
+    LOOM_ATTR_VALUE,
+    LOOM_ATTR_REDUCE,
+    LOOM_ATTR_INPUT,
+    LOOM_ATTR_PERSIST
+} loom__attrkind;
+
 typedef struct {
     const char *name; /* "ADD" */
     loom__kind kind;
     int arity;
+    loom__attrkind attr;
 } loom__opinfo;
 extern const loom__opinfo loom__ops[LOOM_OP_COUNT];
 
@@ -40,17 +54,18 @@ extern const loom__opinfo loom__ops[LOOM_OP_COUNT];
 typedef enum { LOOM_SLAB_PARAM, LOOM_SLAB_GRAD, LOOM_SLAB_STATE, LOOM_SLAB_COUNT } loom__slab;
 
 typedef union {
-    int axis;                /* SUM, MAX, MAXMASK */
-    int perm[LOOM_MAX_DIMS]; /* PERMUTE */
-    loom_window win;       /* UNFOLD, FOLD, POOLMAX, POOLGRAD (strides already defaulted to >= 1) */
-    int64_t classes;       /* ONEHOT */
-    double value;          /* CONST */
-    loom_reduce_op reduce; /* ALLREDUCE */
-    int32_t input;         /* INPUT: ordinal among the graph's inputs */
+    /* one field per loom__attrkind; ops.def says which op reads which */
+    int axis;                /* AXIS */
+    int perm[LOOM_MAX_DIMS]; /* PERM */
+    loom_window win;         /* WINDOW (strides already defaulted to >= 1) */
+    int64_t classes;         /* CLASSES */
+    double value;            /* VALUE */
+    loom_reduce_op reduce;   /* REDUCE */
+    int32_t input;           /* INPUT: ordinal among the graph's inputs */
     struct {
         int32_t slab;   /* loom__slab */
         int64_t offset; /* in elements */
-    } persist;          /* PERSIST, STORE (the target) */
+    } persist;          /* PERSIST (of a STORE or SYNC: the target) */
 } loom__attr;
 
 /* What an INPUT is bound to when the step runs (per device under data parallelism). */
