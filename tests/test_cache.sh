@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_cache.sh LOOM - the kernel cache across processes: two processes compiling the same
 # programs at once into an empty cache both succeed; a third compiles nothing (all disk hits);
-# LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets.
+# LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets; with
+# loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel and its input gradient's fold
+# computes its product.
 set -u
 loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/cache.$$"
@@ -28,6 +30,17 @@ if ls "$tmp"/dump/*.c >/dev/null 2>&1 && grep -q "void loom_k" "$tmp"/dump/*.c &
     echo "ok   LOOM_DUMP wrote $(ls "$tmp"/dump/*.c | wc -l) sources and $(ls "$tmp"/dump/*.schedule | wc -l) schedules"
 else
     fail "LOOM_DUMP wrote nothing"
+fi
+
+if "$loom" info | grep -q "matmul: loom's"; then
+    LOOM_DUMP="$tmp/dump-cnn" XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-cnn --steps 2 \
+        --devices 1 >"$tmp/e" 2>&1 || fail "cnn: $(tail -2 "$tmp/e")"
+    train=$(grep -l "POOLGRAD" "$tmp"/dump-cnn/*.schedule)
+    if [ -n "$train" ] && ! grep -q "UNFOLD" $train && grep -q "FOLD .*computing MATMUL" $train; then
+        echo "ok   the CNN's step has no im2col kernel; its fold computes the product"
+    else
+        fail "cnn schedule: $(grep -h "FOLD" "$tmp"/dump-cnn/*.schedule)"
+    fi
 fi
 
 CC=/nonexistent/cc XDG_CACHE_HOME="$tmp/cache2" "$loom" train fmnist-mlp --steps 3 --devices 1 >"$tmp/d" 2>&1 ||

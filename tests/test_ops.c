@@ -390,6 +390,80 @@ TEST(conv2d_and_pool_match_naive_loops) {
     loom_graph_free(g);
 }
 
+/* conv2d without padding in float32 (with loom's matmul: the product reads the input through a
+ * grouped view, no im2col buffer, and the input gradient is added into the image by the fold that
+ * computes its product), forward and both gradients against naive loops in double. Shapes cross
+ * the sgemm's tiles and blocks: a ragged column count, stride 2, a non-square kernel, and 300
+ * output channels (the input gradient's product then spans two k blocks, added twice). */
+static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S, int *bad) {
+    int OH = (H - KH) / S + 1, OW = (W - KW) / S + 1;
+    int nx = N * C * H * W, nw = O * C * KH * KW, ny = N * O * OH * OW;
+    float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)nw);
+    float *dy = malloc(sizeof(float) * (size_t)ny);
+    double *rdx = calloc((size_t)nx, sizeof(double)), *rdw = calloc((size_t)nw, sizeof(double));
+    for (int i = 0; i < nx; i++)
+        x[i] = (float)test_rand(11, (uint64_t)i, -1, 1);
+    for (int i = 0; i < nw; i++)
+        w[i] = (float)test_rand(12, (uint64_t)i, -1, 1);
+    for (int i = 0; i < ny; i++)
+        dy[i] = (float)test_rand(13, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sy[4] = {N, O, OH, OW};
+    loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x), *tw = loom_input(g, LOOM_F32, 4, sw, w);
+    loom_requires_grad(tx), loom_requires_grad(tw);
+    loom_tensor *y = loom_conv2d(g, tx, tw, NULL, S, 0);
+    loom_tensor *loss = loom_sum_all(g, loom_mul(g, y, loom_input(g, LOOM_F32, 4, sy, dy)));
+    loom_tensor *dx = loom_grad(g, loss, tx), *dw = loom_grad(g, loss, tw);
+    loom_output(y), loom_output(dx), loom_output(dw);
+    if (loom_graph_run(g) != LOOM_OK) {
+        fprintf(stderr, "conv: %s\n", loom_last_error());
+        (*bad)++;
+        goto done;
+    }
+    const float *py = loom_tensor_data(y), *pdx = loom_tensor_data(dx), *pdw = loom_tensor_data(dw);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++)
+            for (int oy = 0; oy < OH; oy++)
+                for (int ox = 0; ox < OW; ox++) {
+                    double ref = 0, d = dy[((n * O + o) * OH + oy) * OW + ox];
+                    for (int c = 0; c < C; c++)
+                        for (int i = 0; i < KH; i++)
+                            for (int j = 0; j < KW; j++) {
+                                int xi = ((n * C + c) * H + oy * S + i) * W + ox * S + j;
+                                int wi = ((o * C + c) * KH + i) * KW + j;
+                                ref += (double)x[xi] * w[wi];
+                                rdx[xi] += d * w[wi];
+                                rdw[wi] += d * x[xi];
+                            }
+                    *bad += !(fabs(py[((n * O + o) * OH + oy) * OW + ox] - ref) <=
+                              1e-5 * fmax(1.0, fabs(ref)) * sqrt(C * KH * KW));
+                }
+    /* float32 sums: error bounds grow with the square root of the number of terms */
+    for (int i = 0; i < nx; i++)
+        *bad += !(fabs(pdx[i] - rdx[i]) <= 1e-5 * fmax(1.0, fabs(rdx[i])) * sqrt(O * KH * KW));
+    for (int i = 0; i < nw; i++)
+        *bad += !(fabs(pdw[i] - rdw[i]) <= 1e-5 * fmax(1.0, fabs(rdw[i])) * sqrt(N * OH * OW));
+done:
+    loom_graph_free(g);
+    free(x), free(w), free(dy), free(rdx), free(rdw);
+}
+
+TEST(conv2d_views_match_naive_loops) {
+    const int shapes[][8] = {
+        {3, 5, 9, 11, 13, 3, 3, 1},   /* N*OH*OW = 189 columns: ragged tiles */
+        {2, 4, 12, 10, 7, 3, 2, 2},   /* stride 2, non-square kernel */
+        {2, 2, 5, 5, 300, 2, 2, 1},   /* input gradient's product over two k blocks */
+        {4, 32, 13, 13, 64, 3, 3, 1}, /* the CNN's conv2 at batch 4 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const int *s = shapes[i];
+        int bad = 0;
+        check_conv(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], &bad);
+        if (bad)
+            FAILF("conv shape %zu: %d wrong elements", i, bad);
+    }
+}
+
 /* pool_max and pool_max_grad against naive loops, with many ties (values from 4 levels, so that
  * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input,
  * for the specialised 2x2 window and the general path (overlapping, padded, odd sizes). */
@@ -534,6 +608,7 @@ int main(void) {
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(conv2d_and_pool_match_naive_loops);
+    RUN(conv2d_views_match_naive_loops);
     RUN(pool_matches_naive_loops);
     RUN(long_reductions_match_naive);
     RUN(forward_only_ops);

@@ -5,6 +5,9 @@
  * arithmetic with FMA. Measured on this project's shapes it beats the OpenBLAS kernel that runs
  * under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
  * (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses BLAS.
+ * Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
+ * packed straight from the image by runs of contiguous lanes, and a compound C is written
+ * element by element from the register tile (with accumulate, as C += A B).
  * Every element is summed in a fixed order (k ascending within KC blocks), so runs repeat bitwise.
  */
 #include "internal.h"
@@ -19,7 +22,28 @@
 #define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
-    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR)) + 128;
+    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR)) +
+           sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
+}
+
+/* Offsets of indices from, from + 1, ... (count of them) of compound dimension d. */
+static void gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t *out) {
+    int64_t dig[LOOM_GDIM_MAX], off = 0, i = from;
+    for (int s = d->n - 1; s >= 0; s--) {
+        dig[s] = i % d->size[s];
+        i /= d->size[s];
+        off += dig[s] * d->stride[s];
+    }
+    for (int64_t k = 0; k < count; k++) {
+        out[k] = off;
+        for (int s = d->n - 1; s >= 0; s--) {
+            off += d->stride[s];
+            if (++dig[s] < d->size[s])
+                break;
+            off -= d->stride[s] * d->size[s];
+            dig[s] = 0;
+        }
+    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -105,10 +129,52 @@ static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_
 
 #if defined(__x86_64__) && defined(__GNUC__)
 
-/* C[m x n] (= or +=) packed A panel x packed B panel, over kc. */
+/* pack() for compound operands: lane offsets are grouped into runs contiguous in memory (up to
+ * 16), each copied per k by one masked load and store. */
+__attribute__((target("avx512f"))) static void pack_runs(const float *src, const int64_t *loff,
+                                                         int64_t m, const int64_t *koff, int64_t kc,
+                                                         int64_t w, float *dst) {
+    int64_t r0[NR], len[NR], nr = 0;
+    for (int64_t r = 0; r < m; r += len[nr++]) {
+        r0[nr] = r, len[nr] = 1;
+        while (r + len[nr] < m && len[nr] < 16 && loff[r + len[nr]] == loff[r] + len[nr])
+            len[nr]++;
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const float *s = src + koff[k];
+        float *d = dst + k * w;
+        for (int64_t q = 0; q < nr; q++) {
+            __mmask16 mk = (__mmask16)((1u << len[q]) - 1);
+            _mm512_mask_storeu_ps(d + r0[q], mk, _mm512_maskz_loadu_ps(mk, s + loff[r0[q]]));
+        }
+        for (int64_t r = m; r < w; r++)
+            d[r] = 0;
+    }
+}
+
+/* Packs lanes [i0, i0 + lanes) x k [k0, k0 + kc) of operand x (lanes along dimension ld, k along
+ * kd) into panels of w lanes; koff and loff are scratch. */
+static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lanes,
+                   const loom__gdim *kd, int64_t k0, int64_t kc, int64_t w, float *dst,
+                   int64_t *koff, int64_t *loff) {
+    if (ld->n == 1 && kd->n == 1) {
+        pack(lanes, kc, x + i0 * ld->stride[0] + k0 * kd->stride[0], ld->stride[0], kd->stride[0],
+             w, dst);
+        return;
+    }
+    gd_offsets(kd, k0, kc, koff);
+    for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
+        int64_t m = lanes - i < w ? lanes - i : w;
+        gd_offsets(ld, i0 + i, m, loff);
+        pack_runs(x, loff, m, koff, kc, w, dst);
+    }
+}
+
+/* C tile (MR x NR, row-major) = packed A panel x packed B panel over kc, into `tile`, or straight
+ * into c (a full tile of a row-major C) when tile is NULL. */
 __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa, const float *pb,
-                                                     float *c, int64_t ldc, int64_t cs, int64_t m,
-                                                     int64_t n, bool accumulate) {
+                                                     float *c, int64_t ldc, bool accumulate,
+                                                     float *tile) {
     __m512 acc[MR][2];
 #    pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -122,45 +188,63 @@ __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa
             acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
         }
     }
-    if (m == MR && n == NR && cs == 1) {
+    if (tile) {
 #    pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
-            float *cr = c + r * ldc;
-            if (accumulate) {
-                acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_loadu_ps(cr));
-                acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_loadu_ps(cr + 16));
-            }
-            _mm512_storeu_ps(cr, acc[r][0]);
-            _mm512_storeu_ps(cr + 16, acc[r][1]);
+            _mm512_storeu_ps(tile + r * NR, acc[r][0]);
+            _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
         }
         return;
     }
-    float tile[MR * NR];
+#    pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
-        _mm512_storeu_ps(tile + r * NR, acc[r][0]);
-        _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
-    }
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++) {
-            float *cj = c + r * ldc + j * cs;
-            *cj = accumulate ? *cj + tile[r * NR + j] : tile[r * NR + j];
+        float *cr = c + r * ldc;
+        if (accumulate) {
+            acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_loadu_ps(cr));
+            acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_loadu_ps(cr + 16));
         }
+        _mm512_storeu_ps(cr, acc[r][0]);
+        _mm512_storeu_ps(cr + 16, acc[r][1]);
+    }
+}
+
+/* Writes the m x n corner of a tile to C at row offsets roff and column offsets coff. */
+static void put_tile(const float *tile, float *c, const int64_t *roff, const int64_t *coff,
+                     int64_t m, int64_t n, bool accumulate) {
+    for (int64_t r = 0; r < m; r++) {
+        float *cr = c + roff[r];
+        const float *t = tile + r * NR;
+        if (accumulate)
+            for (int64_t j = 0; j < n; j++)
+                cr[coff[j]] += t[j];
+        else
+            for (int64_t j = 0; j < n; j++)
+                cr[coff[j]] = t[j];
+    }
 }
 
 bool loom__gemm_available(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
-/* C(i,j) = c[i*ldc + j*cs]. */
-static void gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
-                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, int64_t cs,
+static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                 float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                  void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC;
+    int64_t *koff = (int64_t *)(pb + (size_t)KC * (NC + 2 * NR)), *loff = koff + KC;
+    int64_t *roff = loff + NR, *coff = roff + MC + MR;
+    /* a row-major C takes full tiles straight from the registers */
+    bool plain = crow->n == 1 && ccol->n == 1 && ccol->stride[0] == 1;
+    int64_t ldc = crow->stride[0];
     if (K == 0) {
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++)
-                c[i * ldc + j * cs] = 0;
+        for (int64_t i = 0; i < M && !accumulate; i++) {
+            gd_offsets(crow, i, 1, roff);
+            for (int64_t j = 0; j < N; j++) {
+                gd_offsets(ccol, j, 1, coff);
+                c[roff[0] + coff[0]] = 0;
+            }
+        }
         return;
     }
     /* K in equal blocks of at most KC (288 = 2 x 144, not 256 + 32: a thin last block would pay a
@@ -168,36 +252,68 @@ static void gemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
     /* N in equal NR-aligned blocks of about NC: 288 = 160 + 128, not 256 + 32. */
     int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
+    float tile[MR * NR];
     for (int64_t jc = 0; jc < N; jc += nstep) {
         int64_t nc = N - jc < nstep ? N - jc : nstep;
+        gd_offsets(ccol, jc, nc, coff);
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
-            pack(nc, kc, b + pc * brs + jc * bcs, bcs, brs, NR, pb);
+            bool acc = accumulate || pc > 0;
+            pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, NR, pb, koff, loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
-                pack(mc, kc, a + ic * ars + pc * acs, ars, acs, MR, pa);
+                pack_g(a->p, &a->row, ic, mc, &a->col, pc, kc, MR, pa, koff, loff);
+                gd_offsets(crow, ic, mc, roff);
                 for (int64_t jr = 0; jr < nc; jr += NR)
-                    for (int64_t ir = 0; ir < mc; ir += MR)
-                        micro(kc, pa + ir * kc, pb + jr * kc, c + (ic + ir) * ldc + (jc + jr) * cs,
-                              ldc, cs, mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
-                              pc > 0);
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < NR ? nc - jr : NR;
+                        const float *ap = pa + ir * kc, *bp = pb + jr * kc;
+                        if (plain && m == MR && n == NR) {
+                            micro(kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc, NULL);
+                            continue;
+                        }
+                        micro(kc, ap, bp, NULL, 0, false, tile);
+                        put_tile(tile, c, roff + ir, coff + jr, m, n, acc);
+                    }
             }
         }
     }
 }
 
-void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
-                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {
+static loom__gdim gd1(int64_t size, int64_t stride) {
+    return (loom__gdim){.n = 1, .size = {size}, .stride = {stride}};
+}
+
+static loom__gmat transposed(const loom__gmat *x) {
+    return (loom__gmat){.p = x->p, .row = x->col, .col = x->row};
+}
+
+void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
     /* A product narrower than half a panel (conv1's weight gradient: 32 x 9) runs as its
      * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
-    if (N < NR / 2 && M > N)
-        gemm(N, M, K, b, bcs, brs, a, acs, ars, c, 1, ldc, scratch);
-    else
-        gemm(M, N, K, a, ars, acs, b, brs, bcs, c, ldc, 1, scratch);
+    if (N < NR / 2 && M > N) {
+        loom__gmat at = transposed(a), bt = transposed(b);
+        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, scratch);
+    } else {
+        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+    }
+}
+
+void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {
+    loom__gmat ga = {a, gd1(M, ars), gd1(K, acs)}, gb = {b, gd1(K, brs), gd1(N, bcs)};
+    loom__sgemm_g(M, N, K, &ga, &gb, c, gd1(M, ldc), gd1(N, 1), false, scratch);
 }
 #else
 bool loom__gemm_available(void) {
     return false;
+}
+void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)crow, (void)ccol;
+    (void)accumulate, (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm_g without AVX-512");
 }
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {

@@ -40,6 +40,14 @@ typedef struct {
     loom__layout src_lay;
     int64_t copy_shape[LOOM_MAX_DIMS];
     int copy_ndim;
+    bool virt; /* an UNFOLD without padding run by no kernel: a strided view of its input */
+    /* A grouped view (gndim > 0): a 2-D RESHAPE (or its PERMUTE) of a view no strides express,
+     * such as an unfold read as a matrix. lay.stride[0..gndim) are the strides of the source's dims
+     * gshape; dims [0, gsplit) form the rows, the rest the columns (swapped when gtrans). Only a
+     * product reads one (its operand packing walks the dims); any other reader copies it first. */
+    int8_t gndim, gsplit;
+    bool gtrans;
+    int64_t gshape[LOOM_MAX_DIMS];
     int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
     int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
 } loom__pnode;
@@ -94,11 +102,29 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b);
 /* How BLAS can read a (rows x cols) matrix with these strides: false if it cannot. */
 bool loom__blas_layout(int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool *trans,
                        int64_t *ld);
-/* gemm.c: loom's AVX-512 sgemm, C (ldc, row-major) = A B with A(i,k) = a[i*ars + k*acs] and
- * B(k,j) = b[k*brs + j*bcs]; scratch holds loom__gemm_scratch_bytes(). Only where
+/* gemm.c: loom's AVX-512 sgemm. A matrix dimension may be compound: index i splits into digits
+ * over up to LOOM_GDIM_MAX sub-dimensions (size[0] outermost) and addresses sum digit * stride. An
+ * unfold viewed as a matrix is one: rows (C,KH,KW) and columns (N,OH,OW) over the image, so a
+ * convolution's product reads the image itself (no im2col buffer), and its input gradient can be
+ * added straight into the image (C += A B). */
+#define LOOM_GDIM_MAX 4
+typedef struct {
+    int n;
+    int64_t size[LOOM_GDIM_MAX], stride[LOOM_GDIM_MAX];
+} loom__gdim;
+typedef struct {
+    const float *p;
+    loom__gdim row, col;
+} loom__gmat;
+/* C (=, or += with accumulate) A B for (M x K) A and (K x N) B, C(i,j) at c + crow(i) + ccol(j);
+ * scratch holds
+ * loom__gemm_scratch_bytes(). Every element is summed in a fixed order. Only where
  * loom__gemm_available() (the interpreter falls back to BLAS otherwise). */
 bool loom__gemm_available(void);
 size_t loom__gemm_scratch_bytes(void);
+void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch);
+/* The plain case: A(i,k) = a[i*ars + k*acs], B(k,j) = b[k*brs + j*bcs], C row-major (ldc). */
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS

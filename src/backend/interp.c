@@ -404,9 +404,52 @@ bool loom__use_own_gemm(void) {
     return loom__gemm_available() && !(m && strcmp(m, "blas") == 0);
 }
 
+/* Rows and columns of a product's operand (the last two dims), compound for a grouped view. */
+static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col) {
+    int nd = s->ndim;
+    if (!s->gndim) {
+        *row = (loom__gdim){.n = 1, .size = {s->shape[nd - 2]}, .stride = {s->lay.stride[nd - 2]}};
+        *col = (loom__gdim){.n = 1, .size = {s->shape[nd - 1]}, .stride = {s->lay.stride[nd - 1]}};
+        return;
+    }
+    loom__gdim g[2] = {{0}, {0}};
+    for (int d = 0; d < s->gndim; d++) {
+        loom__gdim *x = &g[d >= s->gsplit];
+        x->size[x->n] = s->gshape[d];
+        x->stride[x->n++] = s->lay.stride[d];
+    }
+    *row = g[s->gtrans], *col = g[!s->gtrans];
+}
+
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
+    if (t->dtype == LOOM_F32 && loom__use_own_gemm()) { /* any strides, grouped views too */
+        int64_t batch = loom__numel(nd - 2, t->shape), idx[MAXD] = {0}, oa = 0, ob = 0;
+        int64_t m = t->shape[nd - 2], n = t->shape[nd - 1];
+        loom__gmat ga = {.p = loom__addr(p, b, t->src[0])}, gb = {.p = loom__addr(p, b, t->src[1])};
+        operand_dims(A, &ga.row, &ga.col);
+        operand_dims(B, &gb.row, &gb.col);
+        float *o = loom__addr(p, b, id);
+        loom__gdim crow = {.n = 1, .size = {m}, .stride = {n}},
+                   ccol = {.n = 1, .size = {n}, .stride = {1}};
+        const float *a0 = ga.p, *b0 = gb.p;
+        for (int64_t r = 0; r < batch; r++) {
+            ga.p = a0 + oa, gb.p = b0 + ob;
+            if (m * n > 0)
+                loom__sgemm_g(m, n, loom__numel(ga.col.n, ga.col.size), &ga, &gb, o + r * m * n,
+                              crow, ccol, false, b->ws + p->gemm_scratch);
+            for (int d = nd - 3; d >= 0; d--) { /* next batch index */
+                idx[d]++;
+                oa += A->lay.stride[d], ob += B->lay.stride[d];
+                if (idx[d] < t->shape[d])
+                    break;
+                oa -= A->lay.stride[d] * t->shape[d], ob -= B->lay.stride[d] * t->shape[d];
+                idx[d] = 0;
+            }
+        }
+        return LOOM_OK;
+    }
     int64_t m = t->shape[nd - 2], n = t->shape[nd - 1], k = A->shape[nd - 1];
     bool ta = false, tb = false;
     int64_t lda = 1, ldb = 1;
@@ -427,11 +470,6 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
                         (const double *)(pa + (size_t)oa * es), (int)lda,
                         (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0, (double *)po,
                         (int)(n > 1 ? n : 1));
-        } else if (m * n > 0 && loom__use_own_gemm()) {
-            const float *fa = (const float *)(pa + (size_t)oa * es);
-            const float *fb = (const float *)(pb + (size_t)ob * es);
-            loom__sgemm(m, n, k, fa, ta ? 1 : lda, ta ? lda : 1, fb, tb ? 1 : ldb, tb ? ldb : 1,
-                        (float *)po, n, b->ws + p->gemm_scratch);
         } else if (m * n > 0) {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                         tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
@@ -551,7 +589,32 @@ static loom_status window_kernel(const loom__program *p, const loom__bind *b, in
 static loom_status k_UNFOLD(const loom__program *p, const loom__bind *b, int32_t id) {
     return window_kernel(p, b, id, false);
 }
+/* A fold that computes its product (compile/fuse.c): x = 0, then x(c, oy*sh + i, ox*sw + j) +=
+ * (A B)((c,i,j), (n,oy,ox)), each result added straight from the product's register tile. */
+static loom_status fold_product(const loom__program *p, const loom__bind *b, int32_t id,
+                                int32_t mid) {
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[mid];
+    const loom_window *w = &t->attr.win;
+    const loom__pnode *A = &p->nodes[m->src[0]], *B = &p->nodes[m->src[1]];
+    loom__gmat ga = {.p = loom__addr(p, b, m->src[0])}, gb = {.p = loom__addr(p, b, m->src[1])};
+    operand_dims(A, &ga.row, &ga.col);
+    operand_dims(B, &gb.row, &gb.col);
+    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
+    int64_t OH = (H - w->kh) / w->sh + 1, OW = (W - w->kw) / w->sw + 1;
+    loom__gdim crow = {.n = 3, .size = {C, w->kh, w->kw}, .stride = {H * W, W, 1}};
+    loom__gdim ccol = {
+        .n = 3, .size = {t->shape[0], OH, OW}, .stride = {C * H * W, W * w->sh, w->sw}};
+    float *x = loom__addr(p, b, id);
+    memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
+    loom__sgemm_g(m->shape[0], m->shape[1], loom__numel(ga.col.n, ga.col.size), &ga, &gb, x, crow,
+                  ccol, true, b->ws + p->gemm_scratch);
+    return LOOM_OK;
+}
+
 static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t id) {
+    int32_t v = p->nodes[id].src[0], m = p->nodes[v].src[0];
+    if (m >= 0 && p->nodes[m].fused_into == id)
+        return fold_product(p, b, id, m);
     return window_kernel(p, b, id, true);
 }
 

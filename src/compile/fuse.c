@@ -5,6 +5,9 @@
  * rooted at the node that is stored. Views, broadcasts and constants feeding a kernel are its
  * leaves, read through their strides. Kernel roots are elementwise nodes that own a workspace
  * buffer, or that write their slab in place.
+ * Library kernels fuse too: a fold (col2im) of a product's output computes that product itself
+ * and adds each result straight into the image (a convolution's input gradient without its
+ * 17.8 MB column buffer).
  */
 #include "internal.h"
 
@@ -126,5 +129,41 @@ restart:
     }
     loom__free(readers);
     loom__free(reader);
+    return fused;
+}
+
+/* The product a fold reads through a contiguous reshape, or -1. */
+static int32_t folded_product(const loom__program *p, const loom__pnode *f) {
+    const loom__pnode *v = &p->nodes[f->src[0]];
+    if (v->op != LOOM_OP_RESHAPE || v->copy || v->lay.base != LOOM_BASE_WS || v->lay.offset != 0)
+        return -1;
+    const loom__pnode *m = &p->nodes[v->src[0]];
+    return m->op == LOOM_OP_MATMUL && m->ndim == 2 && v->lay.index == v->src[0] ? v->src[0] : -1;
+}
+
+int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out) {
+    if (!loom__use_own_gemm())
+        return 0;
+    int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
+    if (!readers)
+        return -1;
+    for (int64_t i = 0; i < p->n; i++)
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (p->nodes[i].src[k] >= 0)
+                readers[p->nodes[i].src[k]]++;
+    int64_t fused = 0;
+    for (int64_t i = 0; i < p->n; i++) {
+        loom__pnode *f = &p->nodes[i];
+        if (!live[i] || f->op != LOOM_OP_FOLD || f->dtype != LOOM_F32 || f->attr.win.ph ||
+            f->attr.win.pw || f->lay.base != LOOM_BASE_WS)
+            continue;
+        int32_t m = folded_product(p, f);
+        if (m < 0 || readers[m] != 1 || readers[f->src[0]] != 1 || is_out[m] || is_out[f->src[0]] ||
+            p->nodes[m].check || p->nodes[m].fused_into >= 0)
+            continue;
+        p->nodes[m].fused_into = (int32_t)i;
+        fused++;
+    }
+    loom__free(readers);
     return fused;
 }

@@ -19,6 +19,10 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
  * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the
  * number of ops fused away, -1 out of memory. */
 int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out);
+/* Library kernels that compute their producer: a FOLD of a product's output (padding 0) runs the
+ * product itself, adding into its image (the product's fused_into names the fold). Returns the
+ * number fused, -1 out of memory. After loom__fuse. */
+int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

@@ -1,7 +1,10 @@
 /*
  * memplan.c - where every value of a program lives. In creation order:
  *   layouts: views become strides over their source; a view that BLAS cannot read, a
- *     non-contiguous reshape or output is materialized; other nodes get a buffer of their own;
+ *     non-contiguous reshape or output is materialized; other nodes get a buffer of their own.
+ *     With loom's own matmul, an unfold without padding is a view too (overlapping strides over
+ *     its input) and a product reads it as a matrix through a grouped view (no im2col buffer);
+ *     any other reader of such a view gets a copy;
  *   in place: a value that is then stored into a persistent slab is computed in its slab place
  *     when no reader can tell (gradients, optimizer state, parameter updates cost no copy);
  *   buffers: workspace offsets by first fit over the live buffers, each freed after its last
@@ -54,6 +57,7 @@ static void materialize(loom__program *p, int64_t id) {
     loom__pnode *t = &p->nodes[id];
     const loom__pnode *s = &p->nodes[t->src[0]];
     t->copy = true;
+    t->gndim = 0;
     if (t->op == LOOM_OP_RESHAPE) { /* copy the source in row-major order */
         t->src_lay = s->lay;
         t->copy_ndim = s->ndim;
@@ -67,6 +71,58 @@ static void materialize(loom__program *p, int64_t id) {
     t->lay.base = LOOM_BASE_WS;
     t->lay.index = (int32_t)id;
     contiguous(t->ndim, t->shape, t->lay.stride);
+}
+
+/* An unfold without padding, read by loom's matmul, is a view: (C,KH,KW,N,OH,OW) strides over
+ * its (N,C,H,W) input, windows overlapping. */
+static bool unfold_view(loom__pnode *t, const loom__pnode *s) {
+    const loom_window *w = &t->attr.win;
+    if (t->op != LOOM_OP_UNFOLD || w->ph || w->pw || t->dtype != LOOM_F32 || !loom__use_own_gemm())
+        return false;
+    const int64_t *x = s->lay.stride;
+    int64_t st[6] = {x[1], x[2], x[3], x[0], x[2] * w->sh, x[3] * w->sw};
+    t->lay = s->lay;
+    memcpy(t->lay.stride, st, sizeof st);
+    t->virt = true;
+    return true;
+}
+
+/* A 2-D reshape of a view that strides cannot express becomes a grouped view when its two dims
+ * are products of consecutive source dims and loom's matmul can read it. */
+static bool group(loom__pnode *t, const loom__pnode *s) {
+    if (t->ndim != 2 || s->gndim || t->dtype != LOOM_F32 || !loom__use_own_gemm())
+        return false;
+    int64_t rows = 1;
+    int q = 0;
+    while (q < s->ndim && rows < t->shape[0])
+        rows *= s->shape[q++];
+    if (rows != t->shape[0] || q == 0 || q > LOOM_GDIM_MAX || s->ndim - q > LOOM_GDIM_MAX ||
+        q == s->ndim)
+        return false;
+    t->lay = s->lay;
+    t->gndim = (int8_t)s->ndim, t->gsplit = (int8_t)q, t->gtrans = false;
+    memcpy(t->gshape, s->shape, sizeof t->gshape);
+    return true;
+}
+
+/* Whether node t reads its grouped source as such: a 2-D product or a 2-D permute of it. */
+static bool reads_grouped(const loom__pnode *t) {
+    return t->ndim == 2 && (t->op == LOOM_OP_PERMUTE || t->op == LOOM_OP_MATMUL);
+}
+
+/* Turns grouped view id into a value plain readers can read (a copy, or a permute's strides over
+ * its copied source). */
+static void ungroup(loom__program *p, int64_t id) {
+    loom__pnode *t = &p->nodes[id];
+    if (!t->gndim)
+        return;
+    t->gndim = 0;
+    if (t->op == LOOM_OP_PERMUTE) {
+        ungroup(p, t->src[0]);
+        view_layout(t, &p->nodes[t->src[0]], &t->lay);
+    } else {
+        materialize(p, id);
+    }
 }
 
 static bool blas_ok(const loom__pnode *t) {
@@ -83,6 +139,9 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
         loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
+        for (int k = 0; k < 3; k++)
+            if (t->src[k] >= 0 && !reads_grouped(t))
+                ungroup(p, t->src[k]);
         loom__layout *l = &t->lay;
         memset(l, 0, sizeof *l);
         contiguous(t->ndim, t->shape, l->stride);
@@ -105,26 +164,43 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
                 break;
             case LOOM_KIND_MOV: {
                 const loom__pnode *s = &p->nodes[t->src[0]];
-                bool reshape_ok =
-                    t->op != LOOM_OP_RESHAPE || is_contiguous(s->ndim, s->shape, s->lay.stride);
+                if (s->gndim) { /* a 2-D permute of a grouped view: rows and columns swap */
+                    t->lay = s->lay;
+                    t->gndim = s->gndim, t->gsplit = s->gsplit;
+                    t->gtrans = s->gtrans ^ (t->attr.perm[0] == 1);
+                    memcpy(t->gshape, s->gshape, sizeof t->gshape);
+                    if (is_out[i])
+                        ungroup(p, i);
+                    break;
+                }
+                bool reshape_ok = t->op != LOOM_OP_RESHAPE ||
+                                  (!s->virt && is_contiguous(s->ndim, s->shape, s->lay.stride));
                 if (reshape_ok)
                     view_layout(t, s, l);
+                else if (!is_out[i] && group(t, s))
+                    break;
                 if (!reshape_ok || (is_out[i] && !is_contiguous(t->ndim, t->shape, l->stride)))
                     materialize(p, i);
                 break;
             }
             default:
+                if (!is_out[i] && unfold_view(t, &p->nodes[t->src[0]]))
+                    break;
                 l->base =
                     t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC ? LOOM_BASE_NONE : LOOM_BASE_WS;
                 l->index = (int32_t)i;
                 break;
         }
-        if (t->check && !t->copy && loom__ops[t->op].kind == LOOM_KIND_MOV &&
+        if (t->check && !t->copy && (loom__ops[t->op].kind == LOOM_KIND_MOV || t->virt) &&
             l->base == LOOM_BASE_WS) /* a checked view: check the node that computes it */
             p->nodes[l->index].check = true;
-        for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++)
-            if (!blas_ok(&p->nodes[t->src[k]])) /* BLAS cannot read this view: copy it */
+        for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++) {
+            loom__pnode *s = &p->nodes[t->src[k]];
+            if (t->ndim != 2 || s->dtype != LOOM_F32 || !loom__use_own_gemm())
+                ungroup(p, t->src[k]);
+            if (!s->gndim && !blas_ok(s)) /* BLAS cannot read this view: copy it */
                 materialize(p, t->src[k]);
+        }
     }
 }
 
@@ -153,7 +229,7 @@ static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t
 
 static bool runs_kernel(const loom__pnode *t) {
     loom__kind kind = loom__ops[t->op].kind;
-    return (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy;
+    return (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt) || t->copy;
 }
 
 /* Whether node c reads or writes slab range [lo, hi). */
@@ -168,8 +244,14 @@ static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab,
         const loom__layout *l = read_layout(p, c, k);
         const loom__pnode *s = c->src[k] >= 0 ? &p->nodes[c->src[k]] : NULL;
         if (l && s &&
-            touches(l, c->copy ? c->copy_ndim : s->ndim, c->copy ? c->copy_shape : s->shape, slab,
-                    lo, hi))
+            touches(l,
+                    c->copy    ? c->copy_ndim
+                    : s->gndim ? s->gndim
+                               : s->ndim,
+                    c->copy    ? c->copy_shape
+                    : s->gndim ? s->gshape
+                               : s->shape,
+                    slab, lo, hi))
             return true;
     }
     return false;
@@ -191,7 +273,8 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
         const loom__pnode *in = &p->nodes[s->src[k]];
         bool same = l->offset == lo && !memcmp(l->stride, s->lay.stride, sizeof l->stride) &&
                     !memcmp(in->shape, s->shape, sizeof in->shape);
-        if (touches(l, in->ndim, in->shape, slab, lo, hi) &&
+        if (touches(l, in->gndim ? in->gndim : in->ndim, in->gndim ? in->gshape : in->shape, slab,
+                    lo, hi) &&
             (loom__ops[s->op].kind != LOOM_KIND_EW || !same))
             return false;
     }
@@ -287,7 +370,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             at = p->nodes[at].fused_into;
         if (t->copy)
             use(last, &t->src_lay, at);
-        else if (loom__ops[t->op].kind != LOOM_KIND_MOV)
+        else if (loom__ops[t->op].kind != LOOM_KIND_MOV && !t->virt)
             for (int k = 0; k < 3; k++)
                 if (t->src[k] >= 0)
                     use(last, &p->nodes[t->src[k]].lay, at);
@@ -299,8 +382,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         if (!live[i])
             continue;
         loom__kind kind = loom__ops[t->op].kind;
-        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV) || t->copy) && !t->elided &&
-                    t->fused_into < 0;
+        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt) || t->copy) &&
+                    !t->elided && t->fused_into < 0;
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {

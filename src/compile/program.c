@@ -34,6 +34,9 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
         }
     } else {
         fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
+        for (int64_t m = 0; m < id; m++)
+            if (p->nodes[m].fused_into == id)
+                fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
     }
     fputc('\n', f);
 }
@@ -235,6 +238,10 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         p->nodes[i].fused_into = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
+    int64_t fused = loom__fuse_products(p, live, is_out);
+    if (fused < 0)
+        goto fail;
+    g->metrics.fused_ops += fused;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
