@@ -45,12 +45,13 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD)
 	cd $(ASAN_BUILD) && LOOM_TEST_QUICK=1 ctest --output-on-failure -j2 -LE "e2e|install"
 
-# ThreadSanitizer over the tests of the data-parallel layer (threads, collectives, devices).
+# ThreadSanitizer over the tests with threads: the data-parallel layer (collectives, devices) and
+# the loader (which assembles batches ahead).
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(WERROR) $(DATA_CACHE)
 	cmake --build $(TSAN_BUILD)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	    LOOM_TEST_QUICK=1 ctest --output-on-failure -L dist
+	    LOOM_TEST_QUICK=1 ctest --output-on-failure -L "dist|threads"
 
 bench: build
 	bash bench/run.sh

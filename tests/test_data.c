@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -238,11 +239,53 @@ TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
     loom_dataset_free(d);
 }
 
+/* Batches are assembled one ahead by the loader's thread: the batch in hand is never written
+ * while it is held, labels travel with their samples, and restarting an epoch in the middle (with
+ * a batch being assembled) starts it from its first batch. */
+TEST(loader_assembles_ahead_without_touching_the_batch_in_hand) {
+    enum { N = 1000, B = 64 };
+    float *x = malloc(sizeof(float) * N * 8);
+    int32_t y[N];
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < 8; k++)
+            x[i * 8 + k] = (float)i;
+        y[i] = i % 7;
+    }
+    int64_t s[1] = {8};
+    loom_dataset *d = loom_dataset_from_arrays(N, 1, s, x, y);
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = B, .seed = 3});
+    loom_loader *ref = loom_loader_new(d, &(loom_loader_config){.batch_size = B, .seed = 3});
+    loom_batch b, r;
+    static float held[B * 8];
+    for (int step = 0; step < 5; step++) {
+        ASSERT(loom_loader_next(l, &b));
+        memcpy(held, b.x, sizeof(float) * (size_t)(b.n * 8));
+        struct timespec ts = {0, 2000000}; /* the next batch is being assembled meanwhile */
+        nanosleep(&ts, NULL);
+        ASSERT(!memcmp(held, b.x, sizeof(float) * (size_t)(b.n * 8)));
+        for (int64_t i = 0; i < b.n; i++)
+            ASSERT_EQ(b.y[i], (int32_t)b.x[i * 8] % 7);
+    }
+    loom_loader_start_epoch(l, 0); /* mid-epoch, with a batch in flight */
+    for (int step = 0; step < 3; step++) {
+        ASSERT(loom_loader_next(l, &b));
+        ASSERT(loom_loader_next(ref, &r));
+        ASSERT_EQ(b.n, r.n);
+        ASSERT(!memcmp(b.x, r.x, sizeof(float) * (size_t)(b.n * 8)));
+        ASSERT(!memcmp(b.y, r.y, sizeof(int32_t) * (size_t)b.n));
+    }
+    loom_loader_free(l);
+    loom_loader_free(ref);
+    loom_dataset_free(d);
+    free(x);
+}
+
 int main(void) {
     RUN(idx_reads_plain_and_gzip);
     RUN(idx_errors_name_file_offset_and_expectation);
     RUN(large_idx_files_are_cached_decompressed);
     RUN(missing_dataset_says_what_to_do);
     RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
+    RUN(loader_assembles_ahead_without_touching_the_batch_in_hand);
     return HARNESS_EXIT();
 }

@@ -179,6 +179,7 @@ __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa
 #    pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
         acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+#    pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += MR, pb += NR) {
         __m512 b0 = _mm512_loadu_ps(pb), b1 = _mm512_loadu_ps(pb + 16);
 #    pragma GCC unroll 16
