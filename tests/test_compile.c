@@ -103,6 +103,104 @@ TEST(every_elementwise_op_compiles_bitwise) {
     }
 }
 
+static const char *const red_ops[] = {
+#define LOOM_RED(name, combine, ident) #name,
+#include "../src/graph/ops.def"
+};
+
+static loom_tensor *reduce(loom_graph *g, const char *op, loom_tensor *x, int axis) {
+    return !strcmp(op, "SUM") ? loom_sum(g, x, axis) : loom_max(g, x, axis);
+}
+
+/* Reduction patterns the scheduler fuses, on an (R x C) input (C = 100: the 16-lane path along
+ * memory; C = 9: sequential): a chain reduced along memory and across it (strided), followed by
+ * an elementwise consumer; a leaf reduced with a consumer only (a permuted leaf: strided); two
+ * reductions under one consumer (one is fused, the other runs alone). Returns the outputs. */
+static void *run_red(const char *op, int64_t C, loom_dtype dt, loom_backend be, size_t *bytes,
+                     loom_metrics *m) {
+    enum { R = 6 };
+    static double buf[2][R * 100];
+    for (int k = 0; k < 2; k++)
+        for (int64_t i = 0; i < R * C; i++) {
+            double v = test_rand((uint64_t)k + 20, (uint64_t)i, -3, 3);
+            if (k == 0 && i == 7)
+                v = NAN; /* MAX lets a NaN win; SUM carries it */
+            if (dt == LOOM_F32)
+                ((float *)buf[k])[i] = (float)v;
+            else
+                buf[k][i] = v;
+        }
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t s2[2] = {R, C}, s2t[2] = {C, R};
+    loom_tensor *a = loom_input(g, dt, 2, s2, buf[0]);
+    loom_tensor *bt = loom_transpose(g, loom_input(g, dt, 2, s2t, buf[1]));
+    loom_tensor *x = loom_mul(g, loom_add(g, a, loom_scalar(g, 0.5, dt)), loom_exp(g, bt));
+    loom_tensor *outs[5] = {
+        loom_exp(g, reduce(g, op, x, 1)),                                   /* along memory */
+        loom_neg(g, reduce(g, op, loom_sub(g, a, bt), 0)),                  /* across memory */
+        loom_mul(g, reduce(g, op, bt, 1), loom_scalar(g, 2.0, dt)),         /* a strided leaf */
+        loom_add(g, reduce(g, op, loom_neg(g, a), 1), reduce(g, op, x, 1)), /* two */
+        reduce(g, op, loom_exp(g, a), 1),                                   /* a reduction root */
+    };
+    size_t total = 0;
+    for (int i = 0; i < 5; i++) {
+        loom_output(outs[i]);
+        total += (size_t)loom_tensor_numel(outs[i]);
+    }
+    void *out = NULL;
+    size_t es = dt == LOOM_F64 ? 8 : 4;
+    if (loom_graph_run(g) == LOOM_OK) {
+        *bytes = total * es;
+        out = malloc(*bytes);
+        size_t at = 0;
+        for (int i = 0; i < 5; i++) {
+            size_t n = (size_t)loom_tensor_numel(outs[i]) * es;
+            memcpy((char *)out + at, loom_tensor_data(outs[i]), n);
+            at += n;
+        }
+    }
+    loom_graph_metrics(g, m);
+    loom_graph_free(g);
+    return out;
+}
+
+/* Bitwise equal, except that any two NaNs are equal: a NaN's sign and payload follow operand
+ * order, which C leaves to the compiler for commutative operations. */
+static bool same_bits(const void *a, const void *b, size_t bytes, loom_dtype dt) {
+    size_t es = dt == LOOM_F64 ? 8 : 4;
+    for (size_t i = 0; i < bytes / es; i++) {
+        double x = es == 8 ? ((const double *)a)[i] : ((const float *)a)[i];
+        double y = es == 8 ? ((const double *)b)[i] : ((const float *)b)[i];
+        if (memcmp((const char *)a + i * es, (const char *)b + i * es, es) && !(x != x && y != y))
+            return false;
+    }
+    return true;
+}
+
+TEST(reductions_fuse_bitwise) {
+    for (size_t i = 0; i < sizeof red_ops / sizeof *red_ops; i++)
+        for (int d = 0; d < 2; d++)
+            for (int64_t C = 9; C <= 100; C += 91) {
+                loom_dtype dt = d ? LOOM_F64 : LOOM_F32;
+                size_t n1 = 0, n2 = 0;
+                loom_metrics mi, mc;
+                void *ref = run_red(red_ops[i], C, dt, LOOM_BACKEND_INTERP, &n1, &mi);
+                void *got = run_red(red_ops[i], C, dt, LOOM_BACKEND_CPU, &n2, &mc);
+                if (!ref || !got || n1 != n2 || !same_bits(ref, got, n1, dt))
+                    FAILF("%s (%s, %lld columns): compiled and interpreted values differ",
+                          red_ops[i], d ? "f64" : "f32", (long long)C);
+                /* interpreted: 10 elementwise kernels and 6 reductions; compiled: exp(bt) (read
+                 * through a transpose, so not fused), x, one kernel per output, and the pair's
+                 * second reduction alone */
+                if (mc.kernels != 8 || mi.kernels != 16)
+                    FAILF("%s: %lld kernels compiled, %lld interpreted (expected 8 and 16)",
+                          red_ops[i], (long long)mc.kernels, (long long)mi.kernels);
+                free(ref);
+                free(got);
+            }
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -248,6 +346,7 @@ int main(void) {
         return 1;
     setenv("XDG_CACHE_HOME", cache, 1);
     RUN(every_elementwise_op_compiles_bitwise);
+    RUN(reductions_fuse_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

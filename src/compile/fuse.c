@@ -2,12 +2,13 @@
  * fuse.c - the schedule: which nodes become one kernel. An elementwise node whose only reader is
  * an elementwise consumer of the same shape (reading it directly, not through a view) is computed
  * inside that consumer's loop and never stored; chains and trees of such nodes become one kernel
- * rooted at the node that is stored. Views, broadcasts and constants feeding a kernel are its
- * leaves, read through their strides. Kernel roots are elementwise nodes that own a workspace
- * buffer, or that write their slab in place.
- * Library kernels fuse too: a fold (col2im) of a product's output computes that product itself
- * and adds each result straight into the image (a convolution's input gradient without its
- * 17.8 MB column buffer).
+ * rooted at the node that is stored. A reduction takes in the elementwise chain it reduces (each
+ * element computed in its loop, never stored) and goes into an elementwise consumer of its own
+ * shape (log(sum(exp(x))) is one kernel); one reduction per kernel. Views, broadcasts and constants
+ * feeding a kernel are its leaves, read through their strides. Kernel roots are elementwise nodes
+ * that own a workspace buffer, or that write their slab in place. Library kernels fuse too: a fold
+ * (col2im) of a product's output computes that product itself and adds each result straight into
+ * the image (a convolution's input gradient without its 17.8 MB column buffer).
  */
 #include "internal.h"
 
@@ -15,6 +16,10 @@
 
 static bool is_ew(const loom__pnode *t) {
     return loom__ops[t->op].kind == LOOM_KIND_EW && !t->copy;
+}
+
+static bool is_red(const loom__pnode *t) {
+    return loom__ops[t->op].kind == LOOM_KIND_RED;
 }
 
 void loom__unfuse(loom__program *p) {
@@ -73,6 +78,19 @@ static int32_t root_of(const loom__program *p, int64_t i) {
     return (int32_t)i;
 }
 
+/* Whether a reduction is fused somewhere under node i. */
+static bool has_red_below(const loom__program *p, int64_t i) {
+    for (int64_t m = 0; m < i; m++)
+        if (is_red(&p->nodes[m]) && p->nodes[m].fused_into >= 0) {
+            int64_t r = m;
+            while (p->nodes[r].fused_into >= 0 && r != i)
+                r = p->nodes[r].fused_into;
+            if (r == i)
+                return true;
+        }
+    return false;
+}
+
 int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
     int64_t n = p->n, fused = 0;
     int32_t *readers = loom__calloc((size_t)n + 1, sizeof(int32_t));
@@ -93,12 +111,29 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
     }
     for (int64_t i = 0; i < n; i++) { /* members */
         const loom__pnode *t = &p->nodes[i], *c = &p->nodes[reader[i]];
-        if (!live[i] || !is_ew(t) || is_out[i] || t->check || readers[i] != 1 ||
-            t->lay.base != LOOM_BASE_WS || !is_ew(c) || c->ndim != t->ndim ||
-            memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim) != 0 || c->dtype != t->dtype)
+        if (!live[i] || is_out[i] || t->check || readers[i] != 1 || t->lay.base != LOOM_BASE_WS ||
+            c->dtype != t->dtype)
+            continue;
+        bool same = c->ndim == t->ndim && !memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim);
+        /* elementwise into elementwise; a reduction's input into it, computed in its loop (unless
+         * a reduction is already under it: one per kernel); a reduction into an elementwise
+         * consumer of its own shape */
+        bool ok = (is_ew(t) && is_ew(c) && same) || (is_red(t) && is_ew(c) && same) ||
+                  (is_ew(t) && is_red(c) && !has_red_below(p, i));
+        if (!ok)
             continue;
         p->nodes[i].fused_into = reader[i];
         fused++;
+    }
+    for (int64_t i = 0; i < n; i++) { /* at most one reduction per kernel */
+        if (!live[i] || !is_red(&p->nodes[i]) || p->nodes[i].fused_into < 0)
+            continue;
+        int32_t r = root_of(p, i);
+        if (is_red(&p->nodes[r]) || reader[r] == -2) {
+            p->nodes[i].fused_into = -1, fused--;
+            continue;
+        }
+        reader[r] = -2; /* reader[] is no longer needed: marks "kernel r has a reduction" */
     }
 restart:
     p->nfused = 0;
@@ -106,7 +141,10 @@ restart:
         p->fused_of[i] = -1;
     for (int64_t i = 0; i < n; i++) { /* kernels: roots with their leaves */
         const loom__pnode *t = &p->nodes[i];
-        if (!live[i] || !is_ew(t) || t->fused_into >= 0 ||
+        bool members = false;
+        for (int64_t m = 0; m < i && !members && is_red(t); m++)
+            members = p->nodes[m].fused_into == i;
+        if (!live[i] || !(is_ew(t) || (is_red(t) && members)) || t->fused_into >= 0 ||
             (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
             continue;
         loom__fused *k = &p->fused[p->nfused];
