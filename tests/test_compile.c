@@ -201,6 +201,66 @@ TEST(reductions_fuse_bitwise) {
             }
 }
 
+/* Epilogues: relu(x w + bias) runs inside the product, block by block (37 rows: ragged tiles;
+ * 300 columns: two column blocks), and a ReLU's backward of a pool gradient inside the pool
+ * gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
+static void *run_epilogues(loom_backend be, size_t *bytes, loom_metrics *m) {
+    enum { M = 37, K = 50, N = 300, B = 2, C = 3, H = 8, W = 10 };
+    static float x[M * K], w[K * N], bias[N], img[B * C * H * W], dy[B * C * H / 2 * W / 2];
+    for (int i = 0; i < M * K; i++)
+        x[i] = (float)test_rand(40, (uint64_t)i, -1, 1);
+    for (int i = 0; i < K * N; i++)
+        w[i] = (float)test_rand(41, (uint64_t)i, -1, 1);
+    for (int i = 0; i < N; i++)
+        bias[i] = (float)test_rand(42, (uint64_t)i, -1, 1);
+    for (int i = 0; i < B * C * H * W; i++)
+        img[i] = (float)test_rand(43, (uint64_t)i, -1, 1);
+    for (int i = 0; i < B * C * H / 2 * W / 2; i++)
+        dy[i] = (float)test_rand(44, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t sx[2] = {M, K}, sw[2] = {K, N}, sb[1] = {N}, si[4] = {B, C, H, W};
+    int64_t sy[4] = {B, C, H / 2, W / 2}, s2[2] = {B * C, H * W};
+    loom_tensor *y = loom_relu(g, loom_add(g,
+                                           loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x),
+                                                       loom_input(g, LOOM_F32, 2, sw, w)),
+                                           loom_input(g, LOOM_F32, 1, sb, bias)));
+    loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
+    loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
+                                         (loom_window){2, 2, 2, 2, 0, 0});
+    loom_tensor *flat = loom_reshape(g, ti, 2, s2);
+    loom_tensor *dx = loom_where(g, loom_cmpgt(g, flat, loom_scalar(g, 0.0, LOOM_F32)),
+                                 loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
+    loom_output(y), loom_output(dx);
+    void *out = NULL;
+    if (loom_graph_run(g) == LOOM_OK) {
+        size_t ny = sizeof(float) * M * N, nd = sizeof(float) * B * C * H * W;
+        *bytes = ny + nd;
+        out = malloc(*bytes);
+        memcpy(out, loom_tensor_data(y), ny);
+        memcpy((char *)out + ny, loom_tensor_data(dx), nd);
+    }
+    loom_graph_metrics(g, m);
+    loom_graph_free(g);
+    return out;
+}
+
+TEST(epilogues_run_inside_library_kernels_bitwise) {
+    size_t n1 = 0, n2 = 0;
+    loom_metrics mi, mc;
+    void *ref = run_epilogues(LOOM_BACKEND_INTERP, &n1, &mi);
+    void *got = run_epilogues(LOOM_BACKEND_CPU, &n2, &mc);
+    ASSERT(ref && got && n1 == n2);
+    ASSERT(same_bits(ref, got, n1, LOOM_F32));
+    /* interpreted: matmul, add, relu, pool gradient, cmpgt, where; compiled: the two library
+     * kernels, each running its epilogue (with loom's matmul; with BLAS the product's runs apart)
+     */
+    ASSERT_EQ(mi.kernels, 6);
+    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+    free(ref);
+    free(got);
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -347,6 +407,7 @@ int main(void) {
     setenv("XDG_CACHE_HOME", cache, 1);
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(reductions_fuse_bitwise);
+    RUN(epilogues_run_inside_library_kernels_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

@@ -18,7 +18,7 @@
 #define NR 32
 #define KC 256
 #define MC 144
-#define NC 256
+#define NC LOOM_GEMM_NC
 #define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
@@ -228,9 +228,14 @@ bool loom__gemm_available(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
+typedef struct {
+    void (*fn)(void *ctx, int64_t jc, int64_t nc);
+    void *ctx;
+} done_fn;
+
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
-                 void *scratch) {
+                 const done_fn *done, void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC;
     int64_t *koff = (int64_t *)(pb + (size_t)KC * (NC + 2 * NR)), *loff = koff + KC;
@@ -257,6 +262,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     for (int64_t jc = 0; jc < N; jc += nstep) {
         int64_t nc = N - jc < nstep ? N - jc : nstep;
         gd_offsets(ccol, jc, nc, coff);
+        for (int64_t j = nc - 1; done && j >= 0; j--) /* the block's own buffer */
+            coff[j] -= coff[0];
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
@@ -278,6 +285,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                     }
             }
         }
+        if (done)
+            done->fn(done->ctx, jc, nc);
     }
 }
 
@@ -295,10 +304,18 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
      * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
     if (N < NR / 2 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
-        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, scratch);
+        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch);
     } else {
-        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch);
     }
+}
+
+void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                        float *c, int64_t ldc, void (*done)(void *ctx, int64_t jc, int64_t nc),
+                        void *ctx, void *scratch) {
+    done_fn d = {done, ctx};
+    loom__gdim crow = gd1(M, ldc), ccol = gd1(N, 1);
+    gemm(M, N, K, a, b, c, &crow, &ccol, false, &d, scratch);
 }
 
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
@@ -315,6 +332,13 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
     (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)crow, (void)ccol;
     (void)accumulate, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm_g without AVX-512");
+}
+void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                        float *c, int64_t ldc, void (*done)(void *ctx, int64_t jc, int64_t nc),
+                        void *ctx, void *scratch) {
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)ldc, (void)done, (void)ctx;
+    (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm_blocks without AVX-512");
 }
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {

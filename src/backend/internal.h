@@ -48,19 +48,27 @@ typedef struct {
     int8_t gndim, gsplit;
     bool gtrans;
     int64_t gshape[LOOM_MAX_DIMS];
+    int32_t epi;        /* a product or pool gradient: the generated kernel (index in fused) it
+                         * runs on each block of its output as that block is done, -1 for none */
     int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
     int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
 } loom__pnode;
 
 #define LOOM_FUSED_MAX_ARGS 16
 
-/* A generated kernel: args[0] is the root node (the output), the rest its leaves. */
+/* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
+ * (epi_of >= 0) runs inside library kernel epi_of instead of on its own: part(args, i, j0, j1, v)
+ * computes row i, columns [j0, j1) of its 2-D root, reading leaf epi_arg (the library kernel's
+ * output) from v[0 .. j1 - j0) while that block is still in cache. */
 typedef void (*loom__kfn)(void *const *args);
+typedef void (*loom__kpart)(void *const *args, int64_t i, int64_t j0, int64_t j1, const void *v);
 typedef struct {
     int32_t root;
     int32_t nargs;
     int32_t args[LOOM_FUSED_MAX_ARGS];
     loom__kfn fn;
+    int32_t epi_of, epi_arg;
+    loom__kpart part;
 } loom__fused;
 
 struct loom__program {
@@ -124,6 +132,13 @@ bool loom__gemm_available(void);
 size_t loom__gemm_scratch_bytes(void);
 void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch);
+/* The product in column blocks: columns [jc, jc + nc) of C are written at c + crow(i) + j - jc
+ * (a buffer of M x LOOM_GEMM_NC at most) and then handed to done(ctx, jc, nc). Row-major A, B of
+ * any strides; not for products narrower than 16 columns. */
+#define LOOM_GEMM_NC 256
+void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                        float *c, int64_t ldc, void (*done)(void *ctx, int64_t jc, int64_t nc),
+                        void *ctx, void *scratch);
 /* The plain case: A(i,k) = a[i*ars + k*acs], B(k,j) = b[k*brs + j*bcs], C row-major (ldc). */
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);

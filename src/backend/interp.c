@@ -404,6 +404,46 @@ bool loom__use_own_gemm(void) {
     return loom__gemm_available() && !(m && strcmp(m, "blas") == 0);
 }
 
+/* ---- epilogues: a generated kernel run on each block of a library kernel's output ------------
+ */
+
+typedef struct {
+    const loom__fused *k;
+    void *args[LOOM_FUSED_MAX_ARGS];
+    int64_t cols;                 /* of the epilogue's 2-D root */
+    int64_t rows_of, n_of, plane; /* the library kernel's output: a product's rows and columns,
+                                   * or a pool gradient's plane size */
+    const float *buf;             /* the library kernel's block buffer */
+} epilogue;
+
+static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind *b, int32_t id) {
+    e->k = &p->fused[p->nodes[id].epi];
+    for (int a = 0; a < e->k->nargs; a++)
+        e->args[a] = a == e->k->epi_arg ? NULL : loom__addr(p, b, e->k->args[a]);
+    e->cols = p->nodes[e->k->root].shape[1];
+}
+
+/* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. */
+static void epilogue_range(const epilogue *e, int64_t lo, int64_t hi, const float *v) {
+    while (lo < hi) {
+        int64_t i = lo / e->cols, j0 = lo % e->cols;
+        int64_t j1 = hi - lo < e->cols - j0 ? j0 + (hi - lo) : e->cols;
+        e->k->part(e->args, i, j0, j1, v);
+        v += j1 - j0, lo += j1 - j0;
+    }
+}
+
+static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
+    const epilogue *e = ctx;
+    for (int64_t i = 0; i < e->rows_of; i++)
+        epilogue_range(e, i * e->n_of + jc, i * e->n_of + jc + nc, e->buf + i * LOOM_GEMM_NC);
+}
+
+static void plane_done(void *ctx, int64_t plane, const float *v) {
+    const epilogue *e = ctx;
+    epilogue_range(e, plane * e->plane, (plane + 1) * e->plane, v);
+}
+
 /* Rows and columns of a product's operand (the last two dims), compound for a grouped view. */
 static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col) {
     int nd = s->ndim;
@@ -424,6 +464,19 @@ static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col)
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
+    if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
+        loom__gmat ga = {.p = loom__addr(p, b, t->src[0])}, gb = {.p = loom__addr(p, b, t->src[1])};
+        operand_dims(A, &ga.row, &ga.col);
+        operand_dims(B, &gb.row, &gb.col);
+        epilogue e;
+        epilogue_init(&e, p, b, id);
+        e.rows_of = t->shape[0], e.n_of = t->shape[1];
+        float *buf = (float *)(b->ws + t->ws_off);
+        e.buf = buf;
+        loom__sgemm_blocks(t->shape[0], t->shape[1], loom__numel(ga.col.n, ga.col.size), &ga, &gb,
+                           buf, LOOM_GEMM_NC, product_block_done, &e, b->ws + p->gemm_scratch);
+        return LOOM_OK;
+    }
     if (t->dtype == LOOM_F32 && loom__use_own_gemm()) { /* any strides, grouped views too */
         int64_t batch = loom__numel(nd - 2, t->shape), idx[MAXD] = {0}, oa = 0, ob = 0;
         int64_t m = t->shape[nd - 2], n = t->shape[nd - 1];
@@ -673,18 +726,22 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
             memcpy(&o0[2 * ox], &v0, sizeof g);                                                  \
         }                                                                                        \
     }                                                                                            \
+    /* With `done`, out is one plane, handed to done(ctx, plane index, out) when written. */     \
     static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
-                         const int64_t *ys, const T *x, const T *dy, T *out, bool grad) {        \
+                         const int64_t *ys, const T *x, const T *dy, T *out, bool grad,          \
+                         void (*done)(void *, int64_t, const T *), void *ctx) {                  \
         int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];              \
         bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&          \
                   w->pw == 0 && xst[3] == 1;                                                     \
-        if (grad && !k2)                                                                         \
+        if (grad && !k2 && !done)                                                                \
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                 \
         for (int64_t n = 0; n < N; n++)                                                          \
             for (int64_t c = 0; c < C; c++) {                                                    \
                 const T *xp = x + n * xst[0] + c * xst[1];                                       \
                 const T *gp = grad ? dy + (n * C + c) * OH * OW : NULL;                          \
-                T *op = out + (n * C + c) * (grad ? H * W : OH * OW);                            \
+                T *op = done ? out : out + (n * C + c) * (grad ? H * W : OH * OW);               \
+                if (grad && !k2 && done)                                                         \
+                    memset(op, 0, sizeof(T) * (size_t)(H * W));                                  \
                 if (k2) { /* every position a window covers is written; the rest zeroed */       \
                     for (int64_t oy = 0; oy < OH; oy++) {                                        \
                         const T *r0 = xp + 2 * oy * xst[2];                                      \
@@ -698,17 +755,19 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
                     }                                                                            \
                     if (grad && H > 2 * OH)                                                      \
                         memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                      \
-                    continue;                                                                    \
+                } else {                                                                         \
+                    for (int64_t oy = 0; oy < OH; oy++)                                          \
+                        for (int64_t ox = 0; ox < OW; ox++) {                                    \
+                            T best;                                                              \
+                            int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);       \
+                            if (!grad)                                                           \
+                                op[oy * OW + ox] = best;                                         \
+                            else                                                                 \
+                                op[at] += gp[oy * OW + ox];                                      \
+                        }                                                                        \
                 }                                                                                \
-                for (int64_t oy = 0; oy < OH; oy++)                                              \
-                    for (int64_t ox = 0; ox < OW; ox++) {                                        \
-                        T best;                                                                  \
-                        int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);           \
-                        if (!grad)                                                               \
-                            op[oy * OW + ox] = best;                                             \
-                        else                                                                     \
-                            op[at] += gp[oy * OW + ox];                                          \
-                    }                                                                            \
+                if (done)                                                                        \
+                    done(ctx, n *C + c, op);                                                     \
             }                                                                                    \
     }
 POOL_KERNELS(float, uint32_t)
@@ -724,18 +783,25 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         contiguous_strides(4, d->shape, st);
         dy = loom__addr(p, b, t->src[1]);
         if (memcmp(st, d->lay.stride, sizeof(int64_t) * 4) != 0) {
-            void *tmp = b->ws + t->ws_off +
-                        (size_t)loom__numel(4, t->shape) * loom__dtype_size((loom_dtype)t->dtype);
+            int64_t own = t->epi >= 0 ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
+            void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
             strided_copy(tmp, dy, &d->lay, 4, d->shape, loom__dtype_size((loom_dtype)t->dtype));
             dy = tmp;
         }
     }
     const void *xv = loom__addr(p, b, t->src[0]);
     void *o = loom__addr(p, b, id);
+    epilogue e = {0};
+    if (t->epi >= 0) { /* a plane at a time, each then run through the epilogue */
+        epilogue_init(&e, p, b, id);
+        e.plane = t->shape[2] * t->shape[3];
+        o = b->ws + t->ws_off;
+    }
     if (t->dtype == LOOM_F64)
-        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad);
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, NULL);
     else
-        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad);
+        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad,
+                   t->epi >= 0 ? plane_done : NULL, &e);
     return LOOM_OK;
 }
 

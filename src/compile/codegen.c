@@ -239,7 +239,34 @@ static void red_kernel(text *t, const loom__program *p, const loom__fused *k, in
     put(t, "] = v%d;\n    }\n}\n", k->root);
 }
 
+/* The epilogue form of an elementwise kernel with a 2-D root (loom__fused.part): row i, columns
+ * [j0, j1), the library kernel's output read from v. The same expressions as loom_k<root>. */
+static void part(text *t, const loom__program *p, const loom__fused *k) {
+    const loom__pnode *r = &p->nodes[k->root];
+    const char *T = r->dtype == LOOM_F64 ? "double" : "float";
+    put(t,
+        "\nvoid loom_k%d_part(void *const *p, int64_t i, int64_t j0, int64_t j1, const void "
+        "*v) {\n    %s *o = (%s *)p[0];\n    const %s *lv = (const %s *)v;\n",
+        k->root, T, T, T, T);
+    for (int a = 1; a < k->nargs; a++)
+        if (a != k->epi_arg)
+            put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
+    put(t, "    for (int64_t j = j0; j < j1; j++) {\n");
+    for (int a = 1; a < k->nargs; a++) {
+        const loom__pnode *l = &p->nodes[k->args[a]];
+        if (a == k->epi_arg)
+            put(t, "        %s x%d = lv[j - j0];\n", T, a);
+        else
+            put(t, "        %s x%d = l%d[i * %lld + j * %lld];\n", T, a, a,
+                (long long)l->lay.stride[0], (long long)l->lay.stride[1]);
+    }
+    members(t, p, k, -1, false, "x", "        ");
+    put(t, "        o[i * %lld + j] = v%d;\n    }\n}\n", (long long)r->shape[1], k->root);
+}
+
 static void kernel(text *t, const loom__program *p, const loom__fused *k) {
+    if (k->epi_of >= 0)
+        part(t, p, k);
     for (int32_t m = 0; m <= k->root; m++) {
         bool through;
         if (loom__ops[p->nodes[m].op].kind == LOOM_KIND_RED && in_kernel(p, k, m, -1, &through)) {

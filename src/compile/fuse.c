@@ -24,7 +24,7 @@ static bool is_red(const loom__pnode *t) {
 
 void loom__unfuse(loom__program *p) {
     for (int64_t i = 0; i < p->n; i++)
-        p->nodes[i].fused_into = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1;
     loom__free(p->fused);
     loom__free(p->fused_of);
     p->fused = NULL, p->fused_of = NULL, p->nfused = 0;
@@ -104,6 +104,7 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
     }
     for (int64_t i = 0; i < n; i++) {
         p->nodes[i].fused_into = -1;
+        p->nodes[i].epi = -1;
         p->fused_of[i] = -1;
         for (int k = 0; k < 3 && live[i]; k++)
             if (p->nodes[i].src[k] >= 0)
@@ -148,7 +149,7 @@ restart:
             (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
             continue;
         loom__fused *k = &p->fused[p->nfused];
-        *k = (loom__fused){.root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}};
+        *k = (loom__fused){.root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}, .epi_of = -1};
         bool ok = add_leaves(p, k, i);
         for (int64_t m = 0; m < i && ok; m++)
             if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
@@ -204,4 +205,89 @@ int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_o
     }
     loom__free(readers);
     return fused;
+}
+
+/* The node whose workspace buffer holds view or node id's data, or -1. */
+static int32_t owner(const loom__program *p, int32_t id) {
+    const loom__layout *l = &p->nodes[id].lay;
+    return l->base == LOOM_BASE_WS ? l->index : -1;
+}
+
+/* Whether a node in (lo, hi) writes a persistent slab (a store, a sync, or a kernel computing
+ * into its slab place). */
+static bool slab_written_between(const loom__program *p, const bool *live, int64_t lo, int64_t hi) {
+    for (int64_t c = lo + 1; c < hi; c++) {
+        const loom__pnode *t = &p->nodes[c];
+        loom__kind kind = loom__ops[t->op].kind;
+        bool computes = kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt;
+        if (live[c] && ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC ||
+                        (computes && t->lay.base == LOOM_BASE_PERSIST)))
+            return true;
+    }
+    return false;
+}
+
+/* The library node kernel k can run as the epilogue of, with its leaf index, or -1. */
+static int32_t epilogue_of(const loom__program *p, const bool *live, const bool *is_out,
+                           const int32_t *readers, const loom__fused *k, int *arg) {
+    const loom__pnode *r = &p->nodes[k->root];
+    if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32)
+        return -1;
+    for (int32_t m = 0; m < k->root; m++)
+        if (is_red(&p->nodes[m]) && root_of(p, m) == k->root)
+            return -1;
+    for (int a = 1; a < k->nargs; a++) {
+        int32_t v = k->args[a], L = owner(p, v);
+        if (L < 0 || p->nodes[L].copy || is_out[L] || p->nodes[L].check)
+            continue;
+        const loom__pnode *lib = &p->nodes[L], *vn = &p->nodes[v];
+        bool mm = lib->op == LOOM_OP_MATMUL && loom__use_own_gemm() && lib->ndim == 2 &&
+                  lib->shape[1] >= 16 &&
+                  p->nodes[lib->src[0]].shape[p->nodes[lib->src[0]].ndim - 1] > 0;
+        bool pg = lib->op == LOOM_OP_POOLGRAD;
+        /* the whole output, contiguous, read by this kernel alone */
+        if (!(mm || pg) || lib->dtype != LOOM_F32 || vn->lay.offset != 0 ||
+            loom__numel(vn->ndim, vn->shape) != loom__numel(lib->ndim, lib->shape) ||
+            readers[L] != 1 || (v != L && (readers[v] != 1 || is_out[v])))
+            continue;
+        int64_t s = 1;
+        bool contiguous = true;
+        for (int d = vn->ndim - 1; d >= 0; d--) {
+            contiguous = contiguous && (vn->shape[d] == 1 || vn->lay.stride[d] == s);
+            s *= vn->shape[d];
+        }
+        if (!contiguous || slab_written_between(p, live, L, k->root))
+            continue;
+        bool ready = true; /* every other leaf is computed before the library kernel runs */
+        for (int b = 1; b < k->nargs && ready; b++)
+            ready = b == a || owner(p, k->args[b]) < L;
+        if (!ready)
+            continue;
+        *arg = a;
+        return L;
+    }
+    return -1;
+}
+
+int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out) {
+    int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
+    if (!readers)
+        return -1;
+    for (int64_t i = 0; i < p->n; i++)
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (p->nodes[i].src[k] >= 0)
+                readers[p->nodes[i].src[k]]++;
+    int64_t n = 0;
+    for (int64_t f = 0; f < p->nfused; f++) {
+        loom__fused *k = &p->fused[f];
+        int arg = 0;
+        int32_t L = epilogue_of(p, live, is_out, readers, k, &arg);
+        if (L < 0 || p->nodes[L].epi >= 0)
+            continue;
+        k->epi_of = L, k->epi_arg = arg;
+        p->nodes[L].epi = (int32_t)f;
+        n++;
+    }
+    loom__free(readers);
+    return n;
 }

@@ -23,6 +23,10 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out);
  * product itself, adding into its image (the product's fused_into names the fold). Returns the
  * number fused, -1 out of memory. After loom__fuse. */
 int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out);
+/* Generated kernels that run as the epilogue of the library kernel (a product, a pool gradient)
+ * whose whole output they read: loom__fused.epi_of and that node's epi. After loom__fuse, before
+ * code generation. Returns how many, -1 out of memory. */
+int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

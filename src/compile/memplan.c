@@ -351,6 +351,27 @@ static void use(int64_t *last, const loom__layout *l, int64_t i) {
         last[l->index] = i;
 }
 
+/* Whether node i is the root of a generated kernel that runs as a library kernel's epilogue. */
+static bool epilogue_root(const loom__program *p, int64_t i) {
+    return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
+}
+
+/* First fit of `size` bytes (rounded to 64) among the blocks sorted by offset; returns where. */
+static int64_t place(block *blocks, int64_t *nblocks, int64_t *end, int64_t size, int64_t owner) {
+    size = (size + 63) & ~(int64_t)63;
+    int64_t off = 0, at = 0;
+    for (; at < *nblocks; at++) {
+        if (blocks[at].off - off >= size)
+            break;
+        off = blocks[at].off + blocks[at].size;
+    }
+    memmove(blocks + at + 1, blocks + at, sizeof(block) * (size_t)(*nblocks - at));
+    blocks[at] = (block){off, size, owner};
+    (*nblocks)++;
+    *end = off + size > *end ? off + size : *end;
+    return off;
+}
+
 /* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
  * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
@@ -368,6 +389,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         int64_t at = i; /* a fused member reads when its kernel runs */
         while (p->nodes[at].fused_into >= 0)
             at = p->nodes[at].fused_into;
+        if (epilogue_root(p, at)) /* ... an epilogue when its library kernel does */
+            at = p->fused[p->fused_of[at]].epi_of;
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (loom__ops[t->op].kind != LOOM_KIND_MOV && !t->virt)
@@ -383,26 +406,25 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             continue;
         loom__kind kind = loom__ops[t->op].kind;
         bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt) || t->copy) &&
-                    !t->elided && t->fused_into < 0;
+                    !t->elided && t->fused_into < 0 && !epilogue_root(p, i);
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
-            int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
+            size_t es = loom__dtype_size(t->dtype);
+            int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)es;
+            if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
+                size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
+            if (t->epi >= 0 && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
+                size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
-                size +=
-                    loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)loom__dtype_size(t->dtype);
-            size = (size + 63) & ~(int64_t)63;
-            int64_t off = 0, at = 0;
-            for (; at < nblocks; at++) {
-                if (blocks[at].off - off >= size)
-                    break;
-                off = blocks[at].off + blocks[at].size;
-            }
-            memmove(blocks + at + 1, blocks + at, sizeof(block) * (size_t)(nblocks - at));
-            blocks[at] = (block){off, size, i};
-            nblocks++;
-            t->ws_off = off;
-            end = off + size > end ? off + size : end;
+                size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
+            t->ws_off = place(blocks, &nblocks, &end, size, i);
+            int32_t r = t->epi >= 0 ? p->fused[t->epi].root : -1;
+            if (r >= 0 && p->nodes[r].lay.base == LOOM_BASE_WS) /* its epilogue writes now */
+                p->nodes[r].ws_off = place(blocks, &nblocks, &end,
+                                           loom__numel(p->nodes[r].ndim, p->nodes[r].shape) *
+                                               (int64_t)loom__dtype_size(p->nodes[r].dtype),
+                                           r);
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
         for (int64_t b = 0; b < nblocks; b++)

@@ -37,6 +37,9 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
         for (int64_t m = 0; m < id; m++)
             if (p->nodes[m].fused_into == id)
                 fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
+        if (t->epi >= 0)
+            fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
+                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
     }
     fputc('\n', f);
 }
@@ -172,7 +175,8 @@ static void program_free(loom__program *p) {
  * program stays interpreted. */
 static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out) {
     int64_t fused = loom__fuse(p, live, is_out);
-    if (fused < 0 || p->nfused == 0) {
+    int64_t epilogues = fused < 0 ? -1 : loom__fuse_epilogues(p, live, is_out);
+    if (fused < 0 || epilogues < 0 || p->nfused == 0) {
         loom__unfuse(p);
         return;
     }
@@ -188,6 +192,12 @@ static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, c
         void *sym = dlsym(p->dl, name);
         memcpy(&p->fused[k].fn, &sym, sizeof sym); /* object pointer to function pointer */
         st = sym ? LOOM_OK : LOOM_EINTERNAL;
+        if (!st && p->fused[k].epi_of >= 0) {
+            snprintf(name, sizeof name, "loom_k%d_part", p->fused[k].root);
+            sym = dlsym(p->dl, name);
+            memcpy(&p->fused[k].part, &sym, sizeof sym);
+            st = sym ? LOOM_OK : LOOM_EINTERNAL;
+        }
     }
     if (st) {
         if (p->dl)
@@ -199,7 +209,7 @@ static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, c
     g->metrics.compiles += compiled;
     g->metrics.disk_hits += !compiled;
     g->metrics.compile_seconds += compiled ? loom__now() - t0 : 0;
-    g->metrics.fused_ops += fused;
+    g->metrics.fused_ops += fused + epilogues;
 }
 
 static loom__program *plan(loom_graph *g, uint64_t hash) {
@@ -235,7 +245,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__assign_layouts(p, live, is_out);
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
-        p->nodes[i].fused_into = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
