@@ -9,6 +9,7 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     const char *what;
@@ -53,6 +54,54 @@ static void run_loom(const shape *s, const float *a, const float *b, float *c, v
                 s->tb ? s->k : 1, c, s->n, scratch);
 }
 
+/* The CNN's conv2 products as the training step runs them: reading the (N,C,H,W) image through
+ * the unfold's grouped view (no im2col buffer), and the input gradient added into the image. */
+static void conv_views(void *scratch) {
+    enum { N = 128, C = 32, H = 13, W = 13, O = 64, KK = 3, OH = H - 2, OW = W - 2 };
+    int64_t cols = (int64_t)N * OH * OW, ckk = C * KK * KK;
+    float *x = malloc(sizeof(float) * N * C * H * W), *w = malloc(sizeof(float) * O * C * KK * KK);
+    float *dy = malloc(sizeof(float) * (size_t)(O * cols)),
+          *out = malloc(sizeof(float) * N * C * H * W);
+    float *y = malloc(sizeof(float) * (size_t)(O * cols));
+    for (int64_t j = 0; j < N * C * H * W; j++)
+        x[j] = (float)(j % 7) - 3;
+    for (int64_t j = 0; j < O * C * KK * KK; j++)
+        w[j] = (float)(j % 5) - 2;
+    for (int64_t j = 0; j < O * cols; j++)
+        dy[j] = (float)(j % 3) - 1;
+    loom__gdim ckk_dim = {3, {C, KK, KK}, {H * W, W, 1}};
+    loom__gdim col_dim = {3, {N, OH, OW}, {C * H * W, W, 1}};
+    loom__gmat gw = {w, {1, {O}, {ckk}}, {1, {ckk}, {1}}};     /* (O x CKK) */
+    loom__gmat gwt = {w, {1, {ckk}, {1}}, {1, {O}, {ckk}}};    /* its transpose */
+    loom__gmat gx = {x, ckk_dim, col_dim};                     /* unfold(x): CKK x cols */
+    loom__gmat gxt = {x, col_dim, ckk_dim};                    /* cols x CKK */
+    loom__gmat gdy = {dy, {1, {O}, {cols}}, {1, {cols}, {1}}}; /* (O x cols) */
+    loom__gdim orow = {1, {O}, {cols}}, ocol = {1, {cols}, {1}};
+    loom__gdim wrow = {1, {O}, {ckk}}, wcol = {1, {ckk}, {1}};
+    double flop = 2.0 * (double)O * (double)cols * (double)ckk;
+    printf("conv2 through the unfold's view (no im2col buffer), GFLOP/s:\n");
+    for (int which = 0; which < 3; which++) {
+        double best = 1e30;
+        for (int r = 0; r < 10; r++) {
+            double t0 = loom__now();
+            if (which == 0)
+                loom__sgemm_g(O, cols, ckk, &gw, &gx, y, orow, ocol, false, scratch);
+            else if (which == 1)
+                loom__sgemm_g(O, ckk, cols, &gdy, &gxt, w, wrow, wcol, false, scratch);
+            else {
+                memset(out, 0, sizeof(float) * N * C * H * W);
+                loom__sgemm_g(ckk, cols, O, &gwt, &gdy, out, ckk_dim, col_dim, true, scratch);
+            }
+            double t = loom__now() - t0;
+            best = t < best ? t : best;
+        }
+        static const char *const what[] = {"forward (image read in place)", "weight grad",
+                                           "input grad (added into the image)"};
+        printf("%-40s %10.1f\n", what[which], flop / best * 1e-9);
+    }
+    free(x), free(w), free(dy), free(out), free(y);
+}
+
 int main(void) {
     loom__blas_init();
     bool own = loom__gemm_available();
@@ -75,6 +124,8 @@ int main(void) {
                (long long)s->k, flop / tb * 1e-9, own ? flop / tl * 1e-9 : 0.0);
         free(a), free(b), free(c);
     }
+    if (own)
+        conv_views(scratch);
     free(scratch);
     return 0;
 }

@@ -28,10 +28,10 @@ printf '%-11s %6s %10s %10s %8s %10s %10s %10s %10s\n' recipe steps loom_1dev lo
     torch_1thr torch_ddp2 vs_1thr vs_ddp2
 for spec in fmnist-mlp:400 fmnist-cnn:150; do
     recipe=${spec%%:*} steps=${spec##*:}
+    rate "$recipe" 3 1 >/dev/null; rate "$recipe" 3 2 >/dev/null   # warm the kernel cache
     compile_note="$compile_note
 $recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_compile "$recipe" 2)
 $recipe start-up to first step and peak RSS: loom $(startup "$recipe"); torch $(torch_startup "$recipe")"
-    rate "$recipe" 3 1 >/dev/null; rate "$recipe" 3 2 >/dev/null   # warm the kernel cache
     l1=$(rate "$recipe" "$steps" 1)
     l2=$(rate "$recipe" "$steps" 2)
     t1=$(torch "$recipe" "$steps")

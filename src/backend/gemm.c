@@ -22,21 +22,31 @@
 #define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
-    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR)) +
+    return sizeof(float) *
+               ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
            sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
 }
 
-/* Offsets of indices from, from + 1, ... (count of them) of compound dimension d. */
+/* Offsets of indices from, from + 1, ... (count of them) of compound dimension d: runs along its
+ * innermost sub-dimension, then a carry. */
 static void gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t *out) {
     int64_t dig[LOOM_GDIM_MAX], off = 0, i = from;
-    for (int s = d->n - 1; s >= 0; s--) {
+    int last = d->n - 1;
+    for (int s = last; s >= 0; s--) {
         dig[s] = i % d->size[s];
         i /= d->size[s];
         off += dig[s] * d->stride[s];
     }
-    for (int64_t k = 0; k < count; k++) {
-        out[k] = off;
-        for (int s = d->n - 1; s >= 0; s--) {
+    int64_t st = d->stride[last], len = d->size[last];
+    for (int64_t k = 0; k < count;) {
+        int64_t run = len - dig[last] < count - k ? len - dig[last] : count - k;
+        for (int64_t q = 0; q < run; q++)
+            out[k + q] = off + q * st;
+        k += run, dig[last] += run, off += run * st;
+        if (dig[last] < len)
+            break;
+        off -= st * len, dig[last] = 0;
+        for (int s = last - 1; s >= 0; s--) {
             off += d->stride[s];
             if (++dig[s] < d->size[s])
                 break;
@@ -209,19 +219,59 @@ __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa
     }
 }
 
-/* Writes the m x n corner of a tile to C at row offsets roff and column offsets coff. */
+/* Runs of columns contiguous in C (at most 16 each, for one masked access): the first column
+ * and length of each into j0, len (room for n); returns how many. */
+static int64_t column_runs(const int64_t *coff, int64_t n, int64_t *j0, int64_t *len) {
+    int64_t nr = 0;
+    for (int64_t j = 0; j < n; j += len[nr++]) {
+        j0[nr] = j, len[nr] = 1;
+        while (j + len[nr] < n && len[nr] < 16 && coff[j + len[nr]] == coff[j] + len[nr])
+            len[nr]++;
+    }
+    return nr;
+}
+
+/* Rows of t (ld apart) to C at row offsets roff and column offsets coff, by the given runs (a
+ * masked load, add and store each): per element the operations of one at a time, in order. */
+__attribute__((target("avx512f"))) static void
+put_runs(const float *t, int64_t ld, float *c, const int64_t *roff, const int64_t *coff, int64_t m,
+         const int64_t *j0, const int64_t *len, int64_t nr, bool accumulate) {
+    for (int64_t r = 0; r < m; r++) {
+        float *cr = c + roff[r];
+        for (int64_t q = 0; q < nr; q++) {
+            __mmask16 mk = (__mmask16)((1u << len[q]) - 1);
+            float *d = cr + coff[j0[q]];
+            __m512 v = _mm512_maskz_loadu_ps(mk, t + r * ld + j0[q]);
+            if (accumulate)
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, d), v);
+            _mm512_mask_storeu_ps(d, mk, v);
+        }
+    }
+}
+
+/* The m x n corner of a tile to C: by runs when rows cannot overlap or nothing is added, else
+ * one element at a time (a masked load of what the previous row just stored would wait). */
 static void put_tile(const float *tile, float *c, const int64_t *roff, const int64_t *coff,
-                     int64_t m, int64_t n, bool accumulate) {
+                     int64_t m, int64_t n, bool accumulate, bool disjoint) {
+    if (!accumulate || disjoint) {
+        int64_t j0[NR], len[NR], nr = column_runs(coff, n, j0, len);
+        put_runs(tile, NR, c, roff, coff, m, j0, len, nr, accumulate);
+        return;
+    }
     for (int64_t r = 0; r < m; r++) {
         float *cr = c + roff[r];
         const float *t = tile + r * NR;
-        if (accumulate)
-            for (int64_t j = 0; j < n; j++)
-                cr[coff[j]] += t[j];
-        else
-            for (int64_t j = 0; j < n; j++)
-                cr[coff[j]] = t[j];
+        for (int64_t j = 0; j < n; j++)
+            cr[coff[j]] += t[j];
     }
+}
+
+/* An m x n block of C gathered in cb (NC apart) to C, a whole row at a time: overlapping rows
+ * (a fold's) are then far apart in time, and stores are done before a later row loads. */
+static void put_block(const float *cb, float *c, const int64_t *roff, const int64_t *coff,
+                      int64_t m, int64_t n, bool accumulate) {
+    int64_t j0[NC], len[NC], nr = column_runs(coff, n, j0, len);
+    put_runs(cb, NC, c, roff, coff, m, j0, len, nr, accumulate);
 }
 
 bool loom__gemm_available(void) {
@@ -238,7 +288,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                  const done_fn *done, void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC;
-    int64_t *koff = (int64_t *)(pb + (size_t)KC * (NC + 2 * NR)), *loff = koff + KC;
+    float *cb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C, (MC + MR) x NC */
+    int64_t *koff = (int64_t *)(cb + (size_t)(MC + MR) * NC), *loff = koff + KC;
     int64_t *roff = loff + NR, *coff = roff + MC + MR;
     /* a row-major C takes full tiles straight from the registers */
     bool plain = crow->n == 1 && ccol->n == 1 && ccol->stride[0] == 1;
@@ -259,6 +310,16 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* N in equal NR-aligned blocks of about NC: 288 = 160 + 128, not 256 + 32. */
     int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
     float tile[MR * NR];
+    /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
+     * out row by row: rows overlap in C, and written tile by tile a row's loads would wait for
+     * the previous row's stores. */
+    bool gathered = !plain && kb == 1;
+    /* A packed once for every column block when all of it fits (a convolution's weights) */
+    int64_t mpad = (M + MR - 1) / MR * MR;
+    bool a_once = M <= MC && mpad * K <= (int64_t)(MC + MR) * KC;
+    for (int64_t pc = 0; a_once && pc < K; pc += kstep)
+        pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
+               pa + mpad * pc, koff, loff);
     for (int64_t jc = 0; jc < N; jc += nstep) {
         int64_t nc = N - jc < nstep ? N - jc : nstep;
         gd_offsets(ccol, jc, nc, coff);
@@ -270,19 +331,25 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, NR, pb, koff, loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
-                pack_g(a->p, &a->row, ic, mc, &a->col, pc, kc, MR, pa, koff, loff);
+                const float *pap = a_once ? pa + mpad * pc : pa;
+                if (!a_once)
+                    pack_g(a->p, &a->row, ic, mc, &a->col, pc, kc, MR, pa, koff, loff);
                 gd_offsets(crow, ic, mc, roff);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < NR ? nc - jr : NR;
-                        const float *ap = pa + ir * kc, *bp = pb + jr * kc;
+                        const float *ap = pap + ir * kc, *bp = pb + jr * kc;
                         if (plain && m == MR && n == NR) {
                             micro(kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc, NULL);
-                            continue;
+                        } else if (gathered) { /* into the block, written out below */
+                            micro(kc, ap, bp, cb + ir * NC + jr, NC, false, NULL);
+                        } else {
+                            micro(kc, ap, bp, NULL, 0, false, tile);
+                            put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                         }
-                        micro(kc, ap, bp, NULL, 0, false, tile);
-                        put_tile(tile, c, roff + ir, coff + jr, m, n, acc);
                     }
+                if (gathered)
+                    put_block(cb, c, roff, coff, mc, nc, acc);
             }
         }
         if (done)
