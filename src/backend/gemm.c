@@ -1,20 +1,23 @@
 /*
  * gemm.c - loom's own float32 matrix multiply for CPUs with AVX-512: C = A B, BLIS-style. B is
- * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and a 12 x 32
- * register-blocked microkernel (24 accumulators, two loads and twelve broadcasts per k) does the
- * arithmetic with FMA. Measured on this project's shapes it beats the OpenBLAS kernel that runs
- * under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
+ * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and an 8 x 32
+ * register-blocked microkernel (16 accumulators, two loads and eight broadcasts per k) does the
+ * arithmetic with FMA. 8 rows, not 12: every M of the recipes (32, 64, 128, 256, 288) is a
+ * multiple of 8, so no tile computes padding, which measured faster than 12 x 32's better ratio of
+ * loads to FMAs (bench/gemm.c). Measured on this project's shapes it beats the OpenBLAS kernel that
+ * runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
  * (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses BLAS.
  * Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
- * packed straight from the image by runs of contiguous lanes, and a compound C is written
- * element by element from the register tile (with accumulate, as C += A B).
+ * packed straight from the image by runs of contiguous lanes, and a compound C (a fold's) is
+ * gathered a block at a time and added into its places row by row (C += A B).
  * Every element is summed in a fixed order (k ascending within KC blocks), so runs repeat bitwise.
  */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-#define MR 12
+#define MR 8
 #define NR 32
 #define KC 256
 #define MC 144
@@ -238,14 +241,18 @@ put_runs(const float *t, int64_t ld, float *c, const int64_t *roff, const int64_
          const int64_t *j0, const int64_t *len, int64_t nr, bool accumulate) {
     for (int64_t r = 0; r < m; r++) {
         float *cr = c + roff[r];
-        for (int64_t q = 0; q < nr; q++) {
-            __mmask16 mk = (__mmask16)((1u << len[q]) - 1);
-            float *d = cr + coff[j0[q]];
-            __m512 v = _mm512_maskz_loadu_ps(mk, t + r * ld + j0[q]);
-            if (accumulate)
-                v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, d), v);
-            _mm512_mask_storeu_ps(d, mk, v);
-        }
+        /* even runs, then odd ones: neighbouring runs can share a 64-byte span, and a masked load
+         * within the span of a masked store just issued waits for it (measured); a row's runs
+         * are disjoint, so the order does not change any sum */
+        for (int64_t q0 = 0; q0 < 2; q0++)
+            for (int64_t q = q0; q < nr; q += 2) {
+                __mmask16 mk = (__mmask16)((1u << len[q]) - 1);
+                float *d = cr + coff[j0[q]];
+                __m512 v = _mm512_maskz_loadu_ps(mk, t + r * ld + j0[q]);
+                if (accumulate)
+                    v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, d), v);
+                _mm512_mask_storeu_ps(d, mk, v);
+            }
     }
 }
 
@@ -266,8 +273,7 @@ static void put_tile(const float *tile, float *c, const int64_t *roff, const int
     }
 }
 
-/* An m x n block of C gathered in cb (NC apart) to C, a whole row at a time: overlapping rows
- * (a fold's) are then far apart in time, and stores are done before a later row loads. */
+/* An m x n block of C gathered in cb (NC apart) written to C a whole row at a time. */
 static void put_block(const float *cb, float *c, const int64_t *roff, const int64_t *coff,
                       int64_t m, int64_t n, bool accumulate) {
     int64_t j0[NC], len[NC], nr = column_runs(coff, n, j0, len);
@@ -311,8 +317,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
     float tile[MR * NR];
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
-     * out row by row: rows overlap in C, and written tile by tile a row's loads would wait for
-     * the previous row's stores. */
+     * out row by row (measured faster than tile by tile: a fold's rows overlap in C). */
     bool gathered = !plain && kb == 1;
     /* A packed once for every column block when all of it fits (a convolution's weights) */
     int64_t mpad = (M + MR - 1) / MR * MR;
