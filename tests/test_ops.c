@@ -468,12 +468,12 @@ TEST(conv2d_views_match_naive_loops) {
  * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input,
  * for the specialised 2x2 window and the general path (overlapping, padded, odd sizes). */
 TEST(pool_matches_naive_loops) {
-    enum { N = 2, C = 3, H = 7, W = 9 };
+    enum { N = 2, C = 3, H = 7, W = 39 }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
     const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}};
     float x[C * N * H * W], dy[N * C * H * W];
     for (int i = 0; i < C * N * H * W; i++)
         x[i] = (float)(int)test_rand(6, (uint64_t)i, 0, 4);
-    x[17] = NAN;
+    x[17] = x[100] = x[2 * W + 33] = NAN;
     for (int i = 0; i < N * C * H * W; i++)
         dy[i] = (float)(int)test_rand(7, (uint64_t)i, -8, 8) / 8; /* sums are exact */
     for (size_t wi = 0; wi < 2 * sizeof wins / sizeof *wins; wi++) {

@@ -678,6 +678,80 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
  * row-major window order (a NaN wins, as MAX's combine); padded positions are skipped. POOLGRAD
  * finds the same position and adds dy there; dx is contiguous. The 2x2 stride-2 unpadded window
  * on unit-stride rows, the CNN's, has its own loop. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
+#    define HAVE_POOL512 1
+/* The 2x2 stride-2 window's rows in AVX-512, 16 windows at a time: the two input rows are loaded
+ * 32 floats each and split into even and odd columns (a, b from the upper row, c, d from the
+ * lower), and the same rule as the scalar rows picks the first maximum (a NaN wins): bitwise the
+ * scalar kernels' results, about ten times fewer instructions. */
+static const int32_t pool_even[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+static const int32_t pool_lo[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+
+__attribute__((target("avx512f"))) static inline void pool_split(const float *r, int n,
+                                                                 __m512 *even, __m512 *odd) {
+    __mmask16 m0 = (__mmask16)(n >= 8 ? 0xffff : (1u << (2 * n)) - 1);
+    __mmask16 m1 = (__mmask16)(n <= 8 ? 0 : (1u << (2 * (n - 8))) - 1);
+    __m512 lo = _mm512_maskz_loadu_ps(m0, r), hi = _mm512_maskz_loadu_ps(m1, r + 16);
+    __m512i ie = _mm512_loadu_si512(pool_even), io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    *even = _mm512_permutex2var_ps(lo, ie, hi);
+    *odd = _mm512_permutex2var_ps(lo, io, hi);
+}
+
+/* where the maximum so far moves to b, c, d (the scalar rows' q1, q2, q3) */
+__attribute__((target("avx512f"))) static inline void pool_moves(__m512 a, __m512 b, __m512 c,
+                                                                 __m512 d, __mmask16 *q1,
+                                                                 __mmask16 *q2, __mmask16 *q3,
+                                                                 __m512 *m) {
+    *q1 = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    __m512 x = _mm512_mask_blend_ps(*q1, a, b);
+    *q2 = _mm512_cmp_ps_mask(c, x, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
+    x = _mm512_mask_blend_ps(*q2, x, c);
+    *q3 = _mm512_cmp_ps_mask(d, x, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+    *m = _mm512_mask_blend_ps(*q3, x, d);
+}
+
+__attribute__((target("avx512f"))) static void pool2_row512(const float *r0, const float *r1,
+                                                            int64_t ow, float *o) {
+    for (int64_t x0 = 0; x0 < ow; x0 += 16) {
+        int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
+        __m512 a, b, c, d, m;
+        __mmask16 q1, q2, q3;
+        pool_split(r0 + 2 * x0, n, &a, &b);
+        pool_split(r1 + 2 * x0, n, &c, &d);
+        pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+        _mm512_mask_storeu_ps(o + x0, (__mmask16)((1u << n) - 1), m);
+    }
+}
+
+/* Writes the 2n floats of v (even columns) and w (odd ones) interleaved at o. */
+__attribute__((target("avx512f"))) static inline void pool_merge(__m512 v, __m512 w, int n,
+                                                                 float *o) {
+    __m512i il = _mm512_loadu_si512(pool_lo), ih = _mm512_add_epi32(il, _mm512_set1_epi32(8));
+    __mmask16 m0 = (__mmask16)(n >= 8 ? 0xffff : (1u << (2 * n)) - 1);
+    __mmask16 m1 = (__mmask16)(n <= 8 ? 0 : (1u << (2 * (n - 8))) - 1);
+    _mm512_mask_storeu_ps(o, m0, _mm512_permutex2var_ps(v, il, w));
+    _mm512_mask_storeu_ps(o + 16, m1, _mm512_permutex2var_ps(v, ih, w));
+}
+
+__attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0, const float *r1,
+                                                                 int64_t ow, const float *gy,
+                                                                 float *o0, float *o1) {
+    for (int64_t x0 = 0; x0 < ow; x0 += 16) {
+        int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
+        __m512 a, b, c, d, m, g = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), gy + x0);
+        __mmask16 q1, q2, q3;
+        pool_split(r0 + 2 * x0, n, &a, &b);
+        pool_split(r1 + 2 * x0, n, &c, &d);
+        pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+        __mmask16 w3 = q3, w2 = (__mmask16)(q2 & ~q3), w1 = (__mmask16)(q1 & ~q2 & ~q3);
+        __mmask16 w0 = (__mmask16)(~q1 & ~q2 & ~q3);
+        pool_merge(_mm512_maskz_mov_ps(w0, g), _mm512_maskz_mov_ps(w1, g), n, o0 + 2 * x0);
+        pool_merge(_mm512_maskz_mov_ps(w2, g), _mm512_maskz_mov_ps(w3, g), n, o1 + 2 * x0);
+    }
+}
+#endif
+
 #define POOL_KERNELS(T, U)                                                                       \
     static int64_t pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,         \
                                    const loom_window *w, int64_t oy, int64_t ox, T *best) {      \
@@ -746,9 +820,10 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
                     for (int64_t oy = 0; oy < OH; oy++) {                                        \
                         const T *r0 = xp + 2 * oy * xst[2];                                      \
                         T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                           \
-                        if (grad)                                                                \
+                        if (grad &&                                                              \
+                            !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W)) \
                             pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);   \
-                        else                                                                     \
+                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0))              \
                             pool2_row_##T(r0, r0 + xst[2], OW, o0);                              \
                         if (grad && W > 2 * OW)                                                  \
                             o0[W - 1] = o0[2 * W - 1] = (T)0;                                    \
@@ -770,6 +845,44 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
                     done(ctx, n *C + c, op);                                                     \
             }                                                                                    \
     }
+/* The AVX-512 rows where the CPU has them (float only); false: use the portable rows. */
+static bool pool512(void) {
+#ifdef HAVE_POOL512
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o) {
+#ifdef HAVE_POOL512
+    if (pool512()) {
+        pool2_row512(r0, r1, ow, o);
+        return true;
+    }
+#endif
+    (void)r0, (void)r1, (void)ow, (void)o;
+    return false;
+}
+static bool pool2_grad_fast_float(const float *r0, const float *r1, int64_t ow, const float *gy,
+                                  float *o0, float *o1) {
+#ifdef HAVE_POOL512
+    if (pool512()) {
+        pool2_grad_row512(r0, r1, ow, gy, o0, o1);
+        return true;
+    }
+#endif
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1;
+    return false;
+}
+static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, double *o) {
+    (void)r0, (void)r1, (void)ow, (void)o;
+    return false;
+}
+static bool pool2_grad_fast_double(const double *r0, const double *r1, int64_t ow, const double *gy,
+                                   double *o0, double *o1) {
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1;
+    return false;
+}
 POOL_KERNELS(float, uint32_t)
 POOL_KERNELS(double, uint64_t)
 
