@@ -63,13 +63,9 @@ static void gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t
 #    include <immintrin.h>
 #    define HAVE_TR16 1
 
-/* dst[k * dld + r] = src[r * ld + k] for k < 16, r < rows (r in [rows, cols) gets 0): a 16 x 16
- * transpose in registers (unpack, then 128-bit lane shuffles), written cols (<= 16) wide. */
-__attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld, int rows,
-                                                    float *dst, int64_t dld, int cols) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++)
-        r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+/* The 16 x 16 transpose in registers: unpacks, then 128-bit lane shuffles. */
+__attribute__((target("avx512f"))) static inline void transpose16(__m512 *r) {
+    __m512 t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -92,8 +88,33 @@ __attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld
         r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
     }
+}
+
+/* dst[k * dld + r] = src[r * ld + k] for k < 16, r < rows (r in [rows, cols) gets 0), written
+ * cols (<= 16) wide. */
+__attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld, int rows,
+                                                    float *dst, int64_t dld, int cols) {
+    __m512 r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+    transpose16(r);
     __mmask16 m = (__mmask16)((1u << cols) - 1);
     for (int k = 0; k < 16; k++)
+        _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
+}
+
+/* The same for rows at their own offsets and runs of kn (<= 16) along k:
+ * dst[k * dld + r] = src[loff[r] + k] for k < kn. */
+__attribute__((target("avx512f"))) static void tr16_runs(const float *src, const int64_t *loff,
+                                                         int rows, int kn, float *dst, int64_t dld,
+                                                         int cols) {
+    __m512 r[16];
+    __mmask16 km = (__mmask16)((1u << kn) - 1);
+    for (int i = 0; i < 16; i++)
+        r[i] = i < rows ? _mm512_maskz_loadu_ps(km, src + loff[i]) : _mm512_setzero_ps();
+    transpose16(r);
+    __mmask16 m = (__mmask16)((1u << cols) - 1);
+    for (int k = 0; k < kn; k++)
         _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
 }
 #endif
@@ -176,9 +197,29 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
         return;
     }
     gd_offsets(kd, k0, kc, koff);
+    int64_t kruns = 1; /* runs contiguous along k, against runs across the lanes below */
+    for (int64_t k = 1; k < kc; k++)
+        kruns += koff[k] != koff[k - 1] + 1;
     for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
-        int64_t m = lanes - i < w ? lanes - i : w;
+        int64_t m = lanes - i < w ? lanes - i : w, lruns = 1;
         gd_offsets(ld, i0 + i, m, loff);
+        for (int64_t r = 1; r < m; r++)
+            lruns += loff[r] != loff[r - 1] + 1;
+#    ifdef HAVE_TR16
+        if (kc * lruns > m * kruns) { /* longer runs along k (a weight gradient's image) */
+            for (int64_t k = 0, kn; k < kc; k += kn) {
+                for (kn = 1; k + kn < kc && kn < 16 && koff[k + kn] == koff[k] + kn; kn++)
+                    ;
+                for (int64_t r0 = 0; r0 < w; r0 += 16)
+                    tr16_runs(x + koff[k], loff + r0,
+                              (int)(m - r0 < 0    ? 0
+                                    : m - r0 > 16 ? 16
+                                                  : m - r0),
+                              (int)kn, dst + k * w + r0, w, (int)(w - r0 < 16 ? w - r0 : 16));
+            }
+            continue;
+        }
+#    endif
         pack_runs(x, loff, m, koff, kc, w, dst);
     }
 }
