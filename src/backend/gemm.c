@@ -1,10 +1,10 @@
 /*
  * gemm.c - loom's own float32 matrix multiply for CPUs with AVX-512: C = A B, BLIS-style. B is
- * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and an 8 x 32
- * register-blocked microkernel (16 accumulators, two loads and eight broadcasts per k) does the
- * arithmetic with FMA. 8 rows, not 12: every M of the recipes (32, 64, 128, 256, 288) is a
- * multiple of 8, so no tile computes padding, which measured faster than 12 x 32's better ratio of
- * loads to FMAs (bench/gemm.c). Measured on this project's shapes it beats the OpenBLAS kernel that
+ * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and an 8 x 48
+ * register-blocked microkernel (24 accumulators, three loads and eight broadcasts per k) does the
+ * arithmetic with FMA. 8 rows: every M of the recipes (32, 64, 128, 256, 288) is a multiple of 8,
+ * so no tile computes padding (12 x 32 computed 72 rows for 64); 48 columns: 24 FMAs per 11 loads
+ * (bench/gemm.c: the conv2 products 130-145 -> 137-161 GFLOP/s). Measured on this project's shapes it beats the OpenBLAS kernel that
  * runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
  * (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses BLAS.
  * Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
@@ -18,7 +18,8 @@
 #include <string.h>
 
 #define MR 8
-#define NR 32
+#define NR 48
+#define NV (NR / 16)
 #define KC 256
 #define MC 144
 #define NC LOOM_GEMM_NC
@@ -224,42 +225,37 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
     }
 }
 
-/* C tile (MR x NR, row-major) = packed A panel x packed B panel over kc, into `tile`, or straight
- * into c (a full tile of a row-major C) when tile is NULL. */
+/* A full MR x NR tile of a row-major C (ldc apart) = (or +=) packed A panel x packed B panel over
+ * kc. */
 __attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa, const float *pb,
-                                                     float *c, int64_t ldc, bool accumulate,
-                                                     float *tile) {
-    __m512 acc[MR][2];
+                                                     float *c, int64_t ldc, bool accumulate) {
+    __m512 acc[MR][NV];
 #    pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++)
+            acc[r][v] = _mm512_setzero_ps();
 #    pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, pa += MR, pb += NR) {
-        __m512 b0 = _mm512_loadu_ps(pb), b1 = _mm512_loadu_ps(pb + 16);
+        __m512 bv[NV];
+#    pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            bv[v] = _mm512_loadu_ps(pb + 16 * v);
 #    pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
             __m512 av = _mm512_set1_ps(pa[r]);
-            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+#    pragma GCC unroll 4
+            for (int v = 0; v < NV; v++)
+                acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
-    }
-    if (tile) {
-#    pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            _mm512_storeu_ps(tile + r * NR, acc[r][0]);
-            _mm512_storeu_ps(tile + r * NR + 16, acc[r][1]);
-        }
-        return;
     }
 #    pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
         float *cr = c + r * ldc;
-        if (accumulate) {
-            acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_loadu_ps(cr));
-            acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_loadu_ps(cr + 16));
+        for (int v = 0; v < NV; v++) {
+            if (accumulate)
+                acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));
+            _mm512_storeu_ps(cr + 16 * v, acc[r][v]);
         }
-        _mm512_storeu_ps(cr, acc[r][0]);
-        _mm512_storeu_ps(cr + 16, acc[r][1]);
     }
 }
 
@@ -386,11 +382,11 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                         int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < NR ? nc - jr : NR;
                         const float *ap = pap + ir * kc, *bp = pb + jr * kc;
                         if (plain && m == MR && n == NR) {
-                            micro(kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc, NULL);
+                            micro(kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(kc, ap, bp, cb + ir * NC + jr, NC, false, NULL);
+                            micro(kc, ap, bp, cb + ir * NC + jr, NC, false);
                         } else {
-                            micro(kc, ap, bp, NULL, 0, false, tile);
+                            micro(kc, ap, bp, tile, NR, false);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                         }
                     }

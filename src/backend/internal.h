@@ -135,7 +135,7 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
 /* The product in column blocks: columns [jc, jc + nc) of C are written at c + crow(i) + j - jc
  * (a buffer of M x LOOM_GEMM_NC at most) and then handed to done(ctx, jc, nc). Row-major A, B of
  * any strides; not for products narrower than 16 columns. */
-#define LOOM_GEMM_NC 256
+#define LOOM_GEMM_NC 288
 void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                         float *c, int64_t ldc, void (*done)(void *ctx, int64_t jc, int64_t nc),
                         void *ctx, void *scratch);
