@@ -48,19 +48,24 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
     return NULL;
 }
 
+/* n values in [-3, 3) from stream `seed` into buf as dt (float or double), a NaN at index nan. */
+static void fill(double *buf, int64_t n, loom_dtype dt, uint64_t seed, int64_t nan) {
+    for (int64_t i = 0; i < n; i++) {
+        double v = i == nan ? NAN : test_rand(seed, (uint64_t)i, -3, 3);
+        if (dt == LOOM_F32)
+            ((float *)buf)[i] = (float)v;
+        else
+            buf[i] = v;
+    }
+}
+
 /* One fused expression around op, on graph g with the given backend; returns its output bytes. */
 static void *run_op(const char *op, loom_dtype dt, loom_backend be, size_t *bytes,
                     loom_metrics *m) {
     enum { R = 7, C = 33 };
     static double buf[3][R * C];
     for (int k = 0; k < 3; k++)
-        for (int i = 0; i < R * C; i++) {
-            double v = test_rand((uint64_t)k, (uint64_t)i, -3, 3);
-            if (dt == LOOM_F32)
-                ((float *)buf[k])[i] = (float)v;
-            else
-                buf[k][i] = v;
-        }
+        fill(buf[k], R * C, dt, (uint64_t)k, -1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t s2[2] = {R, C}, s2t[2] = {C, R}, row[2] = {1, C};
@@ -120,16 +125,8 @@ static void *run_red(const char *op, int64_t C, loom_dtype dt, loom_backend be, 
                      loom_metrics *m) {
     enum { R = 6 };
     static double buf[2][R * 100];
-    for (int k = 0; k < 2; k++)
-        for (int64_t i = 0; i < R * C; i++) {
-            double v = test_rand((uint64_t)k + 20, (uint64_t)i, -3, 3);
-            if (k == 0 && i == 7)
-                v = NAN; /* MAX lets a NaN win; SUM carries it */
-            if (dt == LOOM_F32)
-                ((float *)buf[k])[i] = (float)v;
-            else
-                buf[k][i] = v;
-        }
+    for (int k = 0; k < 2; k++) /* a NaN in a: MAX lets it win, SUM carries it */
+        fill(buf[k], R * C, dt, (uint64_t)k + 20, k == 0 ? 7 : -1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t s2[2] = {R, C}, s2t[2] = {C, R};

@@ -461,6 +461,19 @@ static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col)
     *row = g[s->gtrans], *col = g[!s->gtrans];
 }
 
+/* The next index over a product's nb batch dims (an odometer) and its operands' offsets. */
+static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const int64_t *sb,
+                       int64_t *idx, int64_t *oa, int64_t *ob) {
+    for (int d = nb - 1; d >= 0; d--) {
+        idx[d]++;
+        *oa += sa[d], *ob += sb[d];
+        if (idx[d] < shape[d])
+            return;
+        *oa -= sa[d] * shape[d], *ob -= sb[d] * shape[d];
+        idx[d] = 0;
+    }
+}
+
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
@@ -492,14 +505,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
             if (m * n > 0)
                 loom__sgemm_g(m, n, loom__numel(ga.col.n, ga.col.size), &ga, &gb, o + r * m * n,
                               crow, ccol, false, b->ws + p->gemm_scratch);
-            for (int d = nd - 3; d >= 0; d--) { /* next batch index */
-                idx[d]++;
-                oa += A->lay.stride[d], ob += B->lay.stride[d];
-                if (idx[d] < t->shape[d])
-                    break;
-                oa -= A->lay.stride[d] * t->shape[d], ob -= B->lay.stride[d] * t->shape[d];
-                idx[d] = 0;
-            }
+            next_batch(nd - 2, t->shape, A->lay.stride, B->lay.stride, idx, &oa, &ob);
         }
         return LOOM_OK;
     }
@@ -530,14 +536,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
                         (const float *)(pb + (size_t)ob * es), (int)ldb, 0.0f, (float *)po,
                         (int)(n > 1 ? n : 1));
         }
-        for (int d = nd - 3; d >= 0; d--) { /* next batch index */
-            idx[d]++;
-            oa += A->lay.stride[d], ob += B->lay.stride[d];
-            if (idx[d] < t->shape[d])
-                break;
-            oa -= A->lay.stride[d] * t->shape[d], ob -= B->lay.stride[d] * t->shape[d];
-            idx[d] = 0;
-        }
+        next_batch(nd - 2, t->shape, A->lay.stride, B->lay.stride, idx, &oa, &ob);
     }
     return LOOM_OK;
 }

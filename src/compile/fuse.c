@@ -171,6 +171,16 @@ restart:
     return fused;
 }
 
+/* How many live nodes read each node (reading one twice counts twice); NULL out of memory. */
+static int32_t *count_readers(const loom__program *p, const bool *live) {
+    int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
+    for (int64_t i = 0; readers && i < p->n; i++)
+        for (int k = 0; k < 3 && live[i]; k++)
+            if (p->nodes[i].src[k] >= 0)
+                readers[p->nodes[i].src[k]]++;
+    return readers;
+}
+
 /* The product a fold reads through a contiguous reshape, or -1. */
 static int32_t folded_product(const loom__program *p, const loom__pnode *f) {
     const loom__pnode *v = &p->nodes[f->src[0]];
@@ -183,13 +193,9 @@ static int32_t folded_product(const loom__program *p, const loom__pnode *f) {
 int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out) {
     if (!loom__use_own_gemm())
         return 0;
-    int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
+    int32_t *readers = count_readers(p, live);
     if (!readers)
         return -1;
-    for (int64_t i = 0; i < p->n; i++)
-        for (int k = 0; k < 3 && live[i]; k++)
-            if (p->nodes[i].src[k] >= 0)
-                readers[p->nodes[i].src[k]]++;
     int64_t fused = 0;
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *f = &p->nodes[i];
@@ -270,13 +276,9 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
 }
 
 int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out) {
-    int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
+    int32_t *readers = count_readers(p, live);
     if (!readers)
         return -1;
-    for (int64_t i = 0; i < p->n; i++)
-        for (int k = 0; k < 3 && live[i]; k++)
-            if (p->nodes[i].src[k] >= 0)
-                readers[p->nodes[i].src[k]]++;
     int64_t n = 0;
     for (int64_t f = 0; f < p->nfused; f++) {
         loom__fused *k = &p->fused[f];
