@@ -23,6 +23,7 @@
 #define KC 256
 #define MC 144
 #define NC LOOM_GEMM_NC
+_Static_assert(NC % NR == 0, "column blocks are whole panels");
 #define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
@@ -350,7 +351,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* K in equal blocks of at most KC (288 = 2 x 144, not 256 + 32: a thin last block would pay a
      * full pass over C for little arithmetic). */
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
-    /* N in equal NR-aligned blocks of about NC: 288 = 160 + 128, not 256 + 32. */
+    /* N in equal NR-aligned blocks of about NC: 300 = 192 + 108, not 288 + 12. */
     int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
     float tile[MR * NR];
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
