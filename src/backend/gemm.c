@@ -4,10 +4,10 @@
  * register-blocked microkernel (24 accumulators, three loads and eight broadcasts per k) does the
  * arithmetic with FMA. 8 rows: every M of the recipes (32, 64, 128, 256, 288) is a multiple of 8,
  * so no tile computes padding (12 x 32 computed 72 rows for 64); 48 columns: 24 FMAs per 11 loads
- * (bench/gemm.c: the conv2 products 130-145 -> 137-161 GFLOP/s). Measured on this project's shapes it beats the OpenBLAS kernel that
- * runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists
- * (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses BLAS.
- * Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
+ * (bench/gemm.c: the conv2 products 130-145 -> 137-161 GFLOP/s). Measured on this project's shapes
+ * it beats the OpenBLAS kernel that runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The
+ * default where AVX-512 exists (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses
+ * BLAS. Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
  * packed straight from the image by runs of contiguous lanes, and a compound C (a fold's) is
  * gathered a block at a time and added into its places row by row (C += A B).
  * Every element is summed in a fixed order (k ascending within KC blocks), so runs repeat bitwise.
@@ -18,12 +18,11 @@
 #include <string.h>
 
 #define MR 8
-#define NR 48
-#define NV (NR / 16)
+#define NR 48 /* the widest panel; a product uses 48 or 32 (panel_width) */
 #define KC 256
 #define MC 144
 #define NC LOOM_GEMM_NC
-_Static_assert(NC % NR == 0, "column blocks are whole panels");
+_Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
 #define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
@@ -226,38 +225,43 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
     }
 }
 
-/* A full MR x NR tile of a row-major C (ldc apart) = (or +=) packed A panel x packed B panel over
- * kc. */
-__attribute__((target("avx512f"))) static void micro(int64_t kc, const float *pa, const float *pb,
-                                                     float *c, int64_t ldc, bool accumulate) {
-    __m512 acc[MR][NV];
-#    pragma GCC unroll 16
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < NV; v++)
-            acc[r][v] = _mm512_setzero_ps();
-#    pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++, pa += MR, pb += NR) {
-        __m512 bv[NV];
-#    pragma GCC unroll 4
-        for (int v = 0; v < NV; v++)
-            bv[v] = _mm512_loadu_ps(pb + 16 * v);
-#    pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            __m512 av = _mm512_set1_ps(pa[r]);
-#    pragma GCC unroll 4
-            for (int v = 0; v < NV; v++)
-                acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+/* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) packed A panel x packed B panel
+ * over kc: micro2 for 32-wide panels, micro3 for 48-wide ones. */
+#    define MICRO(NV)                                                                            \
+        __attribute__((target("avx512f"))) static void micro##NV(int64_t kc, const float *pa,    \
+                                                                 const float *pb, float *c,      \
+                                                                 int64_t ldc, bool accumulate) { \
+            __m512 acc[MR][NV];                                                                  \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++)   \
+                acc[r][v] = _mm512_setzero_ps();                                                 \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pa += MR, pb += 16 * NV) {  \
+                __m512 bv[NV];                                                                   \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) bv[v] =                     \
+                    _mm512_loadu_ps(pb + 16 * v);                                                \
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                          \
+                    __m512 av = _mm512_set1_ps(pa[r]);                                           \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =             \
+                        _mm512_fmadd_ps(av, bv[v], acc[r][v]);                                   \
+                }                                                                                \
+            }                                                                                    \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                              \
+                float *cr = c + r * ldc;                                                         \
+                for (int v = 0; v < NV; v++) {                                                   \
+                    if (accumulate)                                                              \
+                        acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));      \
+                    _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                    \
+                }                                                                                \
+            }                                                                                    \
         }
-    }
-#    pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) {
-        float *cr = c + r * ldc;
-        for (int v = 0; v < NV; v++) {
-            if (accumulate)
-                acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));
-            _mm512_storeu_ps(cr + 16 * v, acc[r][v]);
-        }
-    }
+MICRO(2)
+MICRO(3)
+
+static void micro(int64_t nr, int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc,
+                  bool accumulate) {
+    if (nr == 48)
+        micro3(kc, pa, pb, c, ldc, accumulate);
+    else
+        micro2(kc, pa, pb, c, ldc, accumulate);
 }
 
 /* Runs of columns contiguous in C (at most 16 each, for one masked access): the first column
@@ -327,6 +331,14 @@ typedef struct {
     void *ctx;
 } done_fn;
 
+/* 48-wide panels (24 FMAs per 11 loads, against 16 per 10) unless they pad N by more than 5%
+ * beyond 32-wide ones (N = 256: 288 columns computed against 256; N = 784: 816 against 800 is
+ * still faster with 48, bench/gemm.c). */
+static int64_t panel_width(int64_t N) {
+    int64_t p48 = (N + 47) / 48 * 48, p32 = (N + 31) / 32 * 32;
+    return p48 * 100 <= p32 * 105 ? 48 : 32;
+}
+
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                  const done_fn *done, void *scratch) {
@@ -352,7 +364,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * full pass over C for little arithmetic). */
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
     /* N in equal NR-aligned blocks of about NC: 300 = 192 + 108, not 288 + 12. */
-    int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + NR - 1) / NR * NR;
+    int64_t nr = panel_width(N);
+    int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + nr - 1) / nr * nr;
     float tile[MR * NR];
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
      * out row by row (measured faster than tile by tile: a fold's rows overlap in C). */
@@ -371,23 +384,23 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
-            pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, NR, pb, koff, loff);
+            pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 const float *pap = a_once ? pa + mpad * pc : pa;
                 if (!a_once)
                     pack_g(a->p, &a->row, ic, mc, &a->col, pc, kc, MR, pa, koff, loff);
                 gd_offsets(crow, ic, mc, roff);
-                for (int64_t jr = 0; jr < nc; jr += NR)
+                for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += MR) {
-                        int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < NR ? nc - jr : NR;
+                        int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < nr ? nc - jr : nr;
                         const float *ap = pap + ir * kc, *bp = pb + jr * kc;
-                        if (plain && m == MR && n == NR) {
-                            micro(kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc);
+                        if (plain && m == MR && n == nr) {
+                            micro(nr, kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(kc, ap, bp, cb + ir * NC + jr, NC, false);
+                            micro(nr, kc, ap, bp, cb + ir * NC + jr, NC, false);
                         } else {
-                            micro(kc, ap, bp, tile, NR, false);
+                            micro(nr, kc, ap, bp, tile, NR, false);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                         }
                     }
@@ -412,7 +425,7 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
     /* A product narrower than half a panel (conv1's weight gradient: 32 x 9) runs as its
      * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
-    if (N < NR / 2 && M > N) {
+    if (N < 16 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
         gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch);
     } else {
