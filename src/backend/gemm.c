@@ -1,9 +1,10 @@
 /*
  * gemm.c - loom's own float32 matrix multiply for CPUs with AVX-512: C = A B, BLIS-style. B is
- * packed in panels of KC x NR, A in panels of MR x KC, both in the caller's scratch, and an 8 x 48
- * register-blocked microkernel (24 accumulators, three loads and eight broadcasts per k) does the
- * arithmetic with FMA. 8 rows: every M of the recipes (32, 64, 128, 256, 288) is a multiple of 8,
- * so no tile computes padding (12 x 32 computed 72 rows for 64); 48 columns: 24 FMAs per 11 loads
+ * packed in panels of KC x 48 (or 32) columns, A in panels of MR x KC, both in the caller's
+ * scratch, and an 8 x 48 register-blocked microkernel (24 accumulators, three loads and eight
+ * broadcasts per k; 8 x 32 where 48-wide panels would pad N by more than 5%) does the arithmetic
+ * with FMA. 8 rows: every M of the recipes (32, 64, 128, 256, 288) is a multiple of 8, so no tile
+ * computes padding (12 x 32 computed 72 rows for 64); 48 columns: 24 FMAs per 11 loads
  * (bench/gemm.c: the conv2 products 130-145 -> 137-161 GFLOP/s). Measured on this project's shapes
  * it beats the OpenBLAS kernel that runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The
  * default where AVX-512 exists (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses
