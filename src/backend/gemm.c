@@ -92,17 +92,33 @@ __attribute__((target("avx512f"))) static inline void transpose16(__m512 *r) {
     }
 }
 
-/* dst[k * dld + r] = src[r * ld + k] for k < 16, r < rows (r in [rows, cols) gets 0), written
- * cols (<= 16) wide. */
-__attribute__((target("avx512f"))) static void tr16(const float *src, int64_t ld, int rows,
-                                                    float *dst, int64_t dld, int cols) {
-    __m512 r[16];
-    for (int i = 0; i < 16; i++)
-        r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
-    transpose16(r);
-    __mmask16 m = (__mmask16)((1u << cols) - 1);
-    for (int k = 0; k < 16; k++)
-        _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
+/* pack() of an operand contiguous along k (each lane a row of memory, rs apart) into panels of w
+ * lanes: 16 lanes by 16 k at a time through a register transpose, masked at the edges; a group of
+ * 16 lanes covers half a 32- or 48-wide panel, or two 8-wide ones. */
+__attribute__((target("avx512f"))) static void pack_tr(int64_t lanes, int64_t kc, const float *src,
+                                                       int64_t rs, int64_t w, float *dst) {
+    int64_t total = (lanes + w - 1) / w * w; /* lanes past `lanes` are zeros */
+    for (int64_t l0 = 0; l0 < total; l0 += 16) {
+        int rows = (int)(lanes - l0 > 16 ? 16 : lanes - l0 < 0 ? 0 : lanes - l0);
+        int64_t width = total - l0 < 16 ? total - l0 : 16;
+        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+            int kn = (int)(kc - k0 < 16 ? kc - k0 : 16);
+            __mmask16 km = (__mmask16)((1u << kn) - 1);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < rows ? _mm512_maskz_loadu_ps(km, src + (l0 + i) * rs + k0)
+                                : _mm512_setzero_ps();
+            transpose16(r);
+            for (int64_t q = 0; q < width; q += w < 16 ? w : 16) {
+                int64_t at = l0 + q, off = at % w, len = w - off < width - q ? w - off : width - q;
+                float *d = dst + at / w * w * kc + k0 * w + off;
+                __mmask16 m = (__mmask16)((1u << len) - 1);
+                for (int k = 0; k < kn; k++) /* lanes 8.. moved down for a second 8-wide panel */
+                    _mm512_mask_storeu_ps(d + k * w, m,
+                                          q ? _mm512_shuffle_f32x4(r[k], r[k], 0xee) : r[k]);
+            }
+        }
+    }
 }
 
 /* The same for rows at their own offsets and runs of kn (<= 16) along k:
@@ -128,22 +144,18 @@ __attribute__((target("avx512f"))) static void tr16_runs(const float *src, const
  * blocks of TB along k otherwise), never as w interleaved streams. */
 static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_t ks, int64_t w,
                  float *dst) {
+#ifdef HAVE_TR16
+    if (ks == 1 && rs != 1) {
+        pack_tr(lanes, kc, src, rs, w, dst);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
         int64_t m = lanes - i < w ? lanes - i : w;
         const float *s = src + i * rs;
-        if (ks == 1 && rs != 1) {
+        if (ks == 1 && rs != 1) { /* without AVX-512: small blocks of TB along k */
             for (int64_t k0 = 0; k0 < kc; k0 += TB) {
                 int64_t kn = kc - k0 < TB ? kc - k0 : TB;
-#ifdef HAVE_TR16
-                if (kn == 16) {
-                    for (int64_t r0 = 0; r0 < w; r0 += 16) {
-                        int rows = (int)(m - r0 < 0 ? 0 : m - r0 > 16 ? 16 : m - r0);
-                        tr16(s + r0 * rs + k0, rs, rows, dst + k0 * w + r0, w,
-                             (int)(w - r0 < 16 ? w - r0 : 16));
-                    }
-                    continue;
-                }
-#endif
                 for (int64_t r = 0; r < w; r++)
                     for (int64_t k = k0; k < k0 + kn; k++)
                         dst[k * w + r] = r < m ? s[r * rs + k] : 0;
