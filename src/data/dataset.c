@@ -48,6 +48,31 @@ int64_t loom__dataset_sample_numel(const loom_dataset *d) {
     return d->sample_numel;
 }
 
+/* dst[k] = src[k] / 255 (as ToTensor does: a division, so bitwise the scalar loop's) 16 at a time
+ * with AVX-512; returns how many it did (0 without AVX-512). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
+__attribute__((target("avx512f"))) static int64_t bytes_to_floats512(const uint8_t *src, int64_t n,
+                                                                     float *dst) {
+    int64_t k = 0;
+    __m512 scale = _mm512_set1_ps(255.0f);
+    for (; k + 16 <= n; k += 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + k));
+        _mm512_storeu_ps(dst + k,
+                         _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), scale));
+    }
+    return k;
+}
+static int64_t bytes_to_floats(const uint8_t *src, int64_t n, float *dst) {
+    return __builtin_cpu_supports("avx512f") ? bytes_to_floats512(src, n, dst) : 0;
+}
+#else
+static int64_t bytes_to_floats(const uint8_t *src, int64_t n, float *dst) {
+    (void)src, (void)n, (void)dst;
+    return 0;
+}
+#endif
+
 void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst) {
     int64_t n = d->sample_numel;
     if (d->x) {
@@ -55,9 +80,18 @@ void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst) {
         return;
     }
     const uint8_t *src = d->x8 + i * n;
-    for (int64_t k = 0; k < n; k++)
+    int64_t k = bytes_to_floats(src, n, dst);
+    for (; k < n; k++)
         dst[k] = (float)src[k] / 255.0f;
 }
+void loom__dataset_prefetch(const loom_dataset *d, int64_t i) {
+    size_t es = d->x ? sizeof(float) : 1, bytes = es * (size_t)d->sample_numel;
+    const char *at = d->x ? (const char *)(d->x + i * d->sample_numel)
+                          : (const char *)(d->x8 + i * d->sample_numel);
+    for (size_t b = 0; b < bytes; b += 64)
+        __builtin_prefetch(at + b);
+}
+
 const int32_t *loom__dataset_y(const loom_dataset *d) {
     return d->y;
 }

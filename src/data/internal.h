@@ -9,6 +9,9 @@
 /* Elements per sample, and sample i as floats into dst. */
 int64_t loom__dataset_sample_numel(const loom_dataset *d);
 void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst);
+/* Asks the memory system for sample i ahead of loom__dataset_sample (a batch gathers samples
+ * from random places in the file: a miss per cache line otherwise). */
+void loom__dataset_prefetch(const loom_dataset *d, int64_t i);
 const int32_t *loom__dataset_y(const loom_dataset *d);
 
 #endif

@@ -35,8 +35,13 @@ struct loom_loader {
 static void fill(loom_loader *l, int buf, int64_t pos, int64_t take) {
     const int32_t *y = loom__dataset_y(l->d);
     int64_t sn = loom__dataset_sample_numel(l->d);
+    enum { AHEAD = 4 }; /* samples whose lines are on their way while one is converted */
+    for (int64_t i = 0; i < take && i < AHEAD; i++)
+        loom__dataset_prefetch(l->d, l->order[pos + i]);
     for (int64_t i = 0; i < take; i++) {
         int64_t s = l->order[pos + i];
+        if (i + AHEAD < take)
+            loom__dataset_prefetch(l->d, l->order[pos + i + AHEAD]);
         loom__dataset_sample(l->d, s, l->x[buf] + i * sn);
         l->y[buf][i] = y[s];
     }
