@@ -244,7 +244,10 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
             return -1;
     for (int a = 1; a < k->nargs; a++) {
         int32_t v = k->args[a], L = owner(p, v);
-        if (L < 0 || p->nodes[L].copy || is_out[L] || p->nodes[L].check)
+        /* the library node itself, or a view of it directly (no other view in between that
+         * something else might read) */
+        if (L < 0 || (v != L && p->nodes[v].src[0] != L) || p->nodes[L].copy || is_out[L] ||
+            p->nodes[L].check)
             continue;
         const loom__pnode *lib = &p->nodes[L], *vn = &p->nodes[v];
         bool mm = lib->op == LOOM_OP_MATMUL && loom__use_own_gemm() && lib->ndim == 2 &&
