@@ -57,6 +57,13 @@ if "$loom" train fmnist-mlp --steps 3 --save "$tmp/w.safetensors" --log-dir "$tm
 else
     echo "FAIL: save/log/init run:"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# the closing metrics describe a training step (its ~200 nodes), not the evaluation that ran last
+nodes=$(sed -n 's/^metrics: graphs built.* nodes \([0-9]*\), kernels\/step \([0-9]*\).*/\1/p' "$tmp/out")
+if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then
+    echo "ok   the closing metrics describe a training step ($nodes nodes)"
+else
+    echo "FAIL: closing metrics: $(grep '^metrics: graphs' "$tmp/out")"; fails=$((fails + 1))
+fi
 expect_fail "tensor '0.weight' is f32 (256,784), the model expects F32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
 
 # --devices auto respects the CPU affinity; a failing device stops the run with one line.

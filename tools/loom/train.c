@@ -88,7 +88,8 @@ typedef struct {
     int64_t samples;
     double last_acc;
     loom_devices *devs;
-    double started, first_step_at; /* process start to the end of the first step */
+    double started, first_step_at;    /* process start to the end of the first step */
+    int64_t step_nodes, step_kernels; /* of a training step (the graph's last run is evaluation) */
 } run_state;
 
 /* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
@@ -109,6 +110,9 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
             return cli_fail("%s", loom_last_error());
         last = loom_item(loss);
         r->train_seconds += now() - ts;
+        loom_metrics sm;
+        loom_graph_metrics(r->m.g, &sm);
+        r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
         r->samples += b.n, tick_samples += b.n;
         r->step++, i++;
         if (r->step == 1)
@@ -228,6 +232,7 @@ int cli_train(const train_opts *o) {
         loom_metrics mt;
         char buf[1024];
         loom_graph_metrics(r.m.g, &mt);
+        mt.nodes = r.step_nodes, mt.kernels = r.step_kernels; /* a training step's, not eval's */
         loom_metrics_format(&mt, buf, sizeof buf);
         printf("%s\n", buf);
     }
