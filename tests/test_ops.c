@@ -296,7 +296,7 @@ TEST(gradients_match_finite_differences) {
 
 /* (m x k) x (k x n) in float32 through the graph, a and/or b read transposed, against a naive loop
  * in double. Shapes cross the blocking of loom's own sgemm (the default; LOOM_MATMUL=blas for
- * BLAS): 8-row and 48-column tiles, 256-deep k blocks, 288-wide column blocks. */
+ * BLAS): 8-row and 48-column tiles, 192-deep k blocks, 288-wide column blocks. */
 static void check_matmul(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int *bad) {
     float *a = malloc(sizeof(float) * (size_t)(m * k + 1)),
           *b = malloc(sizeof(float) * (size_t)(k * n + 1));

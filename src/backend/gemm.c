@@ -19,8 +19,8 @@
 #include <string.h>
 
 #define MR 8
-#define NR 48 /* the widest panel; a product uses 48 or 32 (panel_width) */
-#define KC 256
+#define NR 48  /* the widest panel; a product uses 48 or 32 (panel_width) */
+#define KC 192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
 #define MC 144
 #define NC LOOM_GEMM_NC
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
@@ -373,7 +373,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         }
         return;
     }
-    /* K in equal blocks of at most KC (288 = 2 x 144, not 256 + 32: a thin last block would pay a
+    /* K in equal blocks of at most KC (288 = 2 x 144, not 192 + 96: a thin last block would pay a
      * full pass over C for little arithmetic). */
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
     /* N in equal NR-aligned blocks of about NC: 300 = 192 + 108, not 288 + 12. */
