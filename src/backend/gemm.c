@@ -24,13 +24,15 @@
 #define MC 144
 #define NC LOOM_GEMM_NC
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
-#define TB 16 /* k-run of a transposing pack: its writes stay within TB rows of the panel */
 
 size_t loom__gemm_scratch_bytes(void) {
     return sizeof(float) *
                ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
            sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
 
 /* Offsets of indices from, from + 1, ... (count of them) of compound dimension d: runs along its
  * innermost sub-dimension, then a carry. */
@@ -60,10 +62,6 @@ static void gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t
         }
     }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#    include <immintrin.h>
-#    define HAVE_TR16 1
 
 /* The 16 x 16 transpose in registers: unpacks, then 128-bit lane shuffles. */
 __attribute__((target("avx512f"))) static inline void transpose16(__m512 *r) {
@@ -135,33 +133,21 @@ __attribute__((target("avx512f"))) static void tr16_runs(const float *src, const
     for (int k = 0; k < kn; k++)
         _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
 }
-#endif
 
 /* Packs an operand into panels of w lanes (MR rows of A, NR columns of B): element (lane r, k)
  * of the operand is src[r * rs + k * ks]; panel p holds lanes p*w.. as dst[p*w*kc + k*w + r], with
  * zeros past the last lane. Runs along memory are kept: a panel contiguous along its lanes is
- * copied row by row, one contiguous along k by 16x16 register transposes (small cache-resident
- * blocks of TB along k otherwise), never as w interleaved streams. */
+ * copied row by row, one contiguous along k by 16x16 register transposes (pack_tr), never as w
+ * interleaved streams. */
 static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_t ks, int64_t w,
                  float *dst) {
-#ifdef HAVE_TR16
     if (ks == 1 && rs != 1) {
         pack_tr(lanes, kc, src, rs, w, dst);
         return;
     }
-#endif
     for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
         int64_t m = lanes - i < w ? lanes - i : w;
         const float *s = src + i * rs;
-        if (ks == 1 && rs != 1) { /* without AVX-512: small blocks of TB along k */
-            for (int64_t k0 = 0; k0 < kc; k0 += TB) {
-                int64_t kn = kc - k0 < TB ? kc - k0 : TB;
-                for (int64_t r = 0; r < w; r++)
-                    for (int64_t k = k0; k < k0 + kn; k++)
-                        dst[k * w + r] = r < m ? s[r * rs + k] : 0;
-            }
-            continue;
-        }
         for (int64_t k = 0; k < kc; k++) {
             if (rs == 1 && m == w) {
                 memcpy(dst + k * w, s + k * ks, sizeof(float) * (size_t)w);
@@ -174,8 +160,6 @@ static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_
         }
     }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__)
 
 /* pack() for compound operands: lane offsets are grouped into runs contiguous in memory (up to
  * 16), each copied per k by one masked load and store. */
@@ -219,7 +203,6 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
         gd_offsets(ld, i0 + i, m, loff);
         for (int64_t r = 1; r < m; r++)
             lruns += loff[r] != loff[r - 1] + 1;
-#    ifdef HAVE_TR16
         if (kc * lruns > m * kruns) { /* longer runs along k (a weight gradient's image) */
             for (int64_t k = 0, kn; k < kc; k += kn) {
                 for (kn = 1; k + kn < kc && kn < 16 && koff[k + kn] == koff[k] + kn; kn++)
@@ -233,7 +216,6 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
             }
             continue;
         }
-#    endif
         pack_runs(x, loff, m, koff, kc, w, dst);
     }
 }
