@@ -461,6 +461,16 @@ static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col)
     *row = g[s->gtrans], *col = g[!s->gtrans];
 }
 
+/* Product node id's operands as matrices (their first elements, rows and columns); returns K. */
+static int64_t product_operands(const loom__program *p, const loom__bind *b, int32_t id,
+                                loom__gmat *ga, loom__gmat *gb) {
+    const loom__pnode *t = &p->nodes[id];
+    ga->p = loom__addr(p, b, t->src[0]), gb->p = loom__addr(p, b, t->src[1]);
+    operand_dims(&p->nodes[t->src[0]], &ga->row, &ga->col);
+    operand_dims(&p->nodes[t->src[1]], &gb->row, &gb->col);
+    return loom__numel(ga->col.n, ga->col.size);
+}
+
 /* The next index over a product's nb batch dims (an odometer) and its operands' offsets. */
 static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const int64_t *sb,
                        int64_t *idx, int64_t *oa, int64_t *ob) {
@@ -478,24 +488,22 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
     if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
-        loom__gmat ga = {.p = loom__addr(p, b, t->src[0])}, gb = {.p = loom__addr(p, b, t->src[1])};
-        operand_dims(A, &ga.row, &ga.col);
-        operand_dims(B, &gb.row, &gb.col);
+        loom__gmat ga, gb;
+        int64_t k = product_operands(p, b, id, &ga, &gb);
         epilogue e;
         epilogue_init(&e, p, b, id);
         e.rows_of = t->shape[0], e.n_of = t->shape[1];
         float *buf = (float *)(b->ws + t->ws_off);
         e.buf = buf;
-        loom__sgemm_blocks(t->shape[0], t->shape[1], loom__numel(ga.col.n, ga.col.size), &ga, &gb,
-                           buf, LOOM_GEMM_NC, product_block_done, &e, b->ws + p->gemm_scratch);
+        loom__sgemm_blocks(t->shape[0], t->shape[1], k, &ga, &gb, buf, LOOM_GEMM_NC,
+                           product_block_done, &e, b->ws + p->gemm_scratch);
         return LOOM_OK;
     }
     if (t->dtype == LOOM_F32 && loom__use_own_gemm()) { /* any strides, grouped views too */
         int64_t batch = loom__numel(nd - 2, t->shape), idx[MAXD] = {0}, oa = 0, ob = 0;
         int64_t m = t->shape[nd - 2], n = t->shape[nd - 1];
-        loom__gmat ga = {.p = loom__addr(p, b, t->src[0])}, gb = {.p = loom__addr(p, b, t->src[1])};
-        operand_dims(A, &ga.row, &ga.col);
-        operand_dims(B, &gb.row, &gb.col);
+        loom__gmat ga, gb;
+        int64_t k = product_operands(p, b, id, &ga, &gb);
         float *o = loom__addr(p, b, id);
         loom__gdim crow = {.n = 1, .size = {m}, .stride = {n}},
                    ccol = {.n = 1, .size = {n}, .stride = {1}};
@@ -503,8 +511,8 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
         for (int64_t r = 0; r < batch; r++) {
             ga.p = a0 + oa, gb.p = b0 + ob;
             if (m * n > 0)
-                loom__sgemm_g(m, n, loom__numel(ga.col.n, ga.col.size), &ga, &gb, o + r * m * n,
-                              crow, ccol, false, b->ws + p->gemm_scratch);
+                loom__sgemm_g(m, n, k, &ga, &gb, o + r * m * n, crow, ccol, false,
+                              b->ws + p->gemm_scratch);
             next_batch(nd - 2, t->shape, A->lay.stride, B->lay.stride, idx, &oa, &ob);
         }
         return LOOM_OK;
@@ -647,10 +655,8 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
                                 int32_t mid) {
     const loom__pnode *t = &p->nodes[id], *m = &p->nodes[mid];
     const loom_window *w = &t->attr.win;
-    const loom__pnode *A = &p->nodes[m->src[0]], *B = &p->nodes[m->src[1]];
-    loom__gmat ga = {.p = loom__addr(p, b, m->src[0])}, gb = {.p = loom__addr(p, b, m->src[1])};
-    operand_dims(A, &ga.row, &ga.col);
-    operand_dims(B, &gb.row, &gb.col);
+    loom__gmat ga, gb;
+    int64_t k = product_operands(p, b, mid, &ga, &gb);
     int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
     int64_t OH = (H - w->kh) / w->sh + 1, OW = (W - w->kw) / w->sw + 1;
     loom__gdim crow = {.n = 3, .size = {C, w->kh, w->kw}, .stride = {H * W, W, 1}};
@@ -658,8 +664,8 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
         .n = 3, .size = {t->shape[0], OH, OW}, .stride = {C * H * W, W * w->sh, w->sw}};
     float *x = loom__addr(p, b, id);
     memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
-    loom__sgemm_g(m->shape[0], m->shape[1], loom__numel(ga.col.n, ga.col.size), &ga, &gb, x, crow,
-                  ccol, true, b->ws + p->gemm_scratch);
+    loom__sgemm_g(m->shape[0], m->shape[1], k, &ga, &gb, x, crow, ccol, true,
+                  b->ws + p->gemm_scratch);
     return LOOM_OK;
 }
 
