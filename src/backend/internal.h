@@ -54,6 +54,16 @@ typedef struct {
     int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
 } loom__pnode;
 
+/* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
+ * without padding read in place). */
+static inline bool loom__is_view(const loom__pnode *t) {
+    return !t->copy && (loom__ops[t->op].kind == LOOM_KIND_MOV || t->virt);
+}
+/* Whether node t runs a kernel of its own (neither a leaf nor a view). */
+static inline bool loom__runs_kernel(const loom__pnode *t) {
+    return !loom__is_view(t) && loom__ops[t->op].kind != LOOM_KIND_LEAF;
+}
+
 #define LOOM_FUSED_MAX_ARGS 16
 
 /* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue

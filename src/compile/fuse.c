@@ -224,10 +224,8 @@ static int32_t owner(const loom__program *p, int32_t id) {
 static bool slab_written_between(const loom__program *p, const bool *live, int64_t lo, int64_t hi) {
     for (int64_t c = lo + 1; c < hi; c++) {
         const loom__pnode *t = &p->nodes[c];
-        loom__kind kind = loom__ops[t->op].kind;
-        bool computes = kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt;
         if (live[c] && ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC ||
-                        (computes && t->lay.base == LOOM_BASE_PERSIST)))
+                        (loom__runs_kernel(t) && t->lay.base == LOOM_BASE_PERSIST)))
             return true;
     }
     return false;

@@ -191,7 +191,7 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
                 l->index = (int32_t)i;
                 break;
         }
-        if (t->check && !t->copy && (loom__ops[t->op].kind == LOOM_KIND_MOV || t->virt) &&
+        if (t->check && loom__is_view(t) &&
             l->base == LOOM_BASE_WS) /* a checked view: check the node that computes it */
             p->nodes[l->index].check = true;
         for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++) {
@@ -227,11 +227,6 @@ static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t
     return l->offset < hi && last >= lo;
 }
 
-static bool runs_kernel(const loom__pnode *t) {
-    loom__kind kind = loom__ops[t->op].kind;
-    return (kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt) || t->copy;
-}
-
 /* Whether node c reads or writes slab range [lo, hi). */
 static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
                      int64_t hi) {
@@ -265,7 +260,8 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
     const loom__pnode *s = &p->nodes[si], *t = &p->nodes[ti];
     int32_t slab = t->attr.persist.slab;
     int64_t lo = t->attr.persist.offset, hi = lo + loom__numel(t->ndim, t->shape);
-    if (!runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 || s->lay.base != LOOM_BASE_WS ||
+    if (!loom__runs_kernel(s) || !l_owns(s) || s->dtype != LOOM_F32 ||
+        s->lay.base != LOOM_BASE_WS ||
         s->op == LOOM_OP_POOLGRAD) /* its workspace buffer also holds scratch */
         return false;
     for (int k = 0; k < 3 && s->src[k] >= 0; k++) { /* s may read the range only in place */
@@ -281,7 +277,7 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
     int64_t next_write = INT64_MAX;
     for (int64_t c = si + 1; c < p->n; c++) {
         const loom__pnode *n = &p->nodes[c];
-        if (!live[c] || c == ti || !runs_kernel(n))
+        if (!live[c] || c == ti || !loom__runs_kernel(n))
             continue;
         if (c < ti && accesses(p, n, slab, lo, hi))
             return false;
@@ -295,7 +291,7 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
             continue;
         if (n->lay.base == LOOM_BASE_WS && n->lay.index == si && is_out[c])
             return false;
-        for (int k = 0; k < 3 && runs_kernel(n) && c != si; k++) {
+        for (int k = 0; k < 3 && loom__runs_kernel(n) && c != si; k++) {
             const loom__layout *l = read_layout(p, n, k);
             if (l && l->base == LOOM_BASE_WS && l->index == si && c > next_write)
                 return false;
@@ -311,8 +307,8 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
  * covers that node's whole buffer (a reshape of a reduction, say). */
 static int32_t stored_kernel(const loom__program *p, int32_t src) {
     const loom__pnode *v = &p->nodes[src];
-    if (loom__ops[v->op].kind != LOOM_KIND_MOV || v->copy || v->lay.base != LOOM_BASE_WS ||
-        v->lay.offset != 0 || !is_contiguous(v->ndim, v->shape, v->lay.stride))
+    if (!loom__is_view(v) || v->lay.base != LOOM_BASE_WS || v->lay.offset != 0 ||
+        !is_contiguous(v->ndim, v->shape, v->lay.stride))
         return src;
     const loom__pnode *r = &p->nodes[v->lay.index];
     return loom__numel(r->ndim, r->shape) == loom__numel(v->ndim, v->shape) ? v->lay.index : src;
@@ -393,7 +389,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             at = p->fused[p->fused_of[at]].epi_of;
         if (t->copy)
             use(last, &t->src_lay, at);
-        else if (loom__ops[t->op].kind != LOOM_KIND_MOV && !t->virt)
+        else if (!loom__is_view(t))
             for (int k = 0; k < 3; k++)
                 if (t->src[k] >= 0)
                     use(last, &p->nodes[t->src[k]].lay, at);
@@ -404,9 +400,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        loom__kind kind = loom__ops[t->op].kind;
-        bool runs = ((kind != LOOM_KIND_LEAF && kind != LOOM_KIND_MOV && !t->virt) || t->copy) &&
-                    !t->elided && t->fused_into < 0 && !epilogue_root(p, i);
+        bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && !epilogue_root(p, i);
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
