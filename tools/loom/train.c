@@ -112,13 +112,14 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
             return cli_fail("%s", loom_last_error());
         last = loom_item(loss);
         r->train_seconds += now() - ts;
-        loom_metrics sm;
-        loom_graph_metrics(r->m.g, &sm);
-        r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
         r->samples += b.n, tick_samples += b.n;
         r->step++, i++;
-        if (r->step == 1)
+        if (r->step == 1) {
             r->first_step_at = now() - r->started;
+            loom_metrics sm; /* every step runs the same graph */
+            loom_graph_metrics(r->m.g, &sm);
+            r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
+        }
         *done = o->steps && r->step >= o->steps;
         double rate = tick_samples / (now() - tick + 1e-12);
         if (r->log)
