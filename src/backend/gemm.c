@@ -11,7 +11,9 @@
  * BLAS. Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
  * packed straight from the image by runs of contiguous lanes, and a compound C (a fold's) is
  * gathered a block at a time and added into its places row by row (C += A B).
- * Every element is summed in a fixed order (k ascending within KC blocks), so runs repeat bitwise.
+ * A product with a small C and a long K (conv1's weight gradient) is dot products along K instead
+ * (skinny_gemm). Every element is summed in a fixed order (k ascending within KC blocks; on the
+ * dot-product path 16 lanes of k and a fixed tree), so runs repeat bitwise.
  */
 #include "internal.h"
 
@@ -408,6 +410,132 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     }
 }
 
+/* Products with a small C and a long K whose operands both run contiguously along k (conv1's
+ * weight gradient: 32 x 9 over K = 86528, A the output gradient, B the image through the unfold's
+ * view). Panels would be mostly padding and the packs would cost more than the arithmetic, so
+ * each C element is a dot product along K instead: 16 lanes of k per FMA, a tile of up to 4 x 5
+ * elements in registers over a block of SK_KB k at a time (A's block read from memory once, the
+ * tiles then sweep it in cache), the block's lanes added into a buffer, and the 16 lanes summed
+ * at the end. A fixed order, so runs repeat bitwise. */
+#    define SK_KB  1024
+#    define SK_MI  4
+#    define SK_NJ  5   /* 20 accumulators and 9 operands: no register spills */
+#    define SK_MAX 512 /* M x N at most (lane buffer 32 KB) */
+
+typedef struct { /* 16 (or fewer, masked) consecutive k where both operands are contiguous */
+    int64_t ka, kb;
+    uint32_t mask;
+} kchunk;
+_Static_assert(sizeof(float) * 16 * SK_MAX + sizeof(int64_t) * 2 * (SK_KB + SK_MAX) +
+                       sizeof(kchunk) * SK_KB + sizeof(float *) * 2 * SK_MAX + 64 <=
+                   sizeof(float) * (MC + MR) * KC,
+               "the dot-product path's buffers fit the scratch");
+
+/* The 16 lanes' sum, pairwise in a fixed order. */
+static float lane_sum(const float *l) {
+    float t[8];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            t[i] = (w == 8 ? l[i] + l[i + 8] : t[i] + t[i + w]);
+    return t[0];
+}
+
+#    define SKINNY(MI, NJ)                                                                 \
+        __attribute__((target("avx512f"))) static void skinny_##MI##_##NJ(                 \
+            const float *const *ar, const float *const *bc, const kchunk *ch, int64_t nch, \
+            float *lanes, int64_t n) {                                                     \
+            __m512 acc[MI][NJ];                                                            \
+            _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) acc[i][j] =           \
+                    _mm512_setzero_ps();                                                   \
+            for (int64_t q = 0; q < nch; q++) {                                            \
+                __mmask16 m = (__mmask16)ch[q].mask;                                       \
+                __m512 av[MI], bv[NJ];                                                     \
+                _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++) av[i] =               \
+                    _mm512_maskz_loadu_ps(m, ar[i] + ch[q].ka);                            \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) bv[j] =               \
+                    _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);                            \
+                _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                       \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) acc[i][j] =       \
+                        _mm512_fmadd_ps(av[i], bv[j], acc[i][j]);                          \
+            }                                                                              \
+            _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) {                     \
+                float *l = lanes + (i * n + j) * 16;                                       \
+                _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), acc[i][j]));         \
+            }                                                                              \
+        }
+SKINNY(4, 1)
+SKINNY(4, 2)
+SKINNY(4, 3)
+SKINNY(4, 4)
+SKINNY(4, 5)
+SKINNY(1, 1)
+SKINNY(1, 2)
+SKINNY(1, 3)
+SKINNY(1, 4)
+SKINNY(1, 5)
+typedef void skinny_fn(const float *const *, const float *const *, const kchunk *, int64_t, float *,
+                       int64_t);
+static skinny_fn *const skinny_tile[2][SK_NJ] = {
+    {skinny_1_1, skinny_1_2, skinny_1_3, skinny_1_4, skinny_1_5},
+    {skinny_4_1, skinny_4_2, skinny_4_3, skinny_4_4, skinny_4_5}};
+
+/* Whether a product takes the dot-product path: small C, long K, both operands contiguous along
+ * k (A's k its innermost column sub-dimension, B's its innermost row sub-dimension). */
+static bool skinny(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    return M * N <= SK_MAX && (M < 16 || N < 16) && K >= 64 * (M > N ? M : N) &&
+           a->col.stride[a->col.n - 1] == 1 && b->row.stride[b->row.n - 1] == 1;
+}
+
+static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                        float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
+                        void *scratch) {
+    float *lanes = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int64_t *ka = (int64_t *)(lanes + 16 * SK_MAX), *kb = ka + SK_KB;
+    int64_t *roff = kb + SK_KB, *coff = roff + SK_MAX;
+    kchunk *ch = (kchunk *)(coff + SK_MAX);
+    const float **ar = (const float **)(ch + SK_KB), **bc = ar + SK_MAX;
+    memset(lanes, 0, sizeof(float) * 16 * (size_t)(M * N));
+    gd_offsets(&a->row, 0, M, roff);
+    gd_offsets(&b->col, 0, N, coff);
+    for (int64_t i = 0; i < M; i++)
+        ar[i] = a->p + roff[i];
+    for (int64_t j = 0; j < N; j++)
+        bc[j] = b->p + coff[j];
+    for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
+        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB, nch = 0;
+        gd_offsets(&a->col, k0, kc, ka);
+        gd_offsets(&b->row, k0, kc, kb);
+        for (int64_t k = 0; k < kc; nch++) { /* up to 16 where both operands are contiguous */
+            int64_t len = 1;
+            while (len < 16 && k + len < kc && ka[k + len] == ka[k] + len &&
+                   kb[k + len] == kb[k] + len)
+                len++;
+            ch[nch] = (kchunk){ka[k], kb[k], (1u << len) - 1};
+            k += len;
+        }
+        for (int64_t i = 0; i < M; i += SK_MI)
+            for (int64_t j = 0; j < N; j += SK_NJ) {
+                int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
+                if (M - i >= SK_MI)
+                    skinny_tile[1][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16, N);
+                else
+                    for (int64_t r = i; r < M; r++)
+                        skinny_tile[0][nj - 1](ar + r, bc + j, ch, nch, lanes + (r * N + j) * 16,
+                                               N);
+            }
+    }
+    gd_offsets(crow, 0, M, roff);
+    gd_offsets(ccol, 0, N, coff);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float v = lane_sum(lanes + (i * N + j) * 16);
+            float *d = c + roff[i] + coff[j];
+            *d = accumulate ? *d + v : v;
+        }
+}
+
 static loom__gdim gd1(int64_t size, int64_t stride) {
     return (loom__gdim){.n = 1, .size = {size}, .stride = {stride}};
 }
@@ -420,7 +548,9 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
     /* A product narrower than half a panel (conv1's weight gradient: 32 x 9) runs as its
      * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
-    if (N < 16 && M > N) {
+    if (skinny(M, N, K, a, b)) {
+        skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+    } else if (N < 16 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
         gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch);
     } else {

@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 typedef struct loom__device device;
@@ -293,6 +294,14 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
     return st;
 }
 
+/* Asks the kernel to back [p, p + n) with 2 MiB pages (only advice; ignored where unsupported). */
+static void huge_pages(void *p, size_t n) {
+    uintptr_t a = ((uintptr_t)p + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
+    uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)((2u << 20) - 1);
+    if (e > a)
+        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+}
+
 static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t) * (size_t)D->n);
     if (!g->rows_real)
@@ -307,6 +316,7 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
                                    "workspace (%zu bytes)",
                                    i, (long long)D->step, p->ws_bytes);
             d->ws = ws, d->ws_size = p->ws_bytes;
+            huge_pages(ws, p->ws_bytes);
         }
         const void **in = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
