@@ -296,6 +296,56 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
     free(got);
 }
 
+/* Sinks: a pool gradient's epilogue (a ReLU's backward, 2-D through a reshape) read only by a sum
+ * along its rows and a product on the dot-product path keeps one row at a time, each going into
+ * both. B is a transposed input, so that chunks run across the pool's planes (60 columns each, not
+ * a multiple of 16) and across the 1024-column blocks. Returns both outputs. */
+static void *run_sinks(loom_backend be, size_t *bytes, loom_metrics *m) {
+    enum { R = 5, P = 30, H = 6, W = 10, N = 7, K = P * H * W };
+    static float img[R * P * H * W], dy[R * P * H / 2 * W / 2], bt[N * K];
+    for (int i = 0; i < R * P * H * W; i++)
+        img[i] = (float)test_rand(50, (uint64_t)i, -1, 1);
+    for (int i = 0; i < R * P * H / 2 * W / 2; i++)
+        dy[i] = (float)test_rand(51, (uint64_t)i, -1, 1);
+    for (int i = 0; i < N * K; i++)
+        bt[i] = (float)test_rand(52, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t si[4] = {R, P, H, W}, sy[4] = {R, P, H / 2, W / 2}, s2[2] = {R, K}, sb[2] = {N, K};
+    loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
+    loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
+                                         (loom_window){2, 2, 2, 2, 0, 0});
+    loom_tensor *dx = loom_where(g, loom_cmpgt(g, loom_reshape(g, ti, 2, s2),
+                                               loom_scalar(g, 0.0, LOOM_F32)),
+                                 loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
+    loom_tensor *sum = loom_sum(g, dx, 1);
+    loom_tensor *prod = loom_matmul(g, dx, loom_transpose(g, loom_input(g, LOOM_F32, 2, sb, bt)));
+    loom_output(sum), loom_output(prod);
+    void *out = NULL;
+    if (loom_graph_run(g) == LOOM_OK) {
+        *bytes = sizeof(float) * (R + R * N);
+        out = malloc(*bytes);
+        memcpy(out, loom_tensor_data(sum), sizeof(float) * R);
+        memcpy((char *)out + sizeof(float) * R, loom_tensor_data(prod), sizeof(float) * R * N);
+    }
+    loom_graph_metrics(g, m);
+    loom_graph_free(g);
+    return out;
+}
+
+TEST(epilogue_rows_go_into_sinks_bitwise) {
+    size_t n1 = 0, n2 = 0;
+    loom_metrics mi, mc;
+    void *ref = run_sinks(LOOM_BACKEND_INTERP, &n1, &mi);
+    void *got = run_sinks(LOOM_BACKEND_CPU, &n2, &mc);
+    ASSERT(ref && got && n1 == n2);
+    ASSERT(same_bits(ref, got, n1, LOOM_F32));
+    /* compiled: the pool gradient alone, computing the sum and the product (loom's matmul) */
+    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 1);
+    free(ref);
+    free(got);
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -443,6 +493,7 @@ int main(void) {
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
+    RUN(epilogue_rows_go_into_sinks_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

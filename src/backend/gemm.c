@@ -426,10 +426,48 @@ typedef struct { /* 16 (or fewer, masked) consecutive k where both operands are 
     int64_t ka, kb;
     uint32_t mask;
 } kchunk;
-_Static_assert(sizeof(float) * 16 * SK_MAX + sizeof(int64_t) * 2 * (SK_KB + SK_MAX) +
-                       sizeof(kchunk) * SK_KB + sizeof(float *) * 2 * SK_MAX + 64 <=
+_Static_assert(sizeof(float) * 16 * SK_MAX + sizeof(int64_t) * 2 * SK_MAX + sizeof(kchunk) * SK_KB +
+                       sizeof(float *) * 2 * SK_MAX + 64 <=
                    sizeof(float) * (MC + MR) * KC,
                "the dot-product path's buffers fit the scratch");
+
+/* The chunks of k in [k0, k1) (one block): greedily from k0, up to 16 consecutive k over which
+ * both operands are contiguous. A's k is one dim of stride 1 (skinny), so that is where B's k
+ * offsets (d: runs along its innermost sub-dim, of stride 1) go on by one. Returns how many. */
+static int64_t chunks(const loom__gdim *d, int64_t k0, int64_t k1, kchunk *ch) {
+    int last = d->n - 1;
+    int64_t dig[LOOM_GDIM_MAX], off = 0, x = k0, n = 0, clen = 0, lastkb = 0;
+    for (int q = last; q >= 0; q--) {
+        dig[q] = x % d->size[q];
+        x /= d->size[q];
+        off += dig[q] * d->stride[q];
+    }
+    for (int64_t k = k0; k < k1;) {
+        int64_t run = d->size[last] - dig[last] < k1 - k ? d->size[last] - dig[last] : k1 - k;
+        int64_t at = 0;
+        if (clen > 0 && clen < 16 && off == lastkb + 1) { /* the last chunk goes on */
+            int64_t more = 16 - clen < run ? 16 - clen : run;
+            ch[n - 1].mask = (1u << (clen + more)) - 1;
+            clen += more, at = more;
+        }
+        for (; at < run; at += clen) {
+            clen = 16 < run - at ? 16 : run - at;
+            ch[n++] = (kchunk){k + at, off + at, (1u << clen) - 1};
+        }
+        lastkb = off + run - 1;
+        k += run, dig[last] += run, off += run;
+        if (dig[last] < d->size[last])
+            continue;
+        off -= d->size[last], dig[last] = 0; /* carry into the outer sub-dims */
+        for (int q = last - 1; q >= 0; q--) {
+            off += d->stride[q];
+            if (++dig[q] < d->size[q])
+                break;
+            off -= d->stride[q] * d->size[q], dig[q] = 0;
+        }
+    }
+    return n;
+}
 
 /* The 16 lanes' sum, pairwise in a fixed order. */
 static float lane_sum(const float *l) {
@@ -482,18 +520,17 @@ static skinny_fn *const skinny_tile[2][SK_NJ] = {
     {skinny_4_1, skinny_4_2, skinny_4_3, skinny_4_4, skinny_4_5}};
 
 /* Whether a product takes the dot-product path: small C, long K, both operands contiguous along
- * k (A's k its innermost column sub-dimension, B's its innermost row sub-dimension). */
+ * k (A's k one dim of stride 1, B's its innermost row sub-dimension). */
 static bool skinny(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    return M * N <= SK_MAX && (M < 16 || N < 16) && K >= 64 * (M > N ? M : N) &&
-           a->col.stride[a->col.n - 1] == 1 && b->row.stride[b->row.n - 1] == 1;
+    return M * N <= SK_MAX && (M < 16 || N < 16) && K >= 64 * (M > N ? M : N) && a->col.n == 1 &&
+           a->col.stride[0] == 1 && b->row.stride[b->row.n - 1] == 1;
 }
 
 static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                         float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                         void *scratch) {
     float *lanes = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    int64_t *ka = (int64_t *)(lanes + 16 * SK_MAX), *kb = ka + SK_KB;
-    int64_t *roff = kb + SK_KB, *coff = roff + SK_MAX;
+    int64_t *roff = (int64_t *)(lanes + 16 * SK_MAX), *coff = roff + SK_MAX;
     kchunk *ch = (kchunk *)(coff + SK_MAX);
     const float **ar = (const float **)(ch + SK_KB), **bc = ar + SK_MAX;
     memset(lanes, 0, sizeof(float) * 16 * (size_t)(M * N));
@@ -504,17 +541,8 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
     for (int64_t j = 0; j < N; j++)
         bc[j] = b->p + coff[j];
     for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
-        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB, nch = 0;
-        gd_offsets(&a->col, k0, kc, ka);
-        gd_offsets(&b->row, k0, kc, kb);
-        for (int64_t k = 0; k < kc; nch++) { /* up to 16 where both operands are contiguous */
-            int64_t len = 1;
-            while (len < 16 && k + len < kc && ka[k + len] == ka[k] + len &&
-                   kb[k + len] == kb[k] + len)
-                len++;
-            ch[nch] = (kchunk){ka[k], kb[k], (1u << len) - 1};
-            k += len;
-        }
+        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB;
+        int64_t nch = chunks(&b->row, k0, k0 + kc, ch);
         for (int64_t i = 0; i < M; i += SK_MI)
             for (int64_t j = 0; j < N; j += SK_NJ) {
                 int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
@@ -534,6 +562,100 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
             float *d = c + roff[i] + coff[j];
             *d = accumulate ? *d + v : v;
         }
+}
+
+/* The dot-product path one row of A at a time (a pool gradient's epilogue makes its output a row
+ * at a time, so that it is never written whole): B's chunks built once for all of K, and per row
+ * the same blocks, chunks and lanes as skinny_gemm, so the same bits. */
+#    define DOT_ROW(MI, NJ)                                                              \
+        __attribute__((target("avx512f"))) static void dot_row_##MI##_##NJ(              \
+            const float *a, int64_t lda, const float *const *bc, const kchunk *ch,       \
+            const int64_t *bend, int64_t nblocks, float *lanes, int64_t n) {             \
+            for (int64_t bl = 0, q = 0; bl < nblocks; bl++) {                            \
+                __m512 acc[MI][NJ];                                                      \
+                _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++)                     \
+                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) acc[i][j] =    \
+                        _mm512_setzero_ps();                                             \
+                for (; q < bend[bl]; q++) {                                              \
+                    __mmask16 m = (__mmask16)ch[q].mask;                                 \
+                    __m512 av[MI];                                                       \
+                    _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++) av[i] =         \
+                        _mm512_maskz_loadu_ps(m, a + i * lda + ch[q].ka);                \
+                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) {              \
+                        __m512 bv = _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);          \
+                        _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++) acc[i][j] = \
+                            _mm512_fmadd_ps(av[i], bv, acc[i][j]);                       \
+                    }                                                                    \
+                }                                                                        \
+                _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++)                     \
+                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) {              \
+                    float *l = lanes + (i * n + j) * 16;                                 \
+                    _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), acc[i][j]));   \
+                }                                                                        \
+            }                                                                            \
+        }
+DOT_ROW(1, 1)
+DOT_ROW(1, 2)
+DOT_ROW(1, 3)
+DOT_ROW(1, 4)
+DOT_ROW(1, 5)
+DOT_ROW(1, 6)
+DOT_ROW(1, 7)
+DOT_ROW(1, 8)
+DOT_ROW(1, 9)
+DOT_ROW(2, 1)
+DOT_ROW(2, 2)
+DOT_ROW(2, 3)
+DOT_ROW(2, 4)
+DOT_ROW(2, 5)
+DOT_ROW(2, 6)
+DOT_ROW(2, 7)
+DOT_ROW(2, 8)
+DOT_ROW(2, 9)
+typedef void dot_row_fn(const float *, int64_t, const float *const *, const kchunk *,
+                        const int64_t *, int64_t, float *, int64_t);
+/* one or two rows, up to 9 columns a pass: 18 accumulators, two of A and one of B in registers */
+static dot_row_fn *const dot_row[2][9] = {
+    {dot_row_1_1, dot_row_1_2, dot_row_1_3, dot_row_1_4, dot_row_1_5, dot_row_1_6, dot_row_1_7,
+     dot_row_1_8, dot_row_1_9},
+    {dot_row_2_1, dot_row_2_2, dot_row_2_3, dot_row_2_4, dot_row_2_5, dot_row_2_6, dot_row_2_7,
+     dot_row_2_8, dot_row_2_9}};
+
+bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    return loom__gemm_available() && skinny(M, N, K, a, b) && N <= LOOM_DOT_MAX_N;
+}
+
+size_t loom__dot_rows_bytes(int64_t K) {
+    return sizeof(kchunk) * (size_t)K + sizeof(int64_t) * (size_t)(K / SK_KB + 1) + 64;
+}
+
+void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int64_t K, void *buf) {
+    kchunk *ch = (kchunk *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    int64_t *bend = (int64_t *)(ch + K), coff[LOOM_DOT_MAX_N], n = 0, nb = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
+        n += chunks(&b->row, k0, K - k0 < SK_KB ? K : k0 + SK_KB, ch + n);
+        bend[nb++] = n;
+    }
+    *s = (loom__dot_rows){.N = N, .chunks = ch, .bend = bend, .nblocks = nb};
+    gd_offsets(&b->col, 0, N, coff);
+    for (int64_t j = 0; j < N; j++)
+        s->bc[j] = b->p + coff[j];
+}
+
+void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
+                        float *c) {
+    float lanes[2 * 16 * LOOM_DOT_MAX_N];
+    for (int64_t i = 0; i < rows; i += 2) {
+        int64_t mi = rows - i < 2 ? rows - i : 2;
+        memset(lanes, 0, sizeof(float) * 16 * (size_t)(mi * s->N));
+        for (int64_t j = 0, g = (s->N + 8) / 9, w = (s->N + g - 1) / g; j < s->N; j += w) {
+            int64_t nj = s->N - j < w ? s->N - j : w;
+            dot_row[mi - 1][nj - 1](a + i * lda, lda, s->bc + j, s->chunks, s->bend, s->nblocks,
+                                    lanes + 16 * j, s->N);
+        }
+        for (int64_t q = 0; q < mi * s->N; q++)
+            c[i * s->N + q] = lane_sum(lanes + 16 * q);
+    }
 }
 
 static loom__gdim gd1(int64_t size, int64_t stride) {
@@ -593,5 +715,22 @@ void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
     (void)M, (void)N, (void)K, (void)a, (void)ars, (void)acs, (void)b, (void)brs, (void)bcs;
     (void)c, (void)ldc, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm without AVX-512");
+}
+bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    (void)M, (void)N, (void)K, (void)a, (void)b;
+    return false;
+}
+size_t loom__dot_rows_bytes(int64_t K) {
+    (void)K;
+    return 0;
+}
+void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int64_t K, void *buf) {
+    (void)s, (void)b, (void)N, (void)K, (void)buf;
+    LOOM_ASSERT(!"loom__dot_rows without AVX-512");
+}
+void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
+                        float *c) {
+    (void)s, (void)a, (void)lda, (void)rows, (void)c;
+    LOOM_ASSERT(!"loom__dot_rows without AVX-512");
 }
 #endif

@@ -52,6 +52,7 @@ typedef struct {
                          * runs on each block of its output as that block is done, -1 for none */
     int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
     int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
+    int32_t sink_of;    /* a sink of an epilogue (loom__fused.sinks): the library node, or -1 */
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -68,8 +69,11 @@ static inline bool loom__runs_kernel(const loom__pnode *t) {
 
 /* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
  * (epi_of >= 0) runs inside library kernel epi_of instead of on its own: part(args, i, j0, j1, v)
- * computes row i, columns [j0, j1) of its 2-D root, reading leaf epi_arg (the library kernel's
- * output) from v[0 .. j1 - j0) while that block is still in cache. */
+ * computes row i, columns [j0, j1) of its 2-D root into args[0][0 .. j1 - j0), reading leaf
+ * epi_arg (the library kernel's output) from v[0 .. j1 - j0) while that block is still in cache.
+ * An epilogue of a pool gradient whose root only sinks read (compile/fuse.c) keeps one row of
+ * the root at a time: each row, once complete and still in cache, goes into the sinks (a sum along
+ * the rows, a product on the dot-product path), so the root is never written whole. */
 typedef void (*loom__kfn)(void *const *args);
 typedef void (*loom__kpart)(void *const *args, int64_t i, int64_t j0, int64_t j1, const void *v);
 typedef struct {
@@ -79,6 +83,8 @@ typedef struct {
     loom__kfn fn;
     int32_t epi_of, epi_arg;
     loom__kpart part;
+    int32_t sinks[2]; /* the only readers of an epilogue's root, fed a row at a time */
+    int32_t nsinks;
 } loom__fused;
 
 struct loom__program {
@@ -152,6 +158,41 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
 /* The plain case: A(i,k) = a[i*ars + k*acs], B(k,j) = b[k*brs + j*bcs], C row-major (ldc). */
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);
+/* Rows and columns of a product's operand (the last two dims), compound for a grouped view. */
+static inline void loom__operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col) {
+    int nd = s->ndim;
+    if (!s->gndim) {
+        *row = (loom__gdim){.n = 1, .size = {s->shape[nd - 2]}, .stride = {s->lay.stride[nd - 2]}};
+        *col = (loom__gdim){.n = 1, .size = {s->shape[nd - 1]}, .stride = {s->lay.stride[nd - 1]}};
+        return;
+    }
+    loom__gdim g[2] = {{0}, {0}};
+    for (int d = 0; d < s->gndim; d++) {
+        loom__gdim *x = &g[d >= s->gsplit];
+        x->size[x->n] = s->gshape[d];
+        x->stride[x->n++] = s->lay.stride[d];
+    }
+    *row = g[s->gtrans], *col = g[!s->gtrans];
+}
+
+/* A product on the dot-product path (small C, long K) a few rows of A at a time: B's chunks built
+ * once (loom__dot_rows_bytes(K) of buf, which must outlive the rows), then rows of C from rows of
+ * A, each contiguous: the same sums in the same order as loom__sgemm_g gives the product, so the
+ * same bits. For M x N x K products with loom__dot_rows_ok. */
+#define LOOM_DOT_MAX_N 64
+typedef struct {
+    int64_t N, nblocks;
+    const void *chunks;
+    const int64_t *bend;
+    const float *bc[LOOM_DOT_MAX_N];
+} loom__dot_rows;
+bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b);
+size_t loom__dot_rows_bytes(int64_t K);
+void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int64_t K, void *buf);
+/* C(i, 0 .. N) for `rows` rows of A (lda apart), to c (N apart) */
+void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
+                        float *c);
+
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);

@@ -410,10 +410,15 @@ bool loom__use_own_gemm(void) {
 typedef struct {
     const loom__fused *k;
     void *args[LOOM_FUSED_MAX_ARGS];
-    int64_t cols;                 /* of the epilogue's 2-D root */
+    int64_t rows, cols;           /* of the epilogue's 2-D root */
     int64_t rows_of, n_of, plane; /* the library kernel's output: a product's rows and columns,
                                    * or a pool gradient's plane size */
     const float *buf;             /* the library kernel's block buffer */
+    float *root;                  /* the root's buffer: all of it, or two rows with sinks */
+    float *sum_out;               /* sinks: a sum along the root's rows (or NULL) */
+    float *dot_out;               /* a product root x B on the dot-product path (or NULL) */
+    int64_t dot_n;                /* ... its columns */
+    loom__dot_rows dot;
 } epilogue;
 
 static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind *b, int32_t id) {
@@ -421,44 +426,51 @@ static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind 
     for (int a = 0; a < e->k->nargs; a++)
         e->args[a] = a == e->k->epi_arg ? NULL : loom__addr(p, b, e->k->args[a]);
     e->cols = p->nodes[e->k->root].shape[1];
+    e->rows = p->nodes[e->k->root].shape[0];
+    e->root = e->args[0];
+    for (int q = 0; q < e->k->nsinks; q++) {
+        int32_t s = e->k->sinks[q];
+        const loom__pnode *t = &p->nodes[s];
+        if (t->op == LOOM_OP_SUM) {
+            e->sum_out = loom__addr(p, b, s);
+            continue;
+        }
+        loom__gmat gb = {loom__addr(p, b, t->src[1]), {0}, {0}};
+        loom__operand_dims(&p->nodes[t->src[1]], &gb.row, &gb.col);
+        e->dot_out = loom__addr(p, b, s), e->dot_n = t->shape[1];
+        loom__dot_rows_begin(&e->dot, &gb, t->shape[1], e->cols, e->root + 2 * e->cols);
+    }
 }
 
-/* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. */
-static void epilogue_range(const epilogue *e, int64_t lo, int64_t hi, const float *v) {
+/* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. With
+ * sinks, each row of the root once complete goes into them while it is still in cache: the sum
+ * along it (the reduction kernel's own lanes path) and, two rows at a time, its product rows. */
+static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) {
+    bool sinks = e->k->nsinks > 0;
     while (lo < hi) {
         int64_t i = lo / e->cols, j0 = lo % e->cols;
         int64_t j1 = hi - lo < e->cols - j0 ? j0 + (hi - lo) : e->cols;
+        float *row = e->root + (sinks ? i % 2 : i) * e->cols; /* with sinks, two rows */
+        e->args[0] = row + j0;
         e->k->part(e->args, i, j0, j1, v);
+        if (sinks && j1 == e->cols && e->sum_out)
+            e->sum_out[i] = red_lanes_SUM_f32(row, e->cols);
+        if (sinks && j1 == e->cols && e->dot_out && (i % 2 || i == e->rows - 1))
+            loom__dot_rows_run(&e->dot, e->root, e->cols, i % 2 + 1,
+                               e->dot_out + (i - i % 2) * e->dot_n);
         v += j1 - j0, lo += j1 - j0;
     }
 }
 
 static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
-    const epilogue *e = ctx;
+    epilogue *e = ctx;
     for (int64_t i = 0; i < e->rows_of; i++)
         epilogue_range(e, i * e->n_of + jc, i * e->n_of + jc + nc, e->buf + i * LOOM_GEMM_NC);
 }
 
 static void plane_done(void *ctx, int64_t plane, const float *v) {
-    const epilogue *e = ctx;
+    epilogue *e = ctx;
     epilogue_range(e, plane * e->plane, (plane + 1) * e->plane, v);
-}
-
-/* Rows and columns of a product's operand (the last two dims), compound for a grouped view. */
-static void operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col) {
-    int nd = s->ndim;
-    if (!s->gndim) {
-        *row = (loom__gdim){.n = 1, .size = {s->shape[nd - 2]}, .stride = {s->lay.stride[nd - 2]}};
-        *col = (loom__gdim){.n = 1, .size = {s->shape[nd - 1]}, .stride = {s->lay.stride[nd - 1]}};
-        return;
-    }
-    loom__gdim g[2] = {{0}, {0}};
-    for (int d = 0; d < s->gndim; d++) {
-        loom__gdim *x = &g[d >= s->gsplit];
-        x->size[x->n] = s->gshape[d];
-        x->stride[x->n++] = s->lay.stride[d];
-    }
-    *row = g[s->gtrans], *col = g[!s->gtrans];
 }
 
 /* Product node id's operands as matrices (their first elements, rows and columns); returns K. */
@@ -466,8 +478,8 @@ static int64_t product_operands(const loom__program *p, const loom__bind *b, int
                                 loom__gmat *ga, loom__gmat *gb) {
     const loom__pnode *t = &p->nodes[id];
     ga->p = loom__addr(p, b, t->src[0]), gb->p = loom__addr(p, b, t->src[1]);
-    operand_dims(&p->nodes[t->src[0]], &ga->row, &ga->col);
-    operand_dims(&p->nodes[t->src[1]], &gb->row, &gb->col);
+    loom__operand_dims(&p->nodes[t->src[0]], &ga->row, &ga->col);
+    loom__operand_dims(&p->nodes[t->src[1]], &gb->row, &gb->col);
     return loom__numel(ga->col.n, ga->col.size);
 }
 

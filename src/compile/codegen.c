@@ -261,7 +261,7 @@ static void part(text *t, const loom__program *p, const loom__fused *k) {
                 (long long)l->lay.stride[0], (long long)l->lay.stride[1]);
     }
     members(t, p, k, -1, false, "x", "        ");
-    put(t, "        o[i * %lld + j] = v%d;\n    }\n}\n", (long long)r->shape[1], k->root);
+    put(t, "        o[j - j0] = v%d;\n    }\n}\n", k->root);
 }
 
 static void kernel(text *t, const loom__program *p, const loom__fused *k) {

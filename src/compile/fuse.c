@@ -24,7 +24,7 @@ static bool is_red(const loom__pnode *t) {
 
 void loom__unfuse(loom__program *p) {
     for (int64_t i = 0; i < p->n; i++)
-        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1;
     loom__free(p->fused);
     loom__free(p->fused_of);
     p->fused = NULL, p->fused_of = NULL, p->nfused = 0;
@@ -290,6 +290,92 @@ int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_
         k->epi_of = L, k->epi_arg = arg;
         p->nodes[L].epi = (int32_t)f;
         n++;
+    }
+    loom__free(readers);
+    return n;
+}
+
+/* Whether a node in (lo, hi), other than skip[0 .. nskip), reads or writes a persistent slab. */
+static bool persist_touched_between(const loom__program *p, const bool *live, int64_t lo,
+                                    int64_t hi, const int32_t *skip, int nskip) {
+    for (int64_t c = lo + 1; c < hi; c++) {
+        const loom__pnode *t = &p->nodes[c];
+        bool skipped = false;
+        for (int q = 0; q < nskip; q++)
+            skipped = skipped || skip[q] == c;
+        if (!live[c] || skipped)
+            continue;
+        if ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC)
+            return true;
+        if (!loom__runs_kernel(t))
+            continue;
+        if (t->lay.base == LOOM_BASE_PERSIST || (t->copy && t->src_lay.base == LOOM_BASE_PERSIST))
+            return true;
+        for (int k = 0; k < 3; k++)
+            if (t->src[k] >= 0 && p->nodes[t->src[k]].lay.base == LOOM_BASE_PERSIST)
+                return true;
+    }
+    return false;
+}
+
+/* Whether node s can take root r a row at a time: a sum along its rows (on the lanes path) or a
+ * product r B on the dot-product path, its output contiguous, B ready before library node L. */
+static bool sinkable(const loom__program *p, int32_t s, int32_t r, int32_t L) {
+    const loom__pnode *t = &p->nodes[s], *root = &p->nodes[r];
+    int64_t rows = root->shape[0], cols = root->shape[1];
+    if (t->dtype != LOOM_F32 || t->check || t->copy || t->src[0] != r ||
+        !((t->lay.base == LOOM_BASE_WS && t->lay.index == s) || t->lay.base == LOOM_BASE_PERSIST))
+        return false;
+    if (t->op == LOOM_OP_SUM) /* (rows, 1) or (rows): one value a row */
+        return t->attr.axis == 1 && cols >= 64 && loom__numel(t->ndim, t->shape) == rows &&
+               (rows == 1 || t->lay.stride[0] == 1);
+    if (t->op != LOOM_OP_MATMUL || t->ndim != 2 || t->lay.stride[0] != t->shape[1] ||
+        t->lay.stride[1] != 1)
+        return false;
+    const loom__pnode *b = &p->nodes[t->src[1]];
+    int32_t bo = b->lay.base == LOOM_BASE_WS ? b->lay.index : -1;
+    if (bo >= L || b->dtype != LOOM_F32)
+        return false;
+    loom__gmat ga = {NULL, {1, {rows}, {cols}}, {1, {cols}, {1}}}, gb = {NULL, {0}, {0}};
+    loom__operand_dims(b, &gb.row, &gb.col);
+    return loom__dot_rows_ok(rows, t->shape[1], cols, &ga, &gb);
+}
+
+int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out) {
+    if (!loom__use_own_gemm())
+        return 0;
+    int32_t *readers = count_readers(p, live);
+    if (!readers)
+        return -1;
+    int64_t n = 0;
+    for (int64_t f = 0; f < p->nfused; f++) {
+        loom__fused *k = &p->fused[f];
+        int32_t r = k->root, L = k->epi_of;
+        const loom__pnode *root = &p->nodes[r];
+        if (L < 0 || p->nodes[L].op != LOOM_OP_POOLGRAD || is_out[r] || root->check ||
+            root->lay.base != LOOM_BASE_WS || root->lay.index != r ||
+            root->lay.stride[0] != root->shape[1] || root->lay.stride[1] != 1)
+            continue;
+        int32_t sk[2];
+        int ns = 0, seen = 0;
+        bool ok = true;
+        for (int64_t c = r + 1; c < p->n && ok; c++)
+            for (int q = 0; q < 3 && live[c] && ok; q++)
+                if (p->nodes[c].src[q] == r) {
+                    ok = q == 0 && ns < 2 && sinkable(p, (int32_t)c, r, L) &&
+                         p->nodes[c].fused_into < 0 && p->nodes[c].epi < 0 &&
+                         (p->fused_of == NULL || p->fused_of[c] < 0);
+                    if (ok)
+                        sk[ns++] = (int32_t)c;
+                    seen++;
+                }
+        if (!ok || ns == 0 || seen != readers[r] ||
+            persist_touched_between(p, live, L, sk[ns - 1], sk, ns))
+            continue;
+        for (int q = 0; q < ns; q++)
+            k->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
+        k->nsinks = ns;
+        n += ns;
     }
     loom__free(readers);
     return n;

@@ -27,6 +27,10 @@ int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_o
  * whose whole output they read: loom__fused.epi_of and that node's epi. After loom__fuse, before
  * code generation. Returns how many, -1 out of memory. */
 int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out);
+/* Sinks: an epilogue root of a pool gradient read only by a sum along its rows and a product on the
+ * dot-product path (A = the root) is kept one row at a time, each row going into them as it is
+ * made (loom__fused.sinks); returns how many. */
+int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

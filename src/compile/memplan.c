@@ -382,9 +382,11 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         const loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        int64_t at = i; /* a fused member reads when its kernel runs */
+        int64_t at = i; /* a fused member reads when its kernel runs, a sink when it is fed */
         while (p->nodes[at].fused_into >= 0)
             at = p->nodes[at].fused_into;
+        if (p->nodes[at].sink_of >= 0)
+            at = p->nodes[at].sink_of;
         if (epilogue_root(p, at)) /* ... an epilogue when its library kernel does */
             at = p->fused[p->fused_of[at]].epi_of;
         if (t->copy)
@@ -400,7 +402,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && !epilogue_root(p, i);
+        bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && t->sink_of < 0 &&
+                    !epilogue_root(p, i);
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
@@ -413,12 +416,24 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
                 size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
             t->ws_off = place(blocks, &nblocks, &end, size, i);
-            int32_t r = t->epi >= 0 ? p->fused[t->epi].root : -1;
-            if (r >= 0 && p->nodes[r].lay.base == LOOM_BASE_WS) /* its epilogue writes now */
-                p->nodes[r].ws_off = place(blocks, &nblocks, &end,
-                                           loom__numel(p->nodes[r].ndim, p->nodes[r].shape) *
-                                               (int64_t)loom__dtype_size(p->nodes[r].dtype),
-                                           r);
+            const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
+            if (k && p->nodes[k->root].lay.base == LOOM_BASE_WS) { /* its epilogue writes now */
+                loom__pnode *r = &p->nodes[k->root];
+                int64_t bytes =
+                    loom__numel(r->ndim, r->shape) * (int64_t)loom__dtype_size(r->dtype);
+                if (k->nsinks) /* two rows, and B's chunks for a product sink */
+                    bytes = 2 * r->shape[1] * (int64_t)loom__dtype_size(r->dtype) +
+                            (int64_t)loom__dot_rows_bytes(r->shape[1]);
+                r->ws_off = place(blocks, &nblocks, &end, bytes, k->root);
+            }
+            for (int q = 0; k && q < k->nsinks; q++) { /* and its sinks */
+                loom__pnode *sk = &p->nodes[k->sinks[q]];
+                if (sk->lay.base == LOOM_BASE_WS)
+                    sk->ws_off = place(blocks, &nblocks, &end,
+                                       loom__numel(sk->ndim, sk->shape) *
+                                           (int64_t)loom__dtype_size(sk->dtype),
+                                       k->sinks[q]);
+            }
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
         for (int64_t b = 0; b < nblocks; b++)
