@@ -315,9 +315,9 @@ static void *run_sinks(loom_backend be, size_t *bytes, loom_metrics *m) {
     loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
     loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
                                          (loom_window){2, 2, 2, 2, 0, 0});
-    loom_tensor *dx = loom_where(g, loom_cmpgt(g, loom_reshape(g, ti, 2, s2),
-                                               loom_scalar(g, 0.0, LOOM_F32)),
-                                 loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
+    loom_tensor *dx =
+        loom_where(g, loom_cmpgt(g, loom_reshape(g, ti, 2, s2), loom_scalar(g, 0.0, LOOM_F32)),
+                   loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
     loom_tensor *sum = loom_sum(g, dx, 1);
     loom_tensor *prod = loom_matmul(g, dx, loom_transpose(g, loom_input(g, LOOM_F32, 2, sb, bt)));
     loom_output(sum), loom_output(prod);
