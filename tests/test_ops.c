@@ -296,7 +296,8 @@ TEST(gradients_match_finite_differences) {
 
 /* (m x k) x (k x n) in float32 through the graph, a and/or b read transposed, against a naive loop
  * in double. Shapes cross the blocking of loom's own sgemm (the default; LOOM_MATMUL=blas for
- * BLAS): 8-row and 48-column tiles, 192-deep k blocks, 288-wide column blocks. */
+ * BLAS): 8-row and 48-column tiles, 192-deep k blocks, 288-wide column blocks, A read in place
+ * or packed, and the dot-product path of small products with a long k. */
 static void check_matmul(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int *bad) {
     float *a = malloc(sizeof(float) * (size_t)(m * k + 1)),
           *b = malloc(sizeof(float) * (size_t)(k * n + 1));
@@ -328,8 +329,10 @@ static void check_matmul(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int 
 }
 
 TEST(matmul_matches_naive_loop) {
-    const int64_t shapes[][3] = {{37, 53, 29},   {1, 1, 1},     {12, 256, 32}, {13, 257, 33},
-                                 {25, 600, 270}, {150, 7, 300}, {3, 0, 5},     {0, 4, 4}};
+    /* {37, 1000, 50}: A read in place but for a ragged last panel; {7, 2000, 5}: dot products */
+    const int64_t shapes[][3] = {{37, 53, 29},   {1, 1, 1},     {12, 256, 32},  {13, 257, 33},
+                                 {25, 600, 270}, {150, 7, 300}, {37, 1000, 50}, {7, 2000, 5},
+                                 {3, 0, 5},      {0, 4, 4}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 4; t++) {
             int bad = 0;

@@ -222,43 +222,49 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
     }
 }
 
-/* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) packed A panel x packed B panel
- * over kc: micro2 for 32-wide panels, micro3 for 48-wide ones. */
-#    define MICRO(NV)                                                                            \
-        __attribute__((target("avx512f"))) static void micro##NV(int64_t kc, const float *pa,    \
-                                                                 const float *pb, float *c,      \
-                                                                 int64_t ldc, bool accumulate) { \
-            __m512 acc[MR][NV];                                                                  \
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++)   \
-                acc[r][v] = _mm512_setzero_ps();                                                 \
-            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pa += MR, pb += 16 * NV) {  \
-                __m512 bv[NV];                                                                   \
-                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) bv[v] =                     \
-                    _mm512_loadu_ps(pb + 16 * v);                                                \
-                _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                          \
-                    __m512 av = _mm512_set1_ps(pa[r]);                                           \
-                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =             \
-                        _mm512_fmadd_ps(av, bv[v], acc[r][v]);                                   \
-                }                                                                                \
-            }                                                                                    \
-            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                              \
-                float *cr = c + r * ldc;                                                         \
-                for (int v = 0; v < NV; v++) {                                                   \
-                    if (accumulate)                                                              \
-                        acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));      \
-                    _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                    \
-                }                                                                                \
-            }                                                                                    \
+/* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) A panel x packed B panel over kc:
+ * micro2 for 32-wide panels, micro3 for 48-wide ones. A is a packed panel (A(r, k) at pa[k MR + r])
+ * or, for the _d kernels, read where it is (an operand contiguous along k: A(r, k) at
+ * pa[r lda + k], its rows broadcast straight from memory, no pack). */
+#    define MICRO(NV, SUF, AS, AK)                                                             \
+        __attribute__((target("avx512f"))) static void micro##NV##SUF(                         \
+            int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,  \
+            bool accumulate) {                                                                 \
+            (void)lda;                                                                         \
+            __m512 acc[MR][NV];                                                                \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++) \
+                acc[r][v] = _mm512_setzero_ps();                                               \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += 16 * NV) {          \
+                __m512 bv[NV];                                                                 \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) bv[v] =                   \
+                    _mm512_loadu_ps(pb + 16 * v);                                              \
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                        \
+                    __m512 av = _mm512_set1_ps(pa[r * (AS) + k * (AK)]);                       \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =           \
+                        _mm512_fmadd_ps(av, bv[v], acc[r][v]);                                 \
+                }                                                                              \
+            }                                                                                  \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                            \
+                float *cr = c + r * ldc;                                                       \
+                for (int v = 0; v < NV; v++) {                                                 \
+                    if (accumulate)                                                            \
+                        acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));    \
+                    _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                  \
+                }                                                                              \
+            }                                                                                  \
         }
-MICRO(2)
-MICRO(3)
+MICRO(2, , 1, MR)
+MICRO(3, , 1, MR)
+MICRO(2, _d, lda, 1)
+MICRO(3, _d, lda, 1)
 
-static void micro(int64_t nr, int64_t kc, const float *pa, const float *pb, float *c, int64_t ldc,
-                  bool accumulate) {
+/* lda > 0: A read in place, its rows lda apart; 0: a packed panel */
+static void micro(int64_t nr, int64_t kc, const float *pa, int64_t lda, const float *pb, float *c,
+                  int64_t ldc, bool accumulate) {
     if (nr == 48)
-        micro3(kc, pa, pb, c, ldc, accumulate);
+        (lda ? micro3_d : micro3)(kc, pa, lda, pb, c, ldc, accumulate);
     else
-        micro2(kc, pa, pb, c, ldc, accumulate);
+        (lda ? micro2_d : micro2)(kc, pa, lda, pb, c, ldc, accumulate);
 }
 
 /* Runs of columns contiguous in C (at most 16 each, for one masked access): the first column
@@ -367,9 +373,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
      * out row by row (measured faster than tile by tile: a fold's rows overlap in C). */
     bool gathered = !plain && kb == 1;
-    /* A packed once for every column block when all of it fits (a convolution's weights) */
-    int64_t mpad = (M + MR - 1) / MR * MR;
+    /* A packed once for every column block when all of it fits (a convolution's weights); else,
+     * contiguous along k, read in place (its full panels; a ragged last one is packed); else
+     * packed a block at a time */
+    int64_t mpad = (M + MR - 1) / MR * MR, lda = a->row.stride[0];
     bool a_once = M <= MC && mpad * K <= (int64_t)(MC + MR) * KC;
+    bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
     for (int64_t pc = 0; a_once && pc < K; pc += kstep)
         pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
                pa + mpad * pc, koff, loff);
@@ -385,19 +394,24 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 const float *pap = a_once ? pa + mpad * pc : pa;
-                if (!a_once)
-                    pack_g(a->p, &a->row, ic, mc, &a->col, pc, kc, MR, pa, koff, loff);
+                int64_t full = direct ? mc / MR * MR : 0; /* panels read in place */
+                if (!a_once && full < mc)
+                    pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa, koff,
+                           loff);
                 gd_offsets(crow, ic, mc, roff);
                 for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < nr ? nc - jr : nr;
-                        const float *ap = pap + ir * kc, *bp = pb + jr * kc;
+                        const float *bp = pb + jr * kc, *ap = pap + (ir - full) * kc;
+                        int64_t ld = ir < full ? lda : 0;
+                        if (ld)
+                            ap = a->p + (ic + ir) * lda + pc;
                         if (plain && m == MR && n == nr) {
-                            micro(nr, kc, ap, bp, c + roff[ir] + coff[jr], ldc, acc);
+                            micro(nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(nr, kc, ap, bp, cb + ir * NC + jr, NC, false);
+                            micro(nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false);
                         } else {
-                            micro(nr, kc, ap, bp, tile, NR, false);
+                            micro(nr, kc, ap, ld, bp, tile, NR, false);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                         }
                     }
