@@ -296,11 +296,12 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
     free(got);
 }
 
-/* Sinks: a pool gradient's epilogue (a ReLU's backward, 2-D through a reshape) read only by a sum
- * along its rows and a product on the dot-product path keeps one row at a time, each going into
- * both. B is a transposed input, so that chunks run across the pool's planes (60 columns each, not
- * a multiple of 16) and across the 1024-column blocks. Returns both outputs. */
-static void *run_sinks(loom_backend be, size_t *bytes, loom_metrics *m) {
+/* Sinks: a pool gradient's rows (its epilogue's, a ReLU's backward, with `where`; else its own
+ * through a 2-D reshape) read only by a sum along them and a product on the dot-product path are
+ * kept two at a time, each going into both (unless `keep` makes them an output). B is a transposed
+ * input, so that chunks run across the pool's planes (60 columns each, not a multiple of 16) and
+ * across the 1024-column blocks. Returns the sum and the product. */
+static void *run_sinks(loom_backend be, bool where, bool keep, size_t *bytes, loom_metrics *m) {
     enum { R = 5, P = 30, H = 6, W = 10, N = 7, K = P * H * W };
     static float img[R * P * H * W], dy[R * P * H / 2 * W / 2], bt[N * K];
     for (int i = 0; i < R * P * H * W; i++)
@@ -315,9 +316,12 @@ static void *run_sinks(loom_backend be, size_t *bytes, loom_metrics *m) {
     loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
     loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
                                          (loom_window){2, 2, 2, 2, 0, 0});
-    loom_tensor *dx =
-        loom_where(g, loom_cmpgt(g, loom_reshape(g, ti, 2, s2), loom_scalar(g, 0.0, LOOM_F32)),
-                   loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
+    loom_tensor *dx = loom_reshape(g, pg, 2, s2);
+    if (where)
+        dx = loom_where(g, loom_cmpgt(g, loom_reshape(g, ti, 2, s2), loom_scalar(g, 0.0, LOOM_F32)),
+                        dx, loom_scalar(g, 0.0, LOOM_F32));
+    if (keep) /* an output: written whole, so no sinks */
+        loom_output(dx);
     loom_tensor *sum = loom_sum(g, dx, 1);
     loom_tensor *prod = loom_matmul(g, dx, loom_transpose(g, loom_input(g, LOOM_F32, 2, sb, bt)));
     loom_output(sum), loom_output(prod);
@@ -336,14 +340,25 @@ static void *run_sinks(loom_backend be, size_t *bytes, loom_metrics *m) {
 TEST(epilogue_rows_go_into_sinks_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
-    void *ref = run_sinks(LOOM_BACKEND_INTERP, &n1, &mi);
-    void *got = run_sinks(LOOM_BACKEND_CPU, &n2, &mc);
+    void *ref = run_sinks(LOOM_BACKEND_INTERP, true, false, &n1, &mi);
+    void *got = run_sinks(LOOM_BACKEND_CPU, true, false, &n2, &mc);
     ASSERT(ref && got && n1 == n2);
     ASSERT(same_bits(ref, got, n1, LOOM_F32));
     /* compiled: the pool gradient alone, computing the sum and the product (loom's matmul) */
     ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 1);
     free(ref);
     free(got);
+    for (int be = 0; be < 2; be++) { /* no epilogue: the pool gradient's own rows, either way */
+        loom_backend b = be ? LOOM_BACKEND_CPU : LOOM_BACKEND_INTERP;
+        ref = run_sinks(b, false, true, &n1, &mi);
+        got = run_sinks(b, false, false, &n2, &mc);
+        ASSERT(ref && got && n1 == n2);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        ASSERT_EQ(mi.kernels, 3);
+        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 1);
+        free(ref);
+        free(got);
+    }
 }
 
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */

@@ -470,27 +470,33 @@ TEST(conv2d_views_match_naive_loops) {
 }
 
 /* pool_max and pool_max_grad against naive loops, with many ties (values from 4 levels, so that
- * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input,
- * for the specialised 2x2 window and the general path (overlapping, padded, odd sizes). */
+ * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input
+ * and a plain one (where the gradient reads the forward's argmax codes), for the specialised 2x2
+ * window and the general path (overlapping, padded, odd sizes). */
 TEST(pool_matches_naive_loops) {
     enum { N = 2, C = 3, H = 7, W = 39 }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
     const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}};
-    float x[C * N * H * W], dy[N * C * H * W];
+    float x[C * N * H * W], xn[N * C * H * W], dy[N * C * H * W];
     for (int i = 0; i < C * N * H * W; i++)
         x[i] = (float)(int)test_rand(6, (uint64_t)i, 0, 4);
     x[17] = x[100] = x[2 * W + 33] = NAN;
+    for (int i = 0; i < C * N * H * W; i++) /* x as (N,C,H,W) */
+        xn[i] = x[((i / (H * W) % C) * N + i / (C * H * W)) * H * W + i % (H * W)];
     for (int i = 0; i < N * C * H * W; i++)
         dy[i] = (float)(int)test_rand(7, (uint64_t)i, -8, 8) / 8; /* sums are exact */
-    for (size_t wi = 0; wi < 2 * sizeof wins / sizeof *wins; wi++) {
+    for (size_t wi = 0; wi < 3 * sizeof wins / sizeof *wins; wi++) {
         const loom_window w = wins[wi % 3];
-        bool hw = wi >= 3; /* stored (N,C,W,H): strided rows, the general kernel path */
+        bool hw = wi >= 3 && wi < 6; /* stored (N,C,W,H): strided rows, the general kernel path */
+        bool plain = wi >= 6;        /* stored (N,C,H,W) */
         int OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
         loom_graph *g = loom_graph_new(NULL);
         int64_t sx[4] = {C, N, H, W}, sy[4] = {N, C, OH, OW}, sxt[4] = {N, C, W, H};
         static const int perm[4] = {1, 0, 2, 3}; /* x stored (C,N,H,W), used as (N,C,H,W) */
         static const int perm_hw[4] = {0, 1, 3, 2};
-        loom_tensor *tx = hw ? loom_permute(g, loom_input(g, LOOM_F32, 4, sxt, x), perm_hw)
-                             : loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
+        int64_t sn[4] = {N, C, H, W};
+        loom_tensor *tx = plain ? loom_input(g, LOOM_F32, 4, sn, xn)
+                          : hw  ? loom_permute(g, loom_input(g, LOOM_F32, 4, sxt, x), perm_hw)
+                                : loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
         loom_tensor *y = loom_pool_max(g, tx, w);
         loom_tensor *dx = loom_pool_max_grad(g, tx, loom_input(g, LOOM_F32, 4, sy, dy), w);
         loom_output(y), loom_output(dx);

@@ -52,7 +52,17 @@ typedef struct {
                          * runs on each block of its output as that block is done, -1 for none */
     int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
     int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
-    int32_t sink_of;    /* a sink of an epilogue (loom__fused.sinks): the library node, or -1 */
+    /* A pool gradient whose rows (its epilogue's 2-D root, or a 2-D view of its output) only
+     * sinks read: a sum along them, a product on the dot-product path (compile/fuse.c). It keeps
+     * two of those rows at a time, each going into the sinks once complete and still in cache, so
+     * its output is never written whole. */
+    int32_t sinks[2], nsinks, stream; /* the sinks, and the node whose rows they read */
+    int32_t sink_of;                  /* a sink: the pool gradient computing it, or -1 */
+    /* Max pooling's argmax codes (a byte a window, after a POOLMAX's values): the POOLMAX of a
+     * pool gradient's input writes them (codes) and that POOLGRAD reads them (codes_of, or -1)
+     * instead of its input, which may then be gone. */
+    bool codes;
+    int32_t codes_of;
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -70,10 +80,7 @@ static inline bool loom__runs_kernel(const loom__pnode *t) {
 /* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
  * (epi_of >= 0) runs inside library kernel epi_of instead of on its own: part(args, i, j0, j1, v)
  * computes row i, columns [j0, j1) of its 2-D root into args[0][0 .. j1 - j0), reading leaf
- * epi_arg (the library kernel's output) from v[0 .. j1 - j0) while that block is still in cache.
- * An epilogue of a pool gradient whose root only sinks read (compile/fuse.c) keeps one row of
- * the root at a time: each row, once complete and still in cache, goes into the sinks (a sum along
- * the rows, a product on the dot-product path), so the root is never written whole. */
+ * epi_arg (the library kernel's output) from v[0 .. j1 - j0) while that block is still in cache. */
 typedef void (*loom__kfn)(void *const *args);
 typedef void (*loom__kpart)(void *const *args, int64_t i, int64_t j0, int64_t j1, const void *v);
 typedef struct {
@@ -83,8 +90,6 @@ typedef struct {
     loom__kfn fn;
     int32_t epi_of, epi_arg;
     loom__kpart part;
-    int32_t sinks[2]; /* the only readers of an epilogue's root, fed a row at a time */
-    int32_t nsinks;
 } loom__fused;
 
 struct loom__program {
@@ -196,6 +201,8 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
+/* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */
+bool loom__pool_codes_available(void);
 
 /* One-time BLAS setup (one thread per device). Thread-safe. */
 void loom__blas_init(void);

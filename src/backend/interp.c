@@ -415,47 +415,56 @@ typedef struct {
                                    * or a pool gradient's plane size */
     const float *buf;             /* the library kernel's block buffer */
     float *root;                  /* the root's buffer: all of it, or two rows with sinks */
-    float *sum_out;               /* sinks: a sum along the root's rows (or NULL) */
-    float *dot_out;               /* a product root x B on the dot-product path (or NULL) */
-    int64_t dot_n;                /* ... its columns */
+    bool sinks;
+    float *sum_out; /* sinks: a sum along the root's rows (or NULL) */
+    float *dot_out; /* a product root x B on the dot-product path (or NULL) */
+    int64_t dot_n;  /* ... its columns */
     loom__dot_rows dot;
 } epilogue;
 
+/* The epilogue of library node id (its generated kernel, and its sinks); with sinks but no
+ * generated kernel the rows are the node's own values, copied into its rows buffer. */
 static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind *b, int32_t id) {
-    e->k = &p->fused[p->nodes[id].epi];
-    for (int a = 0; a < e->k->nargs; a++)
+    const loom__pnode *t = &p->nodes[id];
+    e->k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
+    for (int a = 0; e->k && a < e->k->nargs; a++)
         e->args[a] = a == e->k->epi_arg ? NULL : loom__addr(p, b, e->k->args[a]);
-    e->cols = p->nodes[e->k->root].shape[1];
-    e->rows = p->nodes[e->k->root].shape[0];
-    e->root = e->args[0];
-    for (int q = 0; q < e->k->nsinks; q++) {
-        int32_t s = e->k->sinks[q];
-        const loom__pnode *t = &p->nodes[s];
-        if (t->op == LOOM_OP_SUM) {
+    const loom__pnode *r = &p->nodes[t->nsinks ? t->stream : e->k->root];
+    e->rows = r->shape[0], e->cols = r->shape[1];
+    e->root = e->k ? e->args[0] /* the pool gradient's plane, dy scratch, then the rows */
+                   : (float *)(b->ws + t->ws_off) + t->shape[2] * t->shape[3] +
+                         loom__numel(4, p->nodes[t->src[1]].shape);
+    for (int q = 0; q < t->nsinks; q++) {
+        int32_t s = t->sinks[q];
+        const loom__pnode *sk = &p->nodes[s];
+        if (sk->op == LOOM_OP_SUM) {
             e->sum_out = loom__addr(p, b, s);
             continue;
         }
-        loom__gmat gb = {loom__addr(p, b, t->src[1]), {0}, {0}};
-        loom__operand_dims(&p->nodes[t->src[1]], &gb.row, &gb.col);
-        e->dot_out = loom__addr(p, b, s), e->dot_n = t->shape[1];
-        loom__dot_rows_begin(&e->dot, &gb, t->shape[1], e->cols, e->root + 2 * e->cols);
+        loom__gmat gb = {loom__addr(p, b, sk->src[1]), {0}, {0}};
+        loom__operand_dims(&p->nodes[sk->src[1]], &gb.row, &gb.col);
+        e->dot_out = loom__addr(p, b, s), e->dot_n = sk->shape[1];
+        loom__dot_rows_begin(&e->dot, &gb, sk->shape[1], e->cols, e->root + 2 * e->cols);
     }
+    e->sinks = t->nsinks > 0;
 }
 
 /* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. With
- * sinks, each row of the root once complete goes into them while it is still in cache: the sum
- * along it (the reduction kernel's own lanes path) and, two rows at a time, its product rows. */
+ * sinks, each row once complete goes into them while it is still in cache: the sum along it (the
+ * reduction kernel's own lanes path) and, two rows at a time, its product rows. */
 static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) {
-    bool sinks = e->k->nsinks > 0;
     while (lo < hi) {
         int64_t i = lo / e->cols, j0 = lo % e->cols;
         int64_t j1 = hi - lo < e->cols - j0 ? j0 + (hi - lo) : e->cols;
-        float *row = e->root + (sinks ? i % 2 : i) * e->cols; /* with sinks, two rows */
+        float *row = e->root + (e->sinks ? i % 2 : i) * e->cols; /* with sinks, two rows */
         e->args[0] = row + j0;
-        e->k->part(e->args, i, j0, j1, v);
-        if (sinks && j1 == e->cols && e->sum_out)
+        if (e->k)
+            e->k->part(e->args, i, j0, j1, v);
+        else
+            memcpy(row + j0, v, sizeof(float) * (size_t)(j1 - j0));
+        if (e->sinks && j1 == e->cols && e->sum_out)
             e->sum_out[i] = red_lanes_SUM_f32(row, e->cols);
-        if (sinks && j1 == e->cols && e->dot_out && (i % 2 || i == e->rows - 1))
+        if (e->sinks && j1 == e->cols && e->dot_out && (i % 2 || i == e->rows - 1))
             loom__dot_rows_run(&e->dot, e->root, e->cols, i % 2 + 1,
                                e->dot_out + (i - i % 2) * e->dot_n);
         v += j1 - j0, lo += j1 - j0;
@@ -728,16 +737,27 @@ __attribute__((target("avx512f"))) static inline void pool_moves(__m512 a, __m51
     *m = _mm512_mask_blend_ps(*q3, x, d);
 }
 
+/* The window's argmax as a code: 0, 1 (upper row), 2, 3 (lower row), from the moves. */
+__attribute__((target("avx512f"))) static inline __m512i pool_code(__mmask16 q1, __mmask16 q2,
+                                                                   __mmask16 q3) {
+    __m512i v = _mm512_maskz_mov_epi32((__mmask16)(q1 & ~q2 & ~q3), _mm512_set1_epi32(1));
+    v = _mm512_mask_mov_epi32(v, (__mmask16)(q2 & ~q3), _mm512_set1_epi32(2));
+    return _mm512_mask_mov_epi32(v, q3, _mm512_set1_epi32(3));
+}
+
+/* codes (or NULL): each window's argmax code, a byte each */
 __attribute__((target("avx512f"))) static void pool2_row512(const float *r0, const float *r1,
-                                                            int64_t ow, float *o) {
+                                                            int64_t ow, float *o, uint8_t *codes) {
     for (int64_t x0 = 0; x0 < ow; x0 += 16) {
         int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
         __m512 a, b, c, d, m;
-        __mmask16 q1, q2, q3;
+        __mmask16 q1, q2, q3, mn = (__mmask16)((1u << n) - 1);
         pool_split(r0 + 2 * x0, n, &a, &b);
         pool_split(r1 + 2 * x0, n, &c, &d);
         pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
-        _mm512_mask_storeu_ps(o + x0, (__mmask16)((1u << n) - 1), m);
+        _mm512_mask_storeu_ps(o + x0, mn, m);
+        if (codes)
+            _mm512_mask_cvtepi32_storeu_epi8(codes + x0, mn, pool_code(q1, q2, q3));
     }
 }
 
@@ -751,18 +771,30 @@ __attribute__((target("avx512f"))) static inline void pool_merge(__m512 v, __m51
     _mm512_mask_storeu_ps(o + 16, m1, _mm512_permutex2var_ps(v, ih, w));
 }
 
+/* The gradient rows: the winners found again from r0 and r1, or read from codes (POOLMAX's, of
+ * the same input; the buffer has 16 bytes to spare past the last row). */
 __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0, const float *r1,
                                                                  int64_t ow, const float *gy,
-                                                                 float *o0, float *o1) {
+                                                                 float *o0, float *o1,
+                                                                 const uint8_t *codes) {
     for (int64_t x0 = 0; x0 < ow; x0 += 16) {
         int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
         __m512 a, b, c, d, m, g = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), gy + x0);
-        __mmask16 q1, q2, q3;
-        pool_split(r0 + 2 * x0, n, &a, &b);
-        pool_split(r1 + 2 * x0, n, &c, &d);
-        pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
-        __mmask16 w3 = q3, w2 = (__mmask16)(q2 & ~q3), w1 = (__mmask16)(q1 & ~q2 & ~q3);
-        __mmask16 w0 = (__mmask16)(~q1 & ~q2 & ~q3);
+        __mmask16 w0, w1, w2, w3;
+        if (codes) {
+            __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + x0)));
+            w0 = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
+            w1 = _mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(1));
+            w2 = _mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(2));
+            w3 = _mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(3));
+        } else {
+            __mmask16 q1, q2, q3;
+            pool_split(r0 + 2 * x0, n, &a, &b);
+            pool_split(r1 + 2 * x0, n, &c, &d);
+            pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+            w3 = q3, w2 = (__mmask16)(q2 & ~q3), w1 = (__mmask16)(q1 & ~q2 & ~q3);
+            w0 = (__mmask16)(~q1 & ~q2 & ~q3);
+        }
         pool_merge(_mm512_maskz_mov_ps(w0, g), _mm512_maskz_mov_ps(w1, g), n, o0 + 2 * x0);
         pool_merge(_mm512_maskz_mov_ps(w2, g), _mm512_maskz_mov_ps(w3, g), n, o1 + 2 * x0);
     }
@@ -820,7 +852,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
     /* With `done`, out is one plane, handed to done(ctx, plane index, out) when written. */     \
     static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
                          const int64_t *ys, const T *x, const T *dy, T *out, bool grad,          \
-                         void (*done)(void *, int64_t, const T *), void *ctx) {                  \
+                         uint8_t *codes, void (*done)(void *, int64_t, const T *), void *ctx) {  \
         int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];              \
         bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&          \
                   w->pw == 0 && xst[3] == 1;                                                     \
@@ -837,10 +869,11 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
                     for (int64_t oy = 0; oy < OH; oy++) {                                        \
                         const T *r0 = xp + 2 * oy * xst[2];                                      \
                         T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                           \
-                        if (grad &&                                                              \
-                            !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W)) \
+                        uint8_t *cr = codes ? codes + ((n * C + c) * OH + oy) * OW : NULL;       \
+                        if (grad && !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0,  \
+                                                         o0 + W, cr))                            \
                             pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);   \
-                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0))              \
+                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0, cr))          \
                             pool2_row_##T(r0, r0 + xst[2], OW, o0);                              \
                         if (grad && W > 2 * OW)                                                  \
                             o0[W - 1] = o0[2 * W - 1] = (T)0;                                    \
@@ -870,34 +903,41 @@ static bool pool512(void) {
     return false;
 #endif
 }
-static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o) {
+/* Argmax codes (POOLMAX writes them, POOLGRAD of the same input reads them) only on this path:
+ * compile/fuse.c asks loom__pool_codes_available() before it pairs the two. */
+bool loom__pool_codes_available(void) {
+    return pool512();
+}
+static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o,
+                             uint8_t *codes) {
 #ifdef HAVE_POOL512
     if (pool512()) {
-        pool2_row512(r0, r1, ow, o);
+        pool2_row512(r0, r1, ow, o, codes);
         return true;
     }
 #endif
-    (void)r0, (void)r1, (void)ow, (void)o;
+    (void)r0, (void)r1, (void)ow, (void)o, (void)codes;
     return false;
 }
 static bool pool2_grad_fast_float(const float *r0, const float *r1, int64_t ow, const float *gy,
-                                  float *o0, float *o1) {
+                                  float *o0, float *o1, const uint8_t *codes) {
 #ifdef HAVE_POOL512
     if (pool512()) {
-        pool2_grad_row512(r0, r1, ow, gy, o0, o1);
+        pool2_grad_row512(r0, r1, ow, gy, o0, o1, codes);
         return true;
     }
 #endif
-    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1;
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes;
     return false;
 }
-static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, double *o) {
-    (void)r0, (void)r1, (void)ow, (void)o;
+static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, double *o,
+                              uint8_t *codes) {
+    (void)r0, (void)r1, (void)ow, (void)o, (void)codes;
     return false;
 }
 static bool pool2_grad_fast_double(const double *r0, const double *r1, int64_t ow, const double *gy,
-                                   double *o0, double *o1) {
-    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1;
+                                   double *o0, double *o1, const uint8_t *codes) {
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes;
     return false;
 }
 POOL_KERNELS(float, uint32_t)
@@ -913,7 +953,8 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         contiguous_strides(4, d->shape, st);
         dy = loom__addr(p, b, t->src[1]);
         if (memcmp(st, d->lay.stride, sizeof(int64_t) * 4) != 0) {
-            int64_t own = t->epi >= 0 ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
+            int64_t own =
+                t->epi >= 0 || t->nsinks ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
             void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
             strided_copy(tmp, dy, &d->lay, 4, d->shape, loom__dtype_size((loom_dtype)t->dtype));
             dy = tmp;
@@ -922,16 +963,23 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     const void *xv = loom__addr(p, b, t->src[0]);
     void *o = loom__addr(p, b, id);
     epilogue e = {0};
-    if (t->epi >= 0) { /* a plane at a time, each then run through the epilogue */
+    if (t->epi >= 0 || t->nsinks) { /* a plane at a time, each then through the epilogue */
         epilogue_init(&e, p, b, id);
         e.plane = t->shape[2] * t->shape[3];
         o = b->ws + t->ws_off;
     }
+    uint8_t *codes = NULL; /* POOLMAX's argmax codes, after its values */
+    if (t->codes || t->codes_of >= 0) {
+        const loom__pnode *m = t->codes ? t : &p->nodes[t->codes_of];
+        codes = (uint8_t *)loom__addr(p, b, t->codes ? id : t->codes_of) +
+                loom__numel(4, m->shape) * (int64_t)sizeof(float);
+    }
     if (t->dtype == LOOM_F64)
-        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, NULL);
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, NULL,
+                    NULL);
     else
-        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad,
-                   t->epi >= 0 ? plane_done : NULL, &e);
+        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, codes,
+                   t->epi >= 0 || t->nsinks ? plane_done : NULL, &e);
     return LOOM_OK;
 }
 

@@ -341,6 +341,28 @@ static bool sinkable(const loom__program *p, int32_t s, int32_t r, int32_t L) {
     return loom__dot_rows_ok(rows, t->shape[1], cols, &ga, &gb);
 }
 
+/* The node whose 2-D rows pool gradient L makes (its epilogue's root, or the one 2-D view of its
+ * output), if sinks may read them: contiguous, in the workspace, not an output; or -1. */
+static int32_t stream_of(const loom__program *p, const bool *live, const bool *is_out,
+                         const int32_t *readers, int32_t L) {
+    const loom__pnode *t = &p->nodes[L];
+    int32_t s = t->epi >= 0 ? p->fused[t->epi].root : -1;
+    for (int64_t c = L + 1; s < 0 && readers[L] == 1 && c < p->n; c++)
+        if (live[c] && p->nodes[c].src[0] == L)
+            s = p->nodes[c].op == LOOM_OP_RESHAPE && loom__is_view(&p->nodes[c]) &&
+                        !p->nodes[c].gndim && p->nodes[c].lay.offset == 0
+                    ? (int32_t)c
+                    : -2;
+    if (s < 0)
+        return -1;
+    const loom__pnode *r = &p->nodes[s];
+    bool own = s == L || r->lay.index == (t->epi >= 0 ? s : L);
+    return r->ndim == 2 && !is_out[s] && !r->check && r->lay.base == LOOM_BASE_WS && own &&
+                   r->lay.stride[0] == r->shape[1] && r->lay.stride[1] == 1
+               ? s
+               : -1;
+}
+
 int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out) {
     if (!loom__use_own_gemm())
         return 0;
@@ -348,17 +370,14 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out)
     if (!readers)
         return -1;
     int64_t n = 0;
-    for (int64_t f = 0; f < p->nfused; f++) {
-        loom__fused *k = &p->fused[f];
-        int32_t r = k->root, L = k->epi_of;
-        const loom__pnode *root = &p->nodes[r];
-        if (L < 0 || p->nodes[L].op != LOOM_OP_POOLGRAD || is_out[r] || root->check ||
-            root->lay.base != LOOM_BASE_WS || root->lay.index != r ||
-            root->lay.stride[0] != root->shape[1] || root->lay.stride[1] != 1)
+    for (int32_t L = 0; L < p->n; L++) {
+        loom__pnode *t = &p->nodes[L];
+        if (!live[L] || t->op != LOOM_OP_POOLGRAD || t->dtype != LOOM_F32 ||
+            t->lay.base != LOOM_BASE_WS || t->lay.index != L || is_out[L])
             continue;
-        int32_t sk[2];
+        int32_t r = stream_of(p, live, is_out, readers, L), sk[2];
         int ns = 0, seen = 0;
-        bool ok = true;
+        bool ok = r >= 0;
         for (int64_t c = r + 1; c < p->n && ok; c++)
             for (int q = 0; q < 3 && live[c] && ok; q++)
                 if (p->nodes[c].src[q] == r) {
@@ -373,10 +392,35 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out)
             persist_touched_between(p, live, L, sk[ns - 1], sk, ns))
             continue;
         for (int q = 0; q < ns; q++)
-            k->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
-        k->nsinks = ns;
+            t->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
+        t->nsinks = ns, t->stream = r;
         n += ns;
     }
     loom__free(readers);
+    return n;
+}
+
+int64_t loom__fuse_pool_codes(loom__program *p, const bool *live) {
+    if (!loom__pool_codes_available())
+        return 0;
+    int64_t n = 0;
+    for (int32_t L = 0; L < p->n; L++) {
+        loom__pnode *g = &p->nodes[L];
+        const loom_window *w = &g->attr.win;
+        if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 || w->kh != 2 ||
+            w->kw != 2 || w->sh != 2 || w->sw != 2 || w->ph || w->pw ||
+            p->nodes[g->src[0]].lay.stride[3] != 1)
+            continue;
+        for (int32_t m = 0; m < L; m++) {
+            loom__pnode *f = &p->nodes[m];
+            if (live[m] && f->op == LOOM_OP_POOLMAX && f->src[0] == g->src[0] &&
+                !memcmp(&f->attr.win, w, sizeof *w) && f->dtype == LOOM_F32 &&
+                f->lay.base == LOOM_BASE_WS && f->lay.index == m && !f->copy) {
+                f->codes = true, g->codes_of = m;
+                n++;
+                break;
+            }
+        }
+    }
     return n;
 }

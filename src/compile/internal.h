@@ -27,9 +27,12 @@ int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_o
  * whose whole output they read: loom__fused.epi_of and that node's epi. After loom__fuse, before
  * code generation. Returns how many, -1 out of memory. */
 int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out);
-/* Sinks: an epilogue root of a pool gradient read only by a sum along its rows and a product on the
- * dot-product path (A = the root) is kept one row at a time, each row going into them as it is
- * made (loom__fused.sinks); returns how many. */
+/* A max pooling's backward over the same input as a POOLMAX reads that POOLMAX's argmax codes
+ * instead of the input (loom__pnode.codes_of); returns how many. */
+int64_t loom__fuse_pool_codes(loom__program *p, const bool *live);
+/* Sinks: a pool gradient whose rows (its epilogue's root, or a 2-D view of its output) only a sum
+ * along them and a product on the dot-product path read computes those too, a row at a time
+ * (loom__pnode.sinks); returns how many. */
 int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);

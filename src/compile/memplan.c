@@ -392,9 +392,9 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (!loom__is_view(t))
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < 3; k++) /* a pool gradient with codes reads them, not its input */
                 if (t->src[k] >= 0)
-                    use(last, &p->nodes[t->src[k]].lay, at);
+                    use(last, &p->nodes[k || t->codes_of < 0 ? t->src[k] : t->codes_of].lay, at);
         if (is_out[i])
             use(last, &t->lay, INT64_MAX);
     }
@@ -411,28 +411,34 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)es;
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
                 size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
-            if (t->epi >= 0 && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
+            if ((t->epi >= 0 || t->nsinks) && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
+            if (t->codes) /* argmax codes after the values, with 16 bytes to spare */
+                size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
                 size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
+            int64_t rows = t->nsinks
+                               ? 2 * p->nodes[t->stream].shape[1] * (int64_t)es +
+                                     (int64_t)loom__dot_rows_bytes(p->nodes[t->stream].shape[1])
+                               : 0; /* two rows for the sinks, and B's chunks */
+            if (t->epi < 0)
+                size += rows;
             t->ws_off = place(blocks, &nblocks, &end, size, i);
             const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
             if (k && p->nodes[k->root].lay.base == LOOM_BASE_WS) { /* its epilogue writes now */
                 loom__pnode *r = &p->nodes[k->root];
-                int64_t bytes =
-                    loom__numel(r->ndim, r->shape) * (int64_t)loom__dtype_size(r->dtype);
-                if (k->nsinks) /* two rows, and B's chunks for a product sink */
-                    bytes = 2 * r->shape[1] * (int64_t)loom__dtype_size(r->dtype) +
-                            (int64_t)loom__dot_rows_bytes(r->shape[1]);
+                int64_t bytes = t->nsinks ? rows
+                                          : loom__numel(r->ndim, r->shape) *
+                                                (int64_t)loom__dtype_size(r->dtype);
                 r->ws_off = place(blocks, &nblocks, &end, bytes, k->root);
             }
-            for (int q = 0; k && q < k->nsinks; q++) { /* and its sinks */
-                loom__pnode *sk = &p->nodes[k->sinks[q]];
+            for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
+                loom__pnode *sk = &p->nodes[t->sinks[q]];
                 if (sk->lay.base == LOOM_BASE_WS)
                     sk->ws_off = place(blocks, &nblocks, &end,
                                        loom__numel(sk->ndim, sk->shape) *
                                            (int64_t)loom__dtype_size(sk->dtype),
-                                       k->sinks[q]);
+                                       t->sinks[q]);
             }
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */

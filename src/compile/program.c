@@ -37,14 +37,16 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
         for (int64_t m = 0; m < id; m++)
             if (p->nodes[m].fused_into == id)
                 fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
-        if (t->epi >= 0) {
-            const loom__fused *k = &p->fused[t->epi];
-            fprintf(f, ", epilogue loom_k%d (%s#%d)", k->root, loom__ops[p->nodes[k->root].op].name,
-                    k->root);
-            for (int q = 0; q < k->nsinks; q++)
-                fprintf(f, "%s%s#%d", q ? " " : " streamed into ",
-                        loom__ops[p->nodes[k->sinks[q]].op].name, k->sinks[q]);
-        }
+        if (t->epi >= 0)
+            fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
+                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
+        if (t->codes)
+            fprintf(f, ", keeping argmax codes");
+        if (t->codes_of >= 0)
+            fprintf(f, ", reading the argmax codes of POOLMAX#%d", t->codes_of);
+        for (int q = 0; q < t->nsinks; q++)
+            fprintf(f, "%s%s#%d", q ? " " : ", rows into ",
+                    loom__ops[p->nodes[t->sinks[q]].op].name, t->sinks[q]);
     }
     fputc('\n', f);
 }
@@ -181,8 +183,7 @@ static void program_free(loom__program *p) {
 static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out) {
     int64_t fused = loom__fuse(p, live, is_out);
     int64_t epilogues = fused < 0 ? -1 : loom__fuse_epilogues(p, live, is_out);
-    int64_t sinks = epilogues < 0 ? -1 : loom__fuse_sinks(p, live, is_out);
-    if (fused < 0 || epilogues < 0 || sinks < 0 || p->nfused == 0) {
+    if (fused < 0 || epilogues < 0 || p->nfused == 0) {
         loom__unfuse(p);
         return;
     }
@@ -215,7 +216,7 @@ static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, c
     g->metrics.compiles += compiled;
     g->metrics.disk_hits += !compiled;
     g->metrics.compile_seconds += compiled ? loom__now() - t0 : 0;
-    g->metrics.fused_ops += fused + epilogues + sinks;
+    g->metrics.fused_ops += fused + epilogues;
 }
 
 static loom__program *plan(loom_graph *g, uint64_t hash) {
@@ -251,13 +252,15 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__assign_layouts(p, live, is_out);
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
-        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
+        p->nodes[i].codes_of = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
-    if (fused < 0)
+    int64_t sinks = fused < 0 ? -1 : loom__fuse_sinks(p, live, is_out);
+    if (fused < 0 || sinks < 0)
         goto fail;
-    g->metrics.fused_ops += fused;
+    g->metrics.fused_ops += fused + sinks + loom__fuse_pool_codes(p, live);
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);

@@ -130,6 +130,14 @@ loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_ten
                 x = loom_max_pool2d(g, x, l->spec.kernel);
                 break;
             case LOOM_LAYER_RELU:
+                /* ReLU then max pooling is computed as pooling then ReLU: the same values and
+                 * gradients (both pick, ReLU keeps order; where the max is <= 0 both give 0 and
+                 * no gradient), with the ReLU and its backward on the pooled tensor (a quarter
+                 * of the size), and the pooling's backward reading no ReLU mask */
+                if (i + 1 < s->n && s->layers[i + 1].spec.kind == LOOM_LAYER_MAXPOOL) {
+                    x = loom_relu(g, loom_max_pool2d(g, x, s->layers[++i].spec.kernel));
+                    break;
+                }
                 x = loom_relu(g, x);
                 break;
             case LOOM_LAYER_FLATTEN:
