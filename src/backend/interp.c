@@ -511,7 +511,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
     if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
         loom__gmat ga, gb;
         int64_t k = product_operands(p, b, id, &ga, &gb);
-        epilogue e;
+        epilogue e = {0};
         epilogue_init(&e, p, b, id);
         e.rows_of = t->shape[0], e.n_of = t->shape[1];
         float *buf = (float *)(b->ws + t->ws_off);
