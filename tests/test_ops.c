@@ -457,6 +457,7 @@ TEST(conv2d_views_match_naive_loops) {
         {2, 4, 12, 10, 7, 3, 2, 2},   /* stride 2, non-square kernel */
         {2, 2, 5, 5, 300, 2, 2, 1},   /* input gradient's product over two k blocks */
         {4, 32, 13, 13, 64, 3, 3, 1}, /* the CNN's conv2 at batch 4 */
+        {12, 2, 13, 13, 4, 3, 3, 1},  /* a column block ending one column into a row */
         {8, 1, 28, 28, 32, 3, 3, 1},  /* conv1: its weight gradient by dot products along K */
         {5, 2, 20, 17, 7, 3, 2, 1},   /* the same, with tiles of 4 x 5, 4 x 2 and single rows */
     };

@@ -267,13 +267,14 @@ static void micro(int64_t nr, int64_t kc, const float *pa, int64_t lda, const fl
         (lda ? micro2_d : micro2)(kc, pa, lda, pb, c, ldc, accumulate);
 }
 
-/* Runs of columns contiguous in C (at most 16 each, for one masked access): the first column
- * and length of each into j0, len (room for n); returns how many. */
-static int64_t column_runs(const int64_t *coff, int64_t n, int64_t *j0, int64_t *len) {
+/* Runs of columns contiguous in C (at most `most` each, for one masked access): the first
+ * column and length of each into j0, len (room for n); returns how many. */
+static int64_t column_runs(const int64_t *coff, int64_t n, int64_t most, int64_t *j0,
+                           int64_t *len) {
     int64_t nr = 0;
     for (int64_t j = 0; j < n; j += len[nr++]) {
         j0[nr] = j, len[nr] = 1;
-        while (j + len[nr] < n && len[nr] < 16 && coff[j + len[nr]] == coff[j] + len[nr])
+        while (j + len[nr] < n && len[nr] < most && coff[j + len[nr]] == coff[j] + len[nr])
             len[nr]++;
     }
     return nr;
@@ -306,7 +307,7 @@ put_runs(const float *t, int64_t ld, float *c, const int64_t *roff, const int64_
 static void put_tile(const float *tile, float *c, const int64_t *roff, const int64_t *coff,
                      int64_t m, int64_t n, bool accumulate, bool disjoint) {
     if (!accumulate || disjoint) {
-        int64_t j0[NR], len[NR], nr = column_runs(coff, n, j0, len);
+        int64_t j0[NR], len[NR], nr = column_runs(coff, n, 16, j0, len);
         put_runs(tile, NR, c, roff, coff, m, j0, len, nr, accumulate);
         return;
     }
@@ -318,11 +319,48 @@ static void put_tile(const float *tile, float *c, const int64_t *roff, const int
     }
 }
 
-/* An m x n block of C gathered in cb (NC apart) written to C a whole row at a time. */
+/* Adds g rows of t (ld apart) whose offsets in C go up by one (a fold's kernel columns) into C,
+ * run by run: each run's g rows, shifted, are added to C's values in registers in row order and
+ * stored once, instead of g passes that each load what the last one just stored (a masked load
+ * waits for an overlapping masked store). Per element the same additions in the same order; the
+ * runs' spans (a run and the g - 1 columns after it) must not overlap. */
+__attribute__((target("avx512f"))) static void put_group(const float *t, int64_t ld, float *c,
+                                                         const int64_t *coff, int64_t g,
+                                                         const int64_t *j0, const int64_t *len,
+                                                         int64_t nr) {
+    for (int64_t q0 = 0; q0 < 2; q0++) /* even runs, then odd ones, as in put_runs */
+        for (int64_t q = q0; q < nr; q += 2) {
+            __mmask16 run = (__mmask16)((1u << len[q]) - 1);
+            __mmask16 span = (__mmask16)((1u << (len[q] + g - 1)) - 1);
+            float *d = c + coff[j0[q]];
+            __m512 v = _mm512_maskz_loadu_ps(span, d);
+            for (int64_t r = 0; r < g; r++) { /* row r's run lands r columns on */
+                __mmask16 mk = (__mmask16)(run << r);
+                v = _mm512_mask_add_ps(v, mk, v, _mm512_maskz_loadu_ps(mk, t + r * ld + j0[q] - r));
+            }
+            _mm512_mask_storeu_ps(d, span, v);
+        }
+}
+
+/* An m x n block of C gathered in cb (NC apart) added to C (or written) a whole row at a time;
+ * rows whose offsets go up by one (a fold's kernel columns) a group at a time (put_group). */
 static void put_block(const float *cb, float *c, const int64_t *roff, const int64_t *coff,
                       int64_t m, int64_t n, bool accumulate) {
-    int64_t j0[NC], len[NC], nr = column_runs(coff, n, j0, len);
-    put_runs(cb, NC, c, roff, coff, m, j0, len, nr, accumulate);
+    enum { G = 4 }; /* rows a group at most */
+    int64_t j0[NC], len[NC], nr = column_runs(coff, n, 16 - (G - 1), j0, len);
+    int64_t most = accumulate ? G : 1; /* rows a group: the runs' gaps in C, plus one */
+    for (int64_t q = 0; most > 1 && q + 1 < nr; q++) {
+        int64_t gap = coff[j0[q + 1]] - coff[j0[q]] - len[q];
+        most = gap < 0 ? 1 : gap + 1 < most ? gap + 1 : most;
+    }
+    for (int64_t r = 0, g; r < m; r += g) {
+        for (g = 1; g < most && r + g < m && roff[r + g] == roff[r] + g; g++)
+            ;
+        if (g > 1)
+            put_group(cb + r * NC, NC, c + roff[r], coff, g, j0, len, nr);
+        else
+            put_runs(cb + r * NC, NC, c, roff + r, coff, 1, j0, len, nr, accumulate);
+    }
 }
 
 bool loom__gemm_available(void) {
