@@ -141,8 +141,8 @@ __attribute__((target("avx512f"))) static void tr16_runs(const float *src, const
  * zeros past the last lane. Runs along memory are kept: a panel contiguous along its lanes is
  * copied row by row, one contiguous along k by 16x16 register transposes (pack_tr), never as w
  * interleaved streams. */
-static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_t ks, int64_t w,
-                 float *dst) {
+__attribute__((target("avx512f"))) static void pack(int64_t lanes, int64_t kc, const float *src,
+                                                    int64_t rs, int64_t ks, int64_t w, float *dst) {
     if (ks == 1 && rs != 1) {
         pack_tr(lanes, kc, src, rs, w, dst);
         return;
@@ -151,8 +151,9 @@ static void pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_
         int64_t m = lanes - i < w ? lanes - i : w;
         const float *s = src + i * rs;
         for (int64_t k = 0; k < kc; k++) {
-            if (rs == 1 && m == w) {
-                memcpy(dst + k * w, s + k * ks, sizeof(float) * (size_t)w);
+            if (rs == 1 && m == w && w % 16 == 0) { /* 16 at a time (memcpy was a rep movs) */
+                for (int64_t q = 0; q < w; q += 16)
+                    _mm512_storeu_ps(dst + k * w + q, _mm512_loadu_ps(s + k * ks + q));
                 continue;
             }
             for (int64_t r = 0; r < m; r++)
