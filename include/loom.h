@@ -366,6 +366,8 @@ LOOM_API void loom_sequential_free(loom_sequential *s);
 /* PyTorch's default init: weights kaiming-uniform(a=sqrt(5)), biases U(-1/sqrt(fan_in), ..),
  * drawn from Philox stream (1, parameter index) of `seed`. */
 LOOM_API void loom_sequential_init(loom_sequential *s, uint64_t seed);
+/* The layers in order on x; a ReLU followed by max pooling is built as pooling then ReLU (the
+ * same values and gradients, the ReLU on the pooled quarter). */
 LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_tensor *x);
 
 /* ---- optimizers ---------------------------------------------------------------------------------
