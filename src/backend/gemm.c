@@ -472,7 +472,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
  * at the end. A fixed order, so runs repeat bitwise. */
 #    define SK_KB  1024
 #    define SK_MI  4
-#    define SK_NJ  5   /* 20 accumulators and 9 operands: no register spills */
+#    define SK_NJ  5   /* 20 accumulators: no register spills */
 #    define SK_MAX 512 /* M x N at most (lane buffer 32 KB) */
 
 typedef struct { /* 16 (or fewer, masked) consecutive k where both operands are contiguous */
@@ -531,46 +531,64 @@ static float lane_sum(const float *l) {
     return t[0];
 }
 
-#    define SKINNY(MI, NJ)                                                                 \
-        __attribute__((target("avx512f"))) static void skinny_##MI##_##NJ(                 \
+/* A tile of MI rows of A (ar) by NJ columns of B (bc) over one block's chunks: the lanes of
+ * each C element accumulated in a register from zero, then added to its lanes in memory (n
+ * columns a row). B is loaded a column at a time, so that MI x NJ accumulators fit. */
+#    define DOT_TILE(MI, NJ)                                                               \
+        __attribute__((target("avx512f"))) static void dot_##MI##_##NJ(                    \
             const float *const *ar, const float *const *bc, const kchunk *ch, int64_t nch, \
             float *lanes, int64_t n) {                                                     \
             __m512 acc[MI][NJ];                                                            \
             _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) acc[i][j] =           \
+                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) acc[i][j] =           \
                     _mm512_setzero_ps();                                                   \
             for (int64_t q = 0; q < nch; q++) {                                            \
                 __mmask16 m = (__mmask16)ch[q].mask;                                       \
-                __m512 av[MI], bv[NJ];                                                     \
+                __m512 av[MI];                                                             \
                 _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++) av[i] =               \
                     _mm512_maskz_loadu_ps(m, ar[i] + ch[q].ka);                            \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) bv[j] =               \
-                    _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);                            \
-                _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                       \
-                    _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) acc[i][j] =       \
-                        _mm512_fmadd_ps(av[i], bv[j], acc[i][j]);                          \
+                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) {                     \
+                    __m512 bv = _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);                \
+                    _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++) acc[i][j] =       \
+                        _mm512_fmadd_ps(av[i], bv, acc[i][j]);                             \
+                }                                                                          \
             }                                                                              \
             _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) {                     \
+                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) {                     \
                 float *l = lanes + (i * n + j) * 16;                                       \
                 _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), acc[i][j]));         \
             }                                                                              \
         }
-SKINNY(4, 1)
-SKINNY(4, 2)
-SKINNY(4, 3)
-SKINNY(4, 4)
-SKINNY(4, 5)
-SKINNY(1, 1)
-SKINNY(1, 2)
-SKINNY(1, 3)
-SKINNY(1, 4)
-SKINNY(1, 5)
-typedef void skinny_fn(const float *const *, const float *const *, const kchunk *, int64_t, float *,
-                       int64_t);
-static skinny_fn *const skinny_tile[2][SK_NJ] = {
-    {skinny_1_1, skinny_1_2, skinny_1_3, skinny_1_4, skinny_1_5},
-    {skinny_4_1, skinny_4_2, skinny_4_3, skinny_4_4, skinny_4_5}};
+DOT_TILE(1, 1)
+DOT_TILE(1, 2)
+DOT_TILE(1, 3)
+DOT_TILE(1, 4)
+DOT_TILE(1, 5)
+DOT_TILE(1, 6)
+DOT_TILE(1, 7)
+DOT_TILE(1, 8)
+DOT_TILE(1, 9)
+DOT_TILE(2, 1)
+DOT_TILE(2, 2)
+DOT_TILE(2, 3)
+DOT_TILE(2, 4)
+DOT_TILE(2, 5)
+DOT_TILE(2, 6)
+DOT_TILE(2, 7)
+DOT_TILE(2, 8)
+DOT_TILE(2, 9)
+DOT_TILE(4, 1)
+DOT_TILE(4, 2)
+DOT_TILE(4, 3)
+DOT_TILE(4, 4)
+DOT_TILE(4, 5)
+typedef void dot_fn(const float *const *, const float *const *, const kchunk *, int64_t, float *,
+                    int64_t);
+/* [rows: 1, 2 or 4][columns - 1]: up to 9 columns for one or two rows, 5 for four */
+static dot_fn *const dot_tile[3][9] = {
+    {dot_1_1, dot_1_2, dot_1_3, dot_1_4, dot_1_5, dot_1_6, dot_1_7, dot_1_8, dot_1_9},
+    {dot_2_1, dot_2_2, dot_2_3, dot_2_4, dot_2_5, dot_2_6, dot_2_7, dot_2_8, dot_2_9},
+    {dot_4_1, dot_4_2, dot_4_3, dot_4_4, dot_4_5, NULL, NULL, NULL, NULL}};
 
 /* Whether a product takes the dot-product path: small C, long K, both operands contiguous along
  * k (A's k one dim of stride 1, B's its innermost row sub-dimension). */
@@ -600,11 +618,10 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
             for (int64_t j = 0; j < N; j += SK_NJ) {
                 int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
                 if (M - i >= SK_MI)
-                    skinny_tile[1][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16, N);
+                    dot_tile[2][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16, N);
                 else
                     for (int64_t r = i; r < M; r++)
-                        skinny_tile[0][nj - 1](ar + r, bc + j, ch, nch, lanes + (r * N + j) * 16,
-                                               N);
+                        dot_tile[0][nj - 1](ar + r, bc + j, ch, nch, lanes + (r * N + j) * 16, N);
             }
     }
     gd_offsets(crow, 0, M, roff);
@@ -617,63 +634,9 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
         }
 }
 
-/* The dot-product path one row of A at a time (a pool gradient's epilogue makes its output a row
- * at a time, so that it is never written whole): B's chunks built once for all of K, and per row
- * the same blocks, chunks and lanes as skinny_gemm, so the same bits. */
-#    define DOT_ROW(MI, NJ)                                                              \
-        __attribute__((target("avx512f"))) static void dot_row_##MI##_##NJ(              \
-            const float *a, int64_t lda, const float *const *bc, const kchunk *ch,       \
-            const int64_t *bend, int64_t nblocks, float *lanes, int64_t n) {             \
-            for (int64_t bl = 0, q = 0; bl < nblocks; bl++) {                            \
-                __m512 acc[MI][NJ];                                                      \
-                _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++)                     \
-                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) acc[i][j] =    \
-                        _mm512_setzero_ps();                                             \
-                for (; q < bend[bl]; q++) {                                              \
-                    __mmask16 m = (__mmask16)ch[q].mask;                                 \
-                    __m512 av[MI];                                                       \
-                    _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++) av[i] =         \
-                        _mm512_maskz_loadu_ps(m, a + i * lda + ch[q].ka);                \
-                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) {              \
-                        __m512 bv = _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);          \
-                        _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++) acc[i][j] = \
-                            _mm512_fmadd_ps(av[i], bv, acc[i][j]);                       \
-                    }                                                                    \
-                }                                                                        \
-                _Pragma("GCC unroll 2") for (int i = 0; i < MI; i++)                     \
-                    _Pragma("GCC unroll 12") for (int j = 0; j < NJ; j++) {              \
-                    float *l = lanes + (i * n + j) * 16;                                 \
-                    _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), acc[i][j]));   \
-                }                                                                        \
-            }                                                                            \
-        }
-DOT_ROW(1, 1)
-DOT_ROW(1, 2)
-DOT_ROW(1, 3)
-DOT_ROW(1, 4)
-DOT_ROW(1, 5)
-DOT_ROW(1, 6)
-DOT_ROW(1, 7)
-DOT_ROW(1, 8)
-DOT_ROW(1, 9)
-DOT_ROW(2, 1)
-DOT_ROW(2, 2)
-DOT_ROW(2, 3)
-DOT_ROW(2, 4)
-DOT_ROW(2, 5)
-DOT_ROW(2, 6)
-DOT_ROW(2, 7)
-DOT_ROW(2, 8)
-DOT_ROW(2, 9)
-typedef void dot_row_fn(const float *, int64_t, const float *const *, const kchunk *,
-                        const int64_t *, int64_t, float *, int64_t);
-/* one or two rows, up to 9 columns a pass: 18 accumulators, two of A and one of B in registers */
-static dot_row_fn *const dot_row[2][9] = {
-    {dot_row_1_1, dot_row_1_2, dot_row_1_3, dot_row_1_4, dot_row_1_5, dot_row_1_6, dot_row_1_7,
-     dot_row_1_8, dot_row_1_9},
-    {dot_row_2_1, dot_row_2_2, dot_row_2_3, dot_row_2_4, dot_row_2_5, dot_row_2_6, dot_row_2_7,
-     dot_row_2_8, dot_row_2_9}};
-
+/* The dot-product path a row or two of A at a time (a pool gradient's rows as it makes them,
+ * so that they are never written whole): B's chunks built once for all of K, and per row the same
+ * blocks, chunks and lanes as skinny_gemm, so the same bits. */
 bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
     return loom__gemm_available() && skinny(M, N, K, a, b) && N <= LOOM_DOT_MAX_N;
 }
@@ -698,13 +661,16 @@ void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int
 void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
                         float *c) {
     float lanes[2 * 16 * LOOM_DOT_MAX_N];
-    for (int64_t i = 0; i < rows; i += 2) {
+    const kchunk *ch = s->chunks;
+    for (int64_t i = 0; i < rows; i += 2) { /* two rows share each load of B */
         int64_t mi = rows - i < 2 ? rows - i : 2;
+        const float *ar[2] = {a + i * lda, a + (i + mi - 1) * lda};
         memset(lanes, 0, sizeof(float) * 16 * (size_t)(mi * s->N));
         for (int64_t j = 0, g = (s->N + 8) / 9, w = (s->N + g - 1) / g; j < s->N; j += w) {
             int64_t nj = s->N - j < w ? s->N - j : w;
-            dot_row[mi - 1][nj - 1](a + i * lda, lda, s->bc + j, s->chunks, s->bend, s->nblocks,
-                                    lanes + 16 * j, s->N);
+            for (int64_t bl = 0, q = 0; bl < s->nblocks; q = s->bend[bl++])
+                dot_tile[mi - 1][nj - 1](ar, s->bc + j, ch + q, s->bend[bl] - q, lanes + 16 * j,
+                                         s->N);
         }
         for (int64_t q = 0; q < mi * s->N; q++)
             c[i * s->N + q] = lane_sum(lanes + 16 * q);

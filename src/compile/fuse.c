@@ -356,7 +356,7 @@ static int32_t stream_of(const loom__program *p, const bool *live, const bool *i
     if (s < 0)
         return -1;
     const loom__pnode *r = &p->nodes[s];
-    bool own = s == L || r->lay.index == (t->epi >= 0 ? s : L);
+    bool own = r->lay.index == (t->epi >= 0 ? s : L); /* its own buffer, or L's */
     return r->ndim == 2 && !is_out[s] && !r->check && r->lay.base == LOOM_BASE_WS && own &&
                    r->lay.stride[0] == r->shape[1] && r->lay.stride[1] == 1
                ? s
