@@ -198,6 +198,24 @@ TEST(reductions_fuse_bitwise) {
             }
 }
 
+/* Runs g (which it frees) and returns its outputs a and b, na and nb floats, in one malloc'd
+ * buffer of *bytes (NULL if the run failed); its metrics into m (if any). */
+static void *two_outputs(loom_graph *g, loom_tensor *a, size_t na, loom_tensor *b, size_t nb,
+                         size_t *bytes, loom_metrics *m) {
+    loom_output(a), loom_output(b);
+    void *out = NULL;
+    if (loom_graph_run(g) == LOOM_OK) {
+        *bytes = sizeof(float) * (na + nb);
+        out = malloc(*bytes);
+        memcpy(out, loom_tensor_data(a), sizeof(float) * na);
+        memcpy((char *)out + sizeof(float) * na, loom_tensor_data(b), sizeof(float) * nb);
+    }
+    if (m)
+        loom_graph_metrics(g, m);
+    loom_graph_free(g);
+    return out;
+}
+
 /* A product read by an elementwise kernel through two reshapes, the first of which something else
  * also reads: no epilogue (the product's whole output is needed), and the values are the
  * interpreter's. */
@@ -218,16 +236,7 @@ static void *run_shared_view(loom_backend be, size_t *bytes) {
     loom_tensor *y = loom_add(g, loom_reshape(g, loom_permute(g, v1, perm), 2, s2),
                               loom_scalar(g, 0.5, LOOM_F32)); /* binary: not pushed through views */
     loom_tensor *z = loom_exp(g, loom_sum(g, v1, 1));         /* another reader of the first view */
-    loom_output(y), loom_output(z);
-    void *out = NULL;
-    if (loom_graph_run(g) == LOOM_OK) {
-        *bytes = sizeof(float) * (M * N + M);
-        out = malloc(*bytes);
-        memcpy(out, loom_tensor_data(y), sizeof(float) * M * N);
-        memcpy((char *)out + sizeof(float) * M * N, loom_tensor_data(z), sizeof(float) * M);
-    }
-    loom_graph_free(g);
-    return out;
+    return two_outputs(g, y, M * N, z, M, bytes, NULL);
 }
 
 /* Epilogues: relu(x w + bias) runs inside the product, block by block (37 rows: ragged tiles;
@@ -260,18 +269,7 @@ static void *run_epilogues(loom_backend be, size_t *bytes, loom_metrics *m) {
     loom_tensor *flat = loom_reshape(g, ti, 2, s2);
     loom_tensor *dx = loom_where(g, loom_cmpgt(g, flat, loom_scalar(g, 0.0, LOOM_F32)),
                                  loom_reshape(g, pg, 2, s2), loom_scalar(g, 0.0, LOOM_F32));
-    loom_output(y), loom_output(dx);
-    void *out = NULL;
-    if (loom_graph_run(g) == LOOM_OK) {
-        size_t ny = sizeof(float) * M * N, nd = sizeof(float) * B * C * H * W;
-        *bytes = ny + nd;
-        out = malloc(*bytes);
-        memcpy(out, loom_tensor_data(y), ny);
-        memcpy((char *)out + ny, loom_tensor_data(dx), nd);
-    }
-    loom_graph_metrics(g, m);
-    loom_graph_free(g);
-    return out;
+    return two_outputs(g, y, M * N, dx, B * C * H * W, bytes, m);
 }
 
 TEST(epilogues_run_inside_library_kernels_bitwise) {
@@ -324,17 +322,7 @@ static void *run_sinks(loom_backend be, bool where, bool keep, size_t *bytes, lo
         loom_output(dx);
     loom_tensor *sum = loom_sum(g, dx, 1);
     loom_tensor *prod = loom_matmul(g, dx, loom_transpose(g, loom_input(g, LOOM_F32, 2, sb, bt)));
-    loom_output(sum), loom_output(prod);
-    void *out = NULL;
-    if (loom_graph_run(g) == LOOM_OK) {
-        *bytes = sizeof(float) * (R + R * N);
-        out = malloc(*bytes);
-        memcpy(out, loom_tensor_data(sum), sizeof(float) * R);
-        memcpy((char *)out + sizeof(float) * R, loom_tensor_data(prod), sizeof(float) * R * N);
-    }
-    loom_graph_metrics(g, m);
-    loom_graph_free(g);
-    return out;
+    return two_outputs(g, sum, R, prod, R * N, bytes, m);
 }
 
 TEST(epilogue_rows_go_into_sinks_bitwise) {
