@@ -260,7 +260,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     int64_t sinks = fused < 0 ? -1 : loom__fuse_sinks(p, live, is_out);
     if (fused < 0 || sinks < 0)
         goto fail;
-    g->metrics.fused_ops += fused + sinks + loom__fuse_pool_codes(p, live);
+    int64_t codes = loom__fuse_pool_codes(p, live);
+    g->metrics.fused_ops += fused + sinks + codes;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
