@@ -2,8 +2,8 @@
 # test_cache.sh LOOM - the kernel cache across processes: two processes compiling the same
 # programs at once into an empty cache both succeed; a third compiles nothing (all disk hits);
 # LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets; with
-# loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel and its input gradient's fold
-# computes its product.
+# loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel, its input gradient's fold
+# computes its product, its pool gradients read argmax codes and conv1's feeds its gradients.
 set -u
 loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/cache.$$"
@@ -40,6 +40,14 @@ if "$loom" info | grep -q "matmul: loom's"; then
         echo "ok   the CNN's step has no im2col kernel; its fold computes the product"
     else
         fail "cnn schedule: $(grep -h "FOLD" "$tmp"/dump-cnn/*.schedule)"
+    fi
+    # both pool gradients read their pooling's argmax codes; conv1's feeds its bias and weight
+    # gradients (its rows into a SUM and a MATMUL), so that its output gradient is never written
+    if [ "$(grep -c "POOLGRAD.*reading the argmax codes of POOLMAX" $train)" = 2 ] &&
+        grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train; then
+        echo "ok   the CNN's pool gradients read argmax codes; conv1's feeds its weight gradients"
+    else
+        fail "cnn schedule: $(grep -h "POOL" $train)"
     fi
 fi
 
