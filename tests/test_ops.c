@@ -500,9 +500,13 @@ TEST(pool_matches_naive_loops) {
                                 : loom_permute(g, loom_input(g, LOOM_F32, 4, sx, x), perm);
         loom_tensor *y = loom_pool_max(g, tx, w);
         loom_tensor *dx = loom_pool_max_grad(g, tx, loom_input(g, LOOM_F32, 4, sy, dy), w);
-        loom_output(y), loom_output(dx);
+        /* a ReLU of a pooling, which the pooling computes itself (over x - 1.5: negatives) */
+        loom_tensor *ry =
+            loom_relu(g, loom_pool_max(g, loom_sub(g, tx, loom_scalar(g, 1.5, LOOM_F32)), w));
+        loom_output(y), loom_output(dx), loom_output(ry);
         ASSERT_EQ(loom_graph_run(g), LOOM_OK);
         const float *py = loom_tensor_data(y), *pdx = loom_tensor_data(dx);
+        const float *pry = loom_tensor_data(ry);
         float ref_dx[N * C * H * W] = {0};
         for (int n = 0; n < N; n++)
             for (int c = 0; c < C; c++)
@@ -524,6 +528,10 @@ TEST(pool_matches_naive_loops) {
                         float got = py[o];
                         if (!(got == best || (isnan(got) && isnan(best))))
                             FAILF("window %zu: y[%d] = %g, expected %g", wi, o, got, best);
+                        float rb = best - 1.5f <= 0 ? 0 : best - 1.5f; /* NaN stays NaN */
+                        if (!(pry[o] == rb || (isnan(pry[o]) && isnan(rb))))
+                            FAILF("window %zu: relu(y - 1.5)[%d] = %g, expected %g", wi, o, pry[o],
+                                  rb);
                         ref_dx[(n * C + c) * H * W + at] += dy[o];
                     }
         for (int i = 0; i < N * C * H * W; i++)

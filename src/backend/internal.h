@@ -63,6 +63,8 @@ typedef struct {
      * instead of its input, which may then be gone. */
     bool codes;
     int32_t codes_of;
+    int32_t relu; /* a POOLMAX whose only reader is a ReLU: that RELU, written by the POOLMAX (its
+                   * own values then never are; its codes first in its buffer), or -1 */
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -203,6 +205,12 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
 bool loom__use_own_gemm(void);
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */
 bool loom__pool_codes_available(void);
+/* Where POOLMAX m keeps its argmax codes: after its values, or first when it writes a ReLU. */
+static inline uint8_t *loom__pool_codes(const loom__program *p, const loom__bind *b, int32_t m) {
+    const loom__pnode *t = &p->nodes[m];
+    return (uint8_t *)loom__addr(p, b, m) +
+           (t->relu >= 0 ? 0 : loom__numel(t->ndim, t->shape) * (int64_t)sizeof(float));
+}
 
 /* One-time BLAS setup (one thread per device). Thread-safe. */
 void loom__blas_init(void);

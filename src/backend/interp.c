@@ -745,9 +745,10 @@ __attribute__((target("avx512f"))) static inline __m512i pool_code(__mmask16 q1,
     return _mm512_mask_mov_epi32(v, q3, _mm512_set1_epi32(3));
 }
 
-/* codes (or NULL): each window's argmax code, a byte each */
-__attribute__((target("avx512f"))) static void pool2_row512(const float *r0, const float *r1,
-                                                            int64_t ow, float *o, uint8_t *codes) {
+/* codes (or NULL): each window's argmax code, a byte each; relu: the ReLU of each maximum (the
+ * op table's a <= 0 ? 0 : a, so a NaN stays) */
+__attribute__((target("avx512f"))) static void
+pool2_row512(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *codes, bool relu) {
     for (int64_t x0 = 0; x0 < ow; x0 += 16) {
         int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
         __m512 a, b, c, d, m;
@@ -755,6 +756,9 @@ __attribute__((target("avx512f"))) static void pool2_row512(const float *r0, con
         pool_split(r0 + 2 * x0, n, &a, &b);
         pool_split(r1 + 2 * x0, n, &c, &d);
         pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+        if (relu)
+            m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                   _mm512_setzero_ps());
         _mm512_mask_storeu_ps(o + x0, mn, m);
         if (codes)
             _mm512_mask_cvtepi32_storeu_epi8(codes + x0, mn, pool_code(q1, q2, q3));
@@ -852,7 +856,8 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
     /* With `done`, out is one plane, handed to done(ctx, plane index, out) when written. */     \
     static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
                          const int64_t *ys, const T *x, const T *dy, T *out, bool grad,          \
-                         uint8_t *codes, void (*done)(void *, int64_t, const T *), void *ctx) {  \
+                         uint8_t *codes, bool relu, void (*done)(void *, int64_t, const T *),    \
+                         void *ctx) {                                                            \
         int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];              \
         bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&          \
                   w->pw == 0 && xst[3] == 1;                                                     \
@@ -873,7 +878,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
                         if (grad && !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0,  \
                                                          o0 + W, cr))                            \
                             pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);   \
-                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0, cr))          \
+                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0, cr, relu))    \
                             pool2_row_##T(r0, r0 + xst[2], OW, o0);                              \
                         if (grad && W > 2 * OW)                                                  \
                             o0[W - 1] = o0[2 * W - 1] = (T)0;                                    \
@@ -908,15 +913,15 @@ static bool pool512(void) {
 bool loom__pool_codes_available(void) {
     return pool512();
 }
-static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o,
-                             uint8_t *codes) {
+static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *codes,
+                             bool relu) {
 #ifdef HAVE_POOL512
     if (pool512()) {
-        pool2_row512(r0, r1, ow, o, codes);
+        pool2_row512(r0, r1, ow, o, codes, relu);
         return true;
     }
 #endif
-    (void)r0, (void)r1, (void)ow, (void)o, (void)codes;
+    (void)r0, (void)r1, (void)ow, (void)o, (void)codes, (void)relu;
     return false;
 }
 static bool pool2_grad_fast_float(const float *r0, const float *r1, int64_t ow, const float *gy,
@@ -931,8 +936,8 @@ static bool pool2_grad_fast_float(const float *r0, const float *r1, int64_t ow, 
     return false;
 }
 static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, double *o,
-                              uint8_t *codes) {
-    (void)r0, (void)r1, (void)ow, (void)o, (void)codes;
+                              uint8_t *codes, bool relu) {
+    (void)r0, (void)r1, (void)ow, (void)o, (void)codes, (void)relu;
     return false;
 }
 static bool pool2_grad_fast_double(const double *r0, const double *r1, int64_t ow, const double *gy,
@@ -968,18 +973,17 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         e.plane = t->shape[2] * t->shape[3];
         o = b->ws + t->ws_off;
     }
-    uint8_t *codes = NULL; /* POOLMAX's argmax codes, after its values */
-    if (t->codes || t->codes_of >= 0) {
-        const loom__pnode *m = t->codes ? t : &p->nodes[t->codes_of];
-        codes = (uint8_t *)loom__addr(p, b, t->codes ? id : t->codes_of) +
-                loom__numel(4, m->shape) * (int64_t)sizeof(float);
-    }
+    uint8_t *codes = t->codes           ? loom__pool_codes(p, b, id)
+                     : t->codes_of >= 0 ? loom__pool_codes(p, b, t->codes_of)
+                                        : NULL;
+    if (t->relu >= 0) /* the ReLU's output, not its own */
+        o = loom__addr(p, b, t->relu);
     if (t->dtype == LOOM_F64)
-        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, NULL,
-                    NULL);
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, false,
+                    NULL, NULL);
     else
         pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, codes,
-                   t->epi >= 0 || t->nsinks ? plane_done : NULL, &e);
+                   t->relu >= 0, t->epi >= 0 || t->nsinks ? plane_done : NULL, &e);
     return LOOM_OK;
 }
 

@@ -424,3 +424,41 @@ int64_t loom__fuse_pool_codes(loom__program *p, const bool *live) {
     }
     return n;
 }
+
+/* The live readers of node v, the last of them into *only. */
+static int32_t readers_of(const loom__program *p, const bool *live, int32_t v, int32_t *only) {
+    int32_t n = 0;
+    for (int32_t c = v + 1; c < p->n; c++)
+        for (int q = 0; q < 3 && live[c]; q++)
+            if (p->nodes[c].src[q] == v)
+                n++, *only = c;
+    return n;
+}
+
+int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_out) {
+    if (!loom__pool_codes_available())
+        return 0;
+    int64_t n = 0;
+    for (int32_t m = 0; m < p->n; m++) {
+        loom__pnode *f = &p->nodes[m];
+        const loom_window *w = &f->attr.win;
+        int32_t r = -1;
+        if (!live[m] || f->op != LOOM_OP_POOLMAX || f->dtype != LOOM_F32 || w->kh != 2 ||
+            w->kw != 2 || w->sh != 2 || w->sw != 2 || w->ph || w->pw || is_out[m] ||
+            p->nodes[f->src[0]].lay.stride[3] != 1 || f->lay.base != LOOM_BASE_WS ||
+            f->lay.index != m || readers_of(p, live, m, &r) != 1)
+            continue;
+        loom__pnode *t = &p->nodes[r];
+        bool alone = t->fused_into < 0 && t->epi < 0 && t->sink_of < 0; /* a kernel of its own */
+        for (int32_t c = 0; alone && p->fused_of && c < r; c++)
+            alone = root_of(p, c) != r || c == r;
+        if (t->op != LOOM_OP_RELU || t->src[0] != m || !alone || t->dtype != LOOM_F32 || t->copy ||
+            t->lay.base != LOOM_BASE_WS || t->lay.index != r ||
+            memcmp(t->shape, f->shape, sizeof t->shape) != 0 ||
+            memcmp(t->lay.stride, f->lay.stride, sizeof t->lay.stride) != 0)
+            continue;
+        f->relu = r, t->sink_of = m;
+        n++;
+    }
+    return n;
+}

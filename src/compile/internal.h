@@ -30,6 +30,9 @@ int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_
 /* A max pooling's backward over the same input as a POOLMAX reads that POOLMAX's argmax codes
  * instead of the input (loom__pnode.codes_of); returns how many. */
 int64_t loom__fuse_pool_codes(loom__program *p, const bool *live);
+/* A 2x2 max pooling whose only reader is a ReLU of it writes that ReLU itself (loom__pnode.relu);
+ * returns how many. */
+int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_out);
 /* Sinks: a pool gradient whose rows (its epilogue's root, or a 2-D view of its output) only a sum
  * along them and a product on the dot-product path read computes those too, a row at a time
  * (loom__pnode.sinks); returns how many. */

@@ -413,6 +413,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
             if ((t->epi >= 0 || t->nsinks) && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
+            if (t->relu >= 0) /* it writes the ReLU's buffer instead (placed below) */
+                size = 0;
             if (t->codes) /* argmax codes after the values, with 16 bytes to spare */
                 size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
@@ -431,6 +433,11 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                                           : loom__numel(r->ndim, r->shape) *
                                                 (int64_t)loom__dtype_size(r->dtype);
                 r->ws_off = place(blocks, &nblocks, &end, bytes, k->root);
+            }
+            if (t->relu >= 0) { /* the ReLU it computes */
+                loom__pnode *r = &p->nodes[t->relu];
+                r->ws_off = place(blocks, &nblocks, &end,
+                                  loom__numel(r->ndim, r->shape) * (int64_t)es, t->relu);
             }
             for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
                 loom__pnode *sk = &p->nodes[t->sinks[q]];

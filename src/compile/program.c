@@ -40,6 +40,8 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
         if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
+        if (t->relu >= 0)
+            fprintf(f, ", computing RELU#%d", t->relu);
         if (t->codes)
             fprintf(f, ", keeping argmax codes");
         if (t->codes_of >= 0)
@@ -253,15 +255,15 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
-        p->nodes[i].codes_of = -1;
+        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
     int64_t sinks = fused < 0 ? -1 : loom__fuse_sinks(p, live, is_out);
     if (fused < 0 || sinks < 0)
         goto fail;
-    int64_t codes = loom__fuse_pool_codes(p, live);
-    g->metrics.fused_ops += fused + sinks + codes;
+    int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
+    g->metrics.fused_ops += fused + sinks + codes + relu;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
