@@ -41,11 +41,13 @@ if "$loom" info | grep -q "matmul: loom's"; then
     else
         fail "cnn schedule: $(grep -h "FOLD" "$tmp"/dump-cnn/*.schedule)"
     fi
-    # both poolings write their ReLU; both pool gradients read their pooling's argmax codes;
+    # both poolings write their ReLU; both pool gradients read their pooling's argmax codes (and
+    # the ReLU's backward's mask in them);
     # conv1's feeds its bias and weight gradients (its rows into a SUM and a MATMUL), so that its
     # output gradient is never written
     if [ "$(grep -c "POOLGRAD.*reading the argmax codes of POOLMAX" $train)" = 2 ] &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
+        [ "$(grep -c "POOLGRAD.*and the ReLU's backward" $train)" = 2 ] &&
         grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train; then
         echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's feeds its weight gradients"
     else

@@ -474,8 +474,51 @@ TEST(conv2d_views_match_naive_loops) {
  * "first maximum in row-major window order" decides) and a NaN, over a strided (permuted) input
  * and a plain one (where the gradient reads the forward's argmax codes), for the specialised 2x2
  * window and the general path (overlapping, padded, odd sizes). */
+/* d/dx sum(relu(pool_max(x - 1.5)) v) for x (N,C,H,W) = xn and v (OW x 1) from dy against naive
+ * loops: v[ox] at each window's first maximum where that maximum is above 1.5 (a NaN's ReLU is
+ * NaN, not > 0). A product reads the ReLU, so that it is a kernel of its own, which the pooling
+ * computes, and its backward is read by the pool gradient through the codes. */
+enum { PN = 2, PC = 3, PH = 7, PW = 39 };
+static void check_relu_pool_grad(const float *xn, const float *dy, loom_window w, int *bad) {
+    int OH = (PH - 2) / 2 + 1, OW = (PW - 2) / 2 + 1;
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sn[4] = {PN, PC, PH, PW}, s2[2] = {PN * PC * OH, OW}, sv[2] = {OW, 1};
+    loom_tensor *x = loom_input(g, LOOM_F32, 4, sn, xn);
+    loom_requires_grad(x);
+    loom_tensor *r =
+        loom_relu(g, loom_pool_max(g, loom_sub(g, x, loom_scalar(g, 1.5, LOOM_F32)), w));
+    loom_tensor *loss = loom_sum_all(
+        g, loom_matmul(g, loom_reshape(g, r, 2, s2), loom_input(g, LOOM_F32, 2, sv, dy)));
+    loom_tensor *gx = loom_grad(g, loss, x);
+    loom_output(gx), loom_output(loss); /* the forward product too: the ReLU is read twice */
+    if (loom_graph_run(g) != LOOM_OK) {
+        (*bad)++;
+        loom_graph_free(g);
+        return;
+    }
+    const float *pg = loom_tensor_data(gx);
+    float ref[PN * PC * PH * PW] = {0};
+    for (int pl = 0; pl < PN * PC; pl++)
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                int at = -1;
+                float best = 0;
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++) {
+                        float v = xn[(pl * PH + 2 * oy + i) * PW + 2 * ox + j] - 1.5f;
+                        if (at < 0 || v > best || isnan(v))
+                            best = v, at = (2 * oy + i) * PW + 2 * ox + j;
+                    }
+                if (best > 0)
+                    ref[pl * PH * PW + at] += dy[ox];
+            }
+    for (int i = 0; i < PN * PC * PH * PW; i++)
+        *bad += pg[i] != ref[i];
+    loom_graph_free(g);
+}
+
 TEST(pool_matches_naive_loops) {
-    enum { N = 2, C = 3, H = 7, W = 39 }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
+    enum { N = PN, C = PC, H = PH, W = PW }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
     const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}};
     float x[C * N * H * W], xn[N * C * H * W], dy[N * C * H * W];
     for (int i = 0; i < C * N * H * W; i++)
@@ -489,6 +532,7 @@ TEST(pool_matches_naive_loops) {
         const loom_window w = wins[wi % 3];
         bool hw = wi >= 3 && wi < 6; /* stored (N,C,W,H): strided rows, the general kernel path */
         bool plain = wi >= 6;        /* stored (N,C,H,W) */
+        int bad_relu = 0;
         int OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
         loom_graph *g = loom_graph_new(NULL);
         int64_t sx[4] = {C, N, H, W}, sy[4] = {N, C, OH, OW}, sxt[4] = {N, C, W, H};
@@ -537,6 +581,10 @@ TEST(pool_matches_naive_loops) {
         for (int i = 0; i < N * C * H * W; i++)
             if (pdx[i] != ref_dx[i])
                 FAILF("window %zu: dx[%d] = %g, expected %g", wi, i, pdx[i], ref_dx[i]);
+        if (plain && wi == 6) /* 2x2: the ReLU's backward through the pooling's codes */
+            check_relu_pool_grad(xn, dy, w, &bad_relu);
+        if (bad_relu)
+            FAILF("relu(pool_max(x - 1.5)): %d wrong gradient elements", bad_relu);
         int64_t sx2[4] = {N, C, H, W};
         loom_tensor *x2 = loom_input(g, LOOM_F32, 4, sx2, x);
         loom_requires_grad(x2);

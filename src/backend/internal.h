@@ -65,6 +65,9 @@ typedef struct {
     int32_t codes_of;
     int32_t relu; /* a POOLMAX whose only reader is a ReLU: that RELU, written by the POOLMAX (its
                    * own values then never are; its codes first in its buffer), or -1 */
+    /* A POOLGRAD whose dy is that ReLU's backward, where(relu > 0, x, 0): x, read instead, the
+     * ReLU's mask taken from the codes (bit 2: the maximum > 0), or -1. */
+    int32_t relu_dy;
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold

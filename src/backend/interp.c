@@ -756,12 +756,16 @@ pool2_row512(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *co
         pool_split(r0 + 2 * x0, n, &a, &b);
         pool_split(r1 + 2 * x0, n, &c, &d);
         pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
-        if (relu)
+        __m512i code = pool_code(q1, q2, q3);
+        if (relu) { /* and bit 2 of the code where the ReLU passes (its backward's mask) */
+            __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
             m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
                                    _mm512_setzero_ps());
+            code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(4));
+        }
         _mm512_mask_storeu_ps(o + x0, mn, m);
         if (codes)
-            _mm512_mask_cvtepi32_storeu_epi8(codes + x0, mn, pool_code(q1, q2, q3));
+            _mm512_mask_cvtepi32_storeu_epi8(codes + x0, mn, code);
     }
 }
 
@@ -776,17 +780,21 @@ __attribute__((target("avx512f"))) static inline void pool_merge(__m512 v, __m51
 }
 
 /* The gradient rows: the winners found again from r0 and r1, or read from codes (POOLMAX's, of
- * the same input; the buffer has 16 bytes to spare past the last row). */
+ * the same input; the buffer has 16 bytes to spare past the last row); relu: gy only where bit 2
+ * of the code says the ReLU after the pooling passed (where(relu > 0, gy, 0)), else +0. */
 __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0, const float *r1,
                                                                  int64_t ow, const float *gy,
                                                                  float *o0, float *o1,
-                                                                 const uint8_t *codes) {
+                                                                 const uint8_t *codes, bool relu) {
     for (int64_t x0 = 0; x0 < ow; x0 += 16) {
         int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
         __m512 a, b, c, d, m, g = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), gy + x0);
         __mmask16 w0, w1, w2, w3;
         if (codes) {
             __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + x0)));
+            if (relu)
+                g = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(k, _mm512_set1_epi32(4)), g);
+            k = _mm512_and_si512(k, _mm512_set1_epi32(3));
             w0 = _mm512_cmpeq_epi32_mask(k, _mm512_setzero_si512());
             w1 = _mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(1));
             w2 = _mm512_cmpeq_epi32_mask(k, _mm512_set1_epi32(2));
@@ -805,100 +813,100 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
 }
 #endif
 
-#define POOL_KERNELS(T, U)                                                                       \
-    static int64_t pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,         \
-                                   const loom_window *w, int64_t oy, int64_t ox, T *best) {      \
-        int64_t at = -1;                                                                         \
-        T acc = (T)0;                                                                            \
-        for (int i = 0; i < w->kh; i++) {                                                        \
-            int64_t iy = oy * w->sh - w->ph + i;                                                 \
-            for (int j = 0; j < w->kw && iy >= 0 && iy < H; j++) {                               \
-                int64_t ix = ox * w->sw - w->pw + j;                                             \
-                if (ix < 0 || ix >= W)                                                           \
-                    continue;                                                                    \
-                T a = x[iy * xst[2] + ix * xst[3]];                                              \
-                if (at < 0 || a > acc || a != a)                                                 \
-                    acc = a, at = iy * W + ix;                                                   \
-            }                                                                                    \
-        }                                                                                        \
-        *best = acc;                                                                             \
-        return at;                                                                               \
-    }                                                                                            \
-    /* One output row of the 2x2 stride-2 window over input rows r0, r1, branch-free so that it  \
-     * vectorizes: q1..q3 are all-ones where b, c, d take over from the maximum so far (the same \
-     * rule as the general path); the gradient goes to the winner as bits masked in U. */        \
-    static void pool2_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,            \
-                              T *restrict o) {                                                   \
-        for (int64_t ox = 0; ox < ow; ox++) {                                                    \
-            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];            \
-            T m = (b > a) | (b != b) ? b : a;                                                    \
-            m = (c > m) | (c != c) ? c : m;                                                      \
-            o[ox] = (d > m) | (d != d) ? d : m;                                                  \
-        }                                                                                        \
-    }                                                                                            \
-    static void pool2_grad_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,       \
-                                   const T *restrict gy, T *restrict o0, T *restrict o1) {       \
-        for (int64_t ox = 0; ox < ow; ox++) {                                                    \
-            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];            \
-            U q1 = -(U)((b > a) | (b != b));                                                     \
-            T m = q1 ? b : a;                                                                    \
-            U q2 = -(U)((c > m) | (c != c));                                                     \
-            m = q2 ? c : m;                                                                      \
-            U q3 = -(U)((d > m) | (d != d)), g;                                                  \
-            memcpy(&g, &gy[ox], sizeof g);                                                       \
-            U v3 = g & q3, v2 = g & q2 & ~q3, v1 = g & q1 & ~q2 & ~q3, v0 = g & ~q1 & ~q2 & ~q3; \
-            memcpy(&o1[2 * ox + 1], &v3, sizeof g);                                              \
-            memcpy(&o1[2 * ox], &v2, sizeof g);                                                  \
-            memcpy(&o0[2 * ox + 1], &v1, sizeof g);                                              \
-            memcpy(&o0[2 * ox], &v0, sizeof g);                                                  \
-        }                                                                                        \
-    }                                                                                            \
-    /* With `done`, out is one plane, handed to done(ctx, plane index, out) when written. */     \
-    static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,            \
-                         const int64_t *ys, const T *x, const T *dy, T *out, bool grad,          \
-                         uint8_t *codes, bool relu, void (*done)(void *, int64_t, const T *),    \
-                         void *ctx) {                                                            \
-        int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];              \
-        bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&          \
-                  w->pw == 0 && xst[3] == 1;                                                     \
-        if (grad && !k2 && !done)                                                                \
-            memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                 \
-        for (int64_t n = 0; n < N; n++)                                                          \
-            for (int64_t c = 0; c < C; c++) {                                                    \
-                const T *xp = x + n * xst[0] + c * xst[1];                                       \
-                const T *gp = grad ? dy + (n * C + c) * OH * OW : NULL;                          \
-                T *op = done ? out : out + (n * C + c) * (grad ? H * W : OH * OW);               \
-                if (grad && !k2 && done)                                                         \
-                    memset(op, 0, sizeof(T) * (size_t)(H * W));                                  \
-                if (k2) { /* every position a window covers is written; the rest zeroed */       \
-                    for (int64_t oy = 0; oy < OH; oy++) {                                        \
-                        const T *r0 = xp + 2 * oy * xst[2];                                      \
-                        T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                           \
-                        uint8_t *cr = codes ? codes + ((n * C + c) * OH + oy) * OW : NULL;       \
-                        if (grad && !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0,  \
-                                                         o0 + W, cr))                            \
-                            pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);   \
-                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0, cr, relu))    \
-                            pool2_row_##T(r0, r0 + xst[2], OW, o0);                              \
-                        if (grad && W > 2 * OW)                                                  \
-                            o0[W - 1] = o0[2 * W - 1] = (T)0;                                    \
-                    }                                                                            \
-                    if (grad && H > 2 * OH)                                                      \
-                        memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                      \
-                } else {                                                                         \
-                    for (int64_t oy = 0; oy < OH; oy++)                                          \
-                        for (int64_t ox = 0; ox < OW; ox++) {                                    \
-                            T best;                                                              \
-                            int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);       \
-                            if (!grad)                                                           \
-                                op[oy * OW + ox] = best;                                         \
-                            else                                                                 \
-                                op[at] += gp[oy * OW + ox];                                      \
-                        }                                                                        \
-                }                                                                                \
-                if (done)                                                                        \
-                    done(ctx, n *C + c, op);                                                     \
-            }                                                                                    \
+#define POOL_KERNELS(T, U)                                                                        \
+    static int64_t pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,          \
+                                   const loom_window *w, int64_t oy, int64_t ox, T *best) {       \
+        int64_t at = -1;                                                                          \
+        T acc = (T)0;                                                                             \
+        for (int i = 0; i < w->kh; i++) {                                                         \
+            int64_t iy = oy * w->sh - w->ph + i;                                                  \
+            for (int j = 0; j < w->kw && iy >= 0 && iy < H; j++) {                                \
+                int64_t ix = ox * w->sw - w->pw + j;                                              \
+                if (ix < 0 || ix >= W)                                                            \
+                    continue;                                                                     \
+                T a = x[iy * xst[2] + ix * xst[3]];                                               \
+                if (at < 0 || a > acc || a != a)                                                  \
+                    acc = a, at = iy * W + ix;                                                    \
+            }                                                                                     \
+        }                                                                                         \
+        *best = acc;                                                                              \
+        return at;                                                                                \
+    }                                                                                             \
+    /* One output row of the 2x2 stride-2 window over input rows r0, r1, branch-free so that it   \
+     * vectorizes: q1..q3 are all-ones where b, c, d take over from the maximum so far (the same  \
+     * rule as the general path); the gradient goes to the winner as bits masked in U. */         \
+    static void pool2_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,             \
+                              T *restrict o) {                                                    \
+        for (int64_t ox = 0; ox < ow; ox++) {                                                     \
+            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];             \
+            T m = (b > a) | (b != b) ? b : a;                                                     \
+            m = (c > m) | (c != c) ? c : m;                                                       \
+            o[ox] = (d > m) | (d != d) ? d : m;                                                   \
+        }                                                                                         \
+    }                                                                                             \
+    static void pool2_grad_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,        \
+                                   const T *restrict gy, T *restrict o0, T *restrict o1) {        \
+        for (int64_t ox = 0; ox < ow; ox++) {                                                     \
+            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];             \
+            U q1 = -(U)((b > a) | (b != b));                                                      \
+            T m = q1 ? b : a;                                                                     \
+            U q2 = -(U)((c > m) | (c != c));                                                      \
+            m = q2 ? c : m;                                                                       \
+            U q3 = -(U)((d > m) | (d != d)), g;                                                   \
+            memcpy(&g, &gy[ox], sizeof g);                                                        \
+            U v3 = g & q3, v2 = g & q2 & ~q3, v1 = g & q1 & ~q2 & ~q3, v0 = g & ~q1 & ~q2 & ~q3;  \
+            memcpy(&o1[2 * ox + 1], &v3, sizeof g);                                               \
+            memcpy(&o1[2 * ox], &v2, sizeof g);                                                   \
+            memcpy(&o0[2 * ox + 1], &v1, sizeof g);                                               \
+            memcpy(&o0[2 * ox], &v0, sizeof g);                                                   \
+        }                                                                                         \
+    }                                                                                             \
+    /* With `done`, out is one plane, handed to done(ctx, plane index, out) when written. */      \
+    static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,             \
+                         const int64_t *ys, const T *x, const T *dy, const int64_t *dyst, T *out, \
+                         bool grad, uint8_t *codes, bool relu,                                    \
+                         void (*done)(void *, int64_t, const T *), void *ctx) {                   \
+        int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];               \
+        bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&           \
+                  w->pw == 0 && xst[3] == 1;                                                      \
+        if (grad && !k2 && !done)                                                                 \
+            memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
+        for (int64_t n = 0; n < N; n++)                                                           \
+            for (int64_t c = 0; c < C; c++) {                                                     \
+                const T *xp = x + n * xst[0] + c * xst[1];                                        \
+                const T *gp = grad ? dy + n * dyst[0] + c * dyst[1] : NULL; /* a plane */         \
+                T *op = done ? out : out + (n * C + c) * (grad ? H * W : OH * OW);                \
+                if (grad && !k2 && done)                                                          \
+                    memset(op, 0, sizeof(T) * (size_t)(H * W));                                   \
+                if (k2) { /* every position a window covers is written; the rest zeroed */        \
+                    for (int64_t oy = 0; oy < OH; oy++) {                                         \
+                        const T *r0 = xp + 2 * oy * xst[2];                                       \
+                        T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                            \
+                        uint8_t *cr = codes ? codes + ((n * C + c) * OH + oy) * OW : NULL;        \
+                        if (grad && !pool2_grad_fast_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0,   \
+                                                         o0 + W, cr, relu))                       \
+                            pool2_grad_row_##T(r0, r0 + xst[2], OW, gp + oy * OW, o0, o0 + W);    \
+                        else if (!grad && !pool2_fast_##T(r0, r0 + xst[2], OW, o0, cr, relu))     \
+                            pool2_row_##T(r0, r0 + xst[2], OW, o0);                               \
+                        if (grad && W > 2 * OW)                                                   \
+                            o0[W - 1] = o0[2 * W - 1] = (T)0;                                     \
+                    }                                                                             \
+                    if (grad && H > 2 * OH)                                                       \
+                        memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                       \
+                } else {                                                                          \
+                    for (int64_t oy = 0; oy < OH; oy++)                                           \
+                        for (int64_t ox = 0; ox < OW; ox++) {                                     \
+                            T best;                                                               \
+                            int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);        \
+                            if (!grad)                                                            \
+                                op[oy * OW + ox] = best;                                          \
+                            else                                                                  \
+                                op[at] += gp[oy * OW + ox];                                       \
+                        }                                                                         \
+                }                                                                                 \
+                if (done)                                                                         \
+                    done(ctx, n *C + c, op);                                                      \
+            }                                                                                     \
     }
 /* The AVX-512 rows where the CPU has them (float only); false: use the portable rows. */
 static bool pool512(void) {
@@ -925,14 +933,14 @@ static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float
     return false;
 }
 static bool pool2_grad_fast_float(const float *r0, const float *r1, int64_t ow, const float *gy,
-                                  float *o0, float *o1, const uint8_t *codes) {
+                                  float *o0, float *o1, const uint8_t *codes, bool relu) {
 #ifdef HAVE_POOL512
     if (pool512()) {
-        pool2_grad_row512(r0, r1, ow, gy, o0, o1, codes);
+        pool2_grad_row512(r0, r1, ow, gy, o0, o1, codes, relu);
         return true;
     }
 #endif
-    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes;
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes, (void)relu;
     return false;
 }
 static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, double *o,
@@ -941,8 +949,8 @@ static bool pool2_fast_double(const double *r0, const double *r1, int64_t ow, do
     return false;
 }
 static bool pool2_grad_fast_double(const double *r0, const double *r1, int64_t ow, const double *gy,
-                                   double *o0, double *o1, const uint8_t *codes) {
-    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes;
+                                   double *o0, double *o1, const uint8_t *codes, bool relu) {
+    (void)r0, (void)r1, (void)ow, (void)gy, (void)o0, (void)o1, (void)codes, (void)relu;
     return false;
 }
 POOL_KERNELS(float, uint32_t)
@@ -950,14 +958,17 @@ POOL_KERNELS(double, uint64_t)
 
 static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
-    const loom__pnode *y = grad ? &p->nodes[t->src[1]] : t;
+    int32_t dn = t->relu_dy >= 0 ? t->relu_dy : t->src[1]; /* the gradient read */
+    const loom__pnode *y = grad ? &p->nodes[dn] : t;
     const void *dy = NULL;
-    if (grad) { /* dy may be strided: made contiguous in the node's scratch first */
-        const loom__pnode *d = &p->nodes[t->src[1]];
-        int64_t st[MAXD];
-        contiguous_strides(4, d->shape, st);
-        dy = loom__addr(p, b, t->src[1]);
-        if (memcmp(st, d->lay.stride, sizeof(int64_t) * 4) != 0) {
+    int64_t dyst[MAXD] = {0};
+    if (grad) { /* planes of dy contiguous, any order (else made contiguous in the scratch) */
+        const loom__pnode *d = &p->nodes[dn];
+        contiguous_strides(4, d->shape, dyst);
+        dy = loom__addr(p, b, dn);
+        if (d->lay.stride[3] == 1 && d->lay.stride[2] == d->shape[3])
+            memcpy(dyst, d->lay.stride, sizeof(int64_t) * 4);
+        else {
             int64_t own =
                 t->epi >= 0 || t->nsinks ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
             void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
@@ -979,11 +990,12 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     if (t->relu >= 0) /* the ReLU's output, not its own */
         o = loom__addr(p, b, t->relu);
     if (t->dtype == LOOM_F64)
-        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, NULL, false,
-                    NULL, NULL);
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, NULL,
+                    false, NULL, NULL);
     else
-        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, o, grad, codes,
-                   t->relu >= 0, t->epi >= 0 || t->nsinks ? plane_done : NULL, &e);
+        pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, codes,
+                   t->relu >= 0 || t->relu_dy >= 0, t->epi >= 0 || t->nsinks ? plane_done : NULL,
+                   &e);
     return LOOM_OK;
 }
 

@@ -12,6 +12,8 @@
  */
 #include "internal.h"
 
+#include <math.h>
+
 #include <string.h>
 
 static bool is_ew(const loom__pnode *t) {
@@ -435,6 +437,14 @@ static int32_t readers_of(const loom__program *p, const bool *live, int32_t v, i
     return n;
 }
 
+/* Whether node id is the constant +0 (through views). */
+static bool is_zero(const loom__program *p, int32_t id) {
+    while (id >= 0 && loom__is_view(&p->nodes[id]))
+        id = p->nodes[id].src[0];
+    return id >= 0 && p->nodes[id].op == LOOM_OP_CONST && p->nodes[id].attr.value == 0 &&
+           !signbit(p->nodes[id].attr.value);
+}
+
 int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_out) {
     if (!loom__pool_codes_available())
         return 0;
@@ -459,6 +469,29 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
             continue;
         f->relu = r, t->sink_of = m;
         n++;
+        /* The ReLU's backward, where(relu > 0, x, 0), read only by the pool gradient that reads
+         * these codes: that gradient takes x and the mask from the codes (bit 2). */
+        for (int32_t L = r + 1; L < p->n; L++) {
+            loom__pnode *g = &p->nodes[L];
+            int32_t wn = g->src[1], cn = -1, only = -1;
+            if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->codes_of != m)
+                continue;
+            const loom__pnode *wh = &p->nodes[wn];
+            if (wh->op != LOOM_OP_WHERE || readers_of(p, live, wn, &only) != 1 || is_out[wn] ||
+                (p->fused_of && p->fused_of[wn] >= 0 && p->fused[p->fused_of[wn]].epi_of >= 0) ||
+                wh->check || !is_zero(p, wh->src[2]) ||
+                memcmp(wh->shape, t->shape, sizeof wh->shape) != 0 ||
+                memcmp(p->nodes[wh->src[1]].shape, t->shape, sizeof wh->shape) != 0)
+                continue;
+            cn = wh->src[0];
+            const loom__pnode *cm = &p->nodes[cn];
+            if (cm->op != LOOM_OP_CMPGT || cm->src[0] != r || !is_zero(p, cm->src[1]) ||
+                readers_of(p, live, cn, &only) != 1 || is_out[cn] || cm->check)
+                continue;
+            g->relu_dy = wh->src[1];
+            p->nodes[wn].sink_of = L, p->nodes[cn].sink_of = L; /* neither runs */
+            n++;
+        }
     }
     return n;
 }

@@ -392,9 +392,14 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (!loom__is_view(t))
-            for (int k = 0; k < 3; k++) /* a pool gradient with codes reads them, not its input */
-                if (t->src[k] >= 0)
-                    use(last, &p->nodes[k || t->codes_of < 0 ? t->src[k] : t->codes_of].lay, at);
+            for (int k = 0; k < 3; k++) { /* a pool gradient with codes reads them, not its input,
+                                           * and with relu_dy that gradient, not its where() */
+                int32_t s = k == 0 && t->codes_of >= 0  ? t->codes_of
+                            : k == 1 && t->relu_dy >= 0 ? t->relu_dy
+                                                        : t->src[k];
+                if (s >= 0)
+                    use(last, &p->nodes[s].lay, at);
+            }
         if (is_out[i])
             use(last, &t->lay, INT64_MAX);
     }

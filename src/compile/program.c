@@ -46,6 +46,8 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             fprintf(f, ", keeping argmax codes");
         if (t->codes_of >= 0)
             fprintf(f, ", reading the argmax codes of POOLMAX#%d", t->codes_of);
+        if (t->relu_dy >= 0)
+            fprintf(f, " and the ReLU's backward of node %d", t->relu_dy);
         for (int q = 0; q < t->nsinks; q++)
             fprintf(f, "%s%s#%d", q ? " " : ", rows into ",
                     loom__ops[p->nodes[t->sinks[q]].op].name, t->sinks[q]);
@@ -255,7 +257,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
-        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1;
+        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
