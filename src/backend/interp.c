@@ -460,7 +460,7 @@ static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) 
         e->args[0] = row + j0;
         if (e->k)
             e->k->part(e->args, i, j0, j1, v);
-        else
+        else if (v != row + j0) /* (pool_float may have written it there: plane_place) */
             memcpy(row + j0, v, sizeof(float) * (size_t)(j1 - j0));
         if (e->sinks && j1 == e->cols && e->sum_out)
             e->sum_out[i] = red_lanes_SUM_f32(row, e->cols);
@@ -480,6 +480,14 @@ static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
 static void plane_done(void *ctx, int64_t plane, const float *v) {
     epilogue *e = ctx;
     epilogue_range(e, plane * e->plane, (plane + 1) * e->plane, v);
+}
+
+/* Where a pool gradient with sinks but no generated kernel writes a plane: in place in the rows
+ * it keeps (a plane lies within a row there), so that nothing is copied. */
+static float *plane_place(void *ctx, int64_t plane) {
+    epilogue *e = ctx;
+    int64_t lo = plane * e->plane, i = lo / e->cols;
+    return e->root + (i % 2) * e->cols + lo % e->cols;
 }
 
 /* Product node id's operands as matrices (their first elements, rows and columns); returns K. */
@@ -865,7 +873,8 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
     static void pool_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,             \
                          const int64_t *ys, const T *x, const T *dy, const int64_t *dyst, T *out, \
                          bool grad, uint8_t *codes, bool relu,                                    \
-                         void (*done)(void *, int64_t, const T *), void *ctx) {                   \
+                         void (*done)(void *, int64_t, const T *), T *(*place)(void *, int64_t),  \
+                         void *ctx) {                                                             \
         int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];               \
         bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&           \
                   w->pw == 0 && xst[3] == 1;                                                      \
@@ -875,7 +884,9 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
             for (int64_t c = 0; c < C; c++) {                                                     \
                 const T *xp = x + n * xst[0] + c * xst[1];                                        \
                 const T *gp = grad ? dy + n * dyst[0] + c * dyst[1] : NULL; /* a plane */         \
-                T *op = done ? out : out + (n * C + c) * (grad ? H * W : OH * OW);                \
+                T *op = !done   ? out + (n * C + c) * (grad ? H * W : OH * OW)                    \
+                        : place ? place(ctx, n * C + c)                                           \
+                                : out;                                                            \
                 if (grad && !k2 && done)                                                          \
                     memset(op, 0, sizeof(T) * (size_t)(H * W));                                   \
                 if (k2) { /* every position a window covers is written; the rest zeroed */        \
@@ -991,11 +1002,11 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         o = loom__addr(p, b, t->relu);
     if (t->dtype == LOOM_F64)
         pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, NULL,
-                    false, NULL, NULL);
+                    false, NULL, NULL, NULL);
     else
         pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, codes,
                    t->relu >= 0 || t->relu_dy >= 0, t->epi >= 0 || t->nsinks ? plane_done : NULL,
-                   &e);
+                   t->epi < 0 && t->nsinks && e.cols % e.plane == 0 ? plane_place : NULL, &e);
     return LOOM_OK;
 }
 
