@@ -416,7 +416,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * contiguous along k, read in place (its full panels; a ragged last one is packed); else
      * packed a block at a time */
     int64_t mpad = (M + MR - 1) / MR * MR, lda = a->row.stride[0];
-    bool a_once = M <= MC && mpad * K <= (int64_t)(MC + MR) * KC;
+    bool a_once = mpad * K <= (int64_t)(MC + MR) * KC;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
     for (int64_t pc = 0; a_once && pc < K; pc += kstep)
         pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
@@ -432,7 +432,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
-                const float *pap = a_once ? pa + mpad * pc : pa;
+                const float *pap = a_once ? pa + mpad * pc + ic * kc : pa;
                 int64_t full = direct ? mc / MR * MR : 0; /* panels read in place */
                 if (!a_once && full < mc)
                     pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa, koff,
