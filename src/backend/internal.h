@@ -206,6 +206,12 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
+/* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
+ * only path that keeps argmax codes, writes a ReLU, or reads codes). */
+static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
+    return w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 && w->pw == 0 &&
+           row_stride == 1;
+}
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */
 bool loom__pool_codes_available(void);
 /* Where POOLMAX m keeps its argmax codes: after its values, or first when it writes a ReLU. */

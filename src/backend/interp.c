@@ -879,8 +879,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
         /* pooling contiguous planes: prefetch the input 4 KB on (measured: hardware prefetch     \
          * alone leaves the 11 MB pass 10-15% slower) */                                          \
         int64_t pf = !grad && xst[2] == W && xst[1] == H * W ? 4096 / (int64_t)sizeof(T) : 0;     \
-        bool k2 = w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 &&           \
-                  w->pw == 0 && xst[3] == 1;                                                      \
+        bool k2 = loom__pool2x2(w, xst[3]);                                                       \
         if (grad && !k2 && !done)                                                                 \
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
         for (int64_t n = 0; n < N; n++)                                                           \

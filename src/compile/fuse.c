@@ -409,9 +409,8 @@ int64_t loom__fuse_pool_codes(loom__program *p, const bool *live) {
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *g = &p->nodes[L];
         const loom_window *w = &g->attr.win;
-        if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 || w->kh != 2 ||
-            w->kw != 2 || w->sh != 2 || w->sw != 2 || w->ph || w->pw ||
-            p->nodes[g->src[0]].lay.stride[3] != 1)
+        if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 ||
+            !loom__pool2x2(w, p->nodes[g->src[0]].lay.stride[3]))
             continue;
         for (int32_t m = 0; m < L; m++) {
             loom__pnode *f = &p->nodes[m];
@@ -453,10 +452,9 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
         loom__pnode *f = &p->nodes[m];
         const loom_window *w = &f->attr.win;
         int32_t r = -1;
-        if (!live[m] || f->op != LOOM_OP_POOLMAX || f->dtype != LOOM_F32 || w->kh != 2 ||
-            w->kw != 2 || w->sh != 2 || w->sw != 2 || w->ph || w->pw || is_out[m] ||
-            p->nodes[f->src[0]].lay.stride[3] != 1 || f->lay.base != LOOM_BASE_WS ||
-            f->lay.index != m || readers_of(p, live, m, &r) != 1)
+        if (!live[m] || f->op != LOOM_OP_POOLMAX || f->dtype != LOOM_F32 ||
+            !loom__pool2x2(w, p->nodes[f->src[0]].lay.stride[3]) || is_out[m] ||
+            f->lay.base != LOOM_BASE_WS || f->lay.index != m || readers_of(p, live, m, &r) != 1)
             continue;
         loom__pnode *t = &p->nodes[r];
         bool alone = t->fused_into < 0 && t->epi < 0 && t->sink_of < 0; /* a kernel of its own */
