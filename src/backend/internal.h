@@ -206,6 +206,9 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
+/* Rows a pool gradient with sinks keeps at a time (loom__pnode.sinks): the product's sink runs
+ * on that many rows at once, sharing each load of B (four did not fit the L2 with the image). */
+#define LOOM_SINK_ROWS 2
 /* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
  * only path that keeps argmax codes, writes a ReLU, or reads codes). */
 static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {

@@ -414,7 +414,7 @@ typedef struct {
     int64_t rows_of, n_of, plane; /* the library kernel's output: a product's rows and columns,
                                    * or a pool gradient's plane size */
     const float *buf;             /* the library kernel's block buffer */
-    float *root;                  /* the root's buffer: all of it, or two rows with sinks */
+    float *root;                  /* the root's buffer: all of it, or LOOM_SINK_ROWS rows */
     bool sinks;
     float *sum_out; /* sinks: a sum along the root's rows (or NULL) */
     float *dot_out; /* a product root x B on the dot-product path (or NULL) */
@@ -444,19 +444,21 @@ static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind 
         loom__gmat gb = {loom__addr(p, b, sk->src[1]), {0}, {0}};
         loom__operand_dims(&p->nodes[sk->src[1]], &gb.row, &gb.col);
         e->dot_out = loom__addr(p, b, s), e->dot_n = sk->shape[1];
-        loom__dot_rows_begin(&e->dot, &gb, sk->shape[1], e->cols, e->root + 2 * e->cols);
+        loom__dot_rows_begin(&e->dot, &gb, sk->shape[1], e->cols,
+                             e->root + LOOM_SINK_ROWS * e->cols);
     }
     e->sinks = t->nsinks > 0;
 }
 
 /* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. With
  * sinks, each row once complete goes into them while it is still in cache: the sum along it (the
- * reduction kernel's own lanes path) and, two rows at a time, its product rows. */
+ * reduction kernel's own lanes path) and, LOOM_SINK_ROWS rows at a time, its product rows. */
 static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) {
     while (lo < hi) {
         int64_t i = lo / e->cols, j0 = lo % e->cols;
         int64_t j1 = hi - lo < e->cols - j0 ? j0 + (hi - lo) : e->cols;
-        float *row = e->root + (e->sinks ? i % 2 : i) * e->cols; /* with sinks, two rows */
+        int64_t held = i % LOOM_SINK_ROWS; /* with sinks, the rows kept */
+        float *row = e->root + (e->sinks ? held : i) * e->cols;
         e->args[0] = row + j0;
         if (e->k)
             e->k->part(e->args, i, j0, j1, v);
@@ -464,9 +466,10 @@ static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) 
             memcpy(row + j0, v, sizeof(float) * (size_t)(j1 - j0));
         if (e->sinks && j1 == e->cols && e->sum_out)
             e->sum_out[i] = red_lanes_SUM_f32(row, e->cols);
-        if (e->sinks && j1 == e->cols && e->dot_out && (i % 2 || i == e->rows - 1))
-            loom__dot_rows_run(&e->dot, e->root, e->cols, i % 2 + 1,
-                               e->dot_out + (i - i % 2) * e->dot_n);
+        if (e->sinks && j1 == e->cols && e->dot_out &&
+            (held == LOOM_SINK_ROWS - 1 || i == e->rows - 1))
+            loom__dot_rows_run(&e->dot, e->root, e->cols, held + 1,
+                               e->dot_out + (i - held) * e->dot_n);
         v += j1 - j0, lo += j1 - j0;
     }
 }
@@ -487,7 +490,7 @@ static void plane_done(void *ctx, int64_t plane, const float *v) {
 static float *plane_place(void *ctx, int64_t plane) {
     epilogue *e = ctx;
     int64_t lo = plane * e->plane, i = lo / e->cols;
-    return e->root + (i % 2) * e->cols + lo % e->cols;
+    return e->root + (i % LOOM_SINK_ROWS) * e->cols + lo % e->cols;
 }
 
 /* Product node id's operands as matrices (their first elements, rows and columns); returns K. */

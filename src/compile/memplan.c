@@ -352,6 +352,11 @@ static bool epilogue_root(const loom__program *p, int64_t i) {
     return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
 }
 
+/* The bytes of node t's values. */
+static int64_t bytes_of(const loom__pnode *t) {
+    return loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
+}
+
 /* First fit of `size` bytes (rounded to 64) among the blocks sorted by offset; returns where. */
 static int64_t place(block *blocks, int64_t *nblocks, int64_t *end, int64_t size, int64_t owner) {
     size = (size + 63) & ~(int64_t)63;
@@ -413,7 +418,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
             size_t es = loom__dtype_size(t->dtype);
-            int64_t size = loom__numel(t->ndim, t->shape) * (int64_t)es;
+            int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
                 size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
             if ((t->epi >= 0 || t->nsinks) && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
@@ -424,33 +429,26 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
                 size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
-            int64_t rows = t->nsinks
-                               ? 2 * p->nodes[t->stream].shape[1] * (int64_t)es +
-                                     (int64_t)loom__dot_rows_bytes(p->nodes[t->stream].shape[1])
-                               : 0; /* two rows for the sinks, and B's chunks */
+            int64_t cols = t->nsinks ? p->nodes[t->stream].shape[1] : 0;
+            int64_t rows = t->nsinks ? LOOM_SINK_ROWS * cols * (int64_t)es +
+                                           (int64_t)loom__dot_rows_bytes(cols)
+                                     : 0; /* the rows the sinks read, and B's chunks */
             if (t->epi < 0)
                 size += rows;
             t->ws_off = place(blocks, &nblocks, &end, size, i);
             const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
             if (k && p->nodes[k->root].lay.base == LOOM_BASE_WS) { /* its epilogue writes now */
                 loom__pnode *r = &p->nodes[k->root];
-                int64_t bytes = t->nsinks ? rows
-                                          : loom__numel(r->ndim, r->shape) *
-                                                (int64_t)loom__dtype_size(r->dtype);
-                r->ws_off = place(blocks, &nblocks, &end, bytes, k->root);
+                r->ws_off = place(blocks, &nblocks, &end, t->nsinks ? rows : bytes_of(r), k->root);
             }
             if (t->relu >= 0) { /* the ReLU it computes */
                 loom__pnode *r = &p->nodes[t->relu];
-                r->ws_off = place(blocks, &nblocks, &end,
-                                  loom__numel(r->ndim, r->shape) * (int64_t)es, t->relu);
+                r->ws_off = place(blocks, &nblocks, &end, bytes_of(r), t->relu);
             }
             for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
                 loom__pnode *sk = &p->nodes[t->sinks[q]];
                 if (sk->lay.base == LOOM_BASE_WS)
-                    sk->ws_off = place(blocks, &nblocks, &end,
-                                       loom__numel(sk->ndim, sk->shape) *
-                                           (int64_t)loom__dtype_size(sk->dtype),
-                                       t->sinks[q]);
+                    sk->ws_off = place(blocks, &nblocks, &end, bytes_of(sk), t->sinks[q]);
             }
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
