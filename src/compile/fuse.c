@@ -221,14 +221,28 @@ static int32_t owner(const loom__program *p, int32_t id) {
     return l->base == LOOM_BASE_WS ? l->index : -1;
 }
 
-/* Whether a node in (lo, hi) writes a persistent slab (a store, a sync, or a kernel computing
- * into its slab place). */
-static bool slab_written_between(const loom__program *p, const bool *live, int64_t lo, int64_t hi) {
+/* Whether a node in (lo, hi), other than skip[0 .. nskip), writes a persistent slab (a store, a
+ * sync, or a kernel computing into its slab place) or, with `reads`, reads one. */
+static bool slab_touched_between(const loom__program *p, const bool *live, int64_t lo, int64_t hi,
+                                 bool reads, const int32_t *skip, int nskip) {
     for (int64_t c = lo + 1; c < hi; c++) {
         const loom__pnode *t = &p->nodes[c];
-        if (live[c] && ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC ||
-                        (loom__runs_kernel(t) && t->lay.base == LOOM_BASE_PERSIST)))
+        bool skipped = false;
+        for (int q = 0; q < nskip; q++)
+            skipped = skipped || skip[q] == c;
+        if (!live[c] || skipped)
+            continue;
+        if ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC)
             return true;
+        if (!loom__runs_kernel(t))
+            continue;
+        if (t->lay.base == LOOM_BASE_PERSIST)
+            return true;
+        if (reads && t->copy && t->src_lay.base == LOOM_BASE_PERSIST)
+            return true;
+        for (int k = 0; k < 3 && reads; k++)
+            if (t->src[k] >= 0 && p->nodes[t->src[k]].lay.base == LOOM_BASE_PERSIST)
+                return true;
     }
     return false;
 }
@@ -265,7 +279,7 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
             contiguous = contiguous && (vn->shape[d] == 1 || vn->lay.stride[d] == s);
             s *= vn->shape[d];
         }
-        if (!contiguous || slab_written_between(p, live, L, k->root))
+        if (!contiguous || slab_touched_between(p, live, L, k->root, false, NULL, 0))
             continue;
         bool ready = true; /* every other leaf is computed before the library kernel runs */
         for (int b = 1; b < k->nargs && ready; b++)
@@ -295,29 +309,6 @@ int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_
     }
     loom__free(readers);
     return n;
-}
-
-/* Whether a node in (lo, hi), other than skip[0 .. nskip), reads or writes a persistent slab. */
-static bool persist_touched_between(const loom__program *p, const bool *live, int64_t lo,
-                                    int64_t hi, const int32_t *skip, int nskip) {
-    for (int64_t c = lo + 1; c < hi; c++) {
-        const loom__pnode *t = &p->nodes[c];
-        bool skipped = false;
-        for (int q = 0; q < nskip; q++)
-            skipped = skipped || skip[q] == c;
-        if (!live[c] || skipped)
-            continue;
-        if ((t->op == LOOM_OP_STORE && !t->elided) || t->op == LOOM_OP_SYNC)
-            return true;
-        if (!loom__runs_kernel(t))
-            continue;
-        if (t->lay.base == LOOM_BASE_PERSIST || (t->copy && t->src_lay.base == LOOM_BASE_PERSIST))
-            return true;
-        for (int k = 0; k < 3; k++)
-            if (t->src[k] >= 0 && p->nodes[t->src[k]].lay.base == LOOM_BASE_PERSIST)
-                return true;
-    }
-    return false;
 }
 
 /* Whether node s can take root r a row at a time: a sum along its rows (on the lanes path) or a
@@ -391,7 +382,7 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out)
                     seen++;
                 }
         if (!ok || ns == 0 || seen != readers[r] ||
-            persist_touched_between(p, live, L, sk[ns - 1], sk, ns))
+            slab_touched_between(p, live, L, sk[ns - 1], true, sk, ns))
             continue;
         for (int q = 0; q < ns; q++)
             t->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
