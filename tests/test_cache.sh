@@ -3,7 +3,8 @@
 # programs at once into an empty cache both succeed; a third compiles nothing (all disk hits);
 # LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets; with
 # loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel, its input gradient's fold
-# computes its product, its pool gradients read argmax codes and conv1's feeds its gradients.
+# computes its product, its pool gradients read argmax codes and conv1's feeds its gradients,
+# and conv1's pooling computes conv1 (its product and bias) plane by plane.
 set -u
 loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/cache.$$"
@@ -44,12 +45,13 @@ if "$loom" info | grep -q "matmul: loom's"; then
     # both poolings write their ReLU; both pool gradients read their pooling's argmax codes (and
     # the ReLU's backward's mask in them);
     # conv1's feeds its bias and weight gradients (its rows into a SUM and a MATMUL), so that its
-    # output gradient is never written
+    # output gradient is never written; conv1's pooling computes conv1, whose output never is
     if [ "$(grep -c "POOLGRAD.*reading the argmax codes of POOLMAX" $train)" = 2 ] &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
         [ "$(grep -c "POOLGRAD.*and the ReLU's backward" $train)" = 2 ] &&
-        grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train; then
-        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's feeds its weight gradients"
+        grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train &&
+        grep -q "POOLMAX (32,128,13,13).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]* plane by plane" $train; then
+        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients"
     else
         fail "cnn schedule: $(grep -h "POOL" $train)"
     fi

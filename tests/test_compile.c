@@ -349,6 +349,63 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
     }
 }
 
+/* A max pooling of a convolution: sum(relu?(pool(conv(x, w, b?))) v) and its gradient with
+ * respect to w. The pooling computes the convolution a plane at a time (the product, the bias's
+ * epilogue, then the pooling, its ReLU and argmax codes) unless `keep` makes the convolution's
+ * output an output. Shapes: 6 output channels (a group of 4 rows and one of 2), 2 input channels
+ * and a 3 x 2 kernel (K = 12), planes of 9 x 8 (ragged pooling rows); or stride 2, no bias, no
+ * ReLU (columns one apart in no run). Returns the pooled values and the gradient. */
+static void *run_conv_pool(loom_backend be, bool keep, bool stride2, size_t *bytes,
+                           loom_metrics *m) {
+    enum { N = 3, C = 2, H = 11, W = 9, O = 6, KH = 3, KW = 2 };
+    int st = stride2 ? 2 : 1, OH = (H - KH) / st + 1, OW = (W - KW) / st + 1;
+    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sb[1] = {O};
+    int64_t sv[4] = {N, O, OH / 2, OW / 2};
+    static float x[N * C * H * W], w[O * C * KH * KW], bias[O], v[N * O * (H / 2) * (W / 2)];
+    for (int i = 0; i < N * C * H * W; i++)
+        x[i] = (float)test_rand(60, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O * C * KH * KW; i++)
+        w[i] = (float)test_rand(61, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O; i++)
+        bias[i] = (float)test_rand(62, (uint64_t)i, -0.5, 0.5);
+    for (int i = 0; i < N * O * (H / 2) * (W / 2); i++)
+        v[i] = (float)test_rand(63, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    loom_tensor *tw = loom_input(g, LOOM_F32, 4, sw, w);
+    loom_requires_grad(tw);
+    loom_tensor *y = loom_conv2d(g, loom_input(g, LOOM_F32, 4, sx, x), tw,
+                                 stride2 ? NULL : loom_input(g, LOOM_F32, 1, sb, bias), st, 0);
+    if (keep)
+        loom_output(y);
+    loom_tensor *r = loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0});
+    if (!stride2)
+        r = loom_relu(g, r);
+    loom_tensor *loss = loom_sum_all(g, loom_mul(g, r, loom_input(g, LOOM_F32, 4, sv, v)));
+    loom_tensor *gw = loom_grad(g, loss, tw);
+    return two_outputs(g, r, (size_t)(N * O * (OH / 2) * (OW / 2)), gw, O * C * KH * KW, bytes, m);
+}
+
+TEST(pooling_computes_its_convolution_bitwise) {
+    for (int stride2 = 0; stride2 < 2; stride2++) {
+        size_t n1 = 0, n2 = 0, n3 = 0;
+        loom_metrics mk, mc;
+        void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, stride2, &n1, &mk);
+        void *got = run_conv_pool(LOOM_BACKEND_CPU, false, stride2, &n2, &mc);
+        void *interp = run_conv_pool(LOOM_BACKEND_INTERP, false, stride2, &n3, NULL);
+        ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        ASSERT(same_bits(interp, got, n1, LOOM_F32));
+        /* kept: the product runs (its bias as its epilogue) and its output is copied out as
+         * (N,O,OH,OW); fused, only that copy is gone and the product runs inside the pooling
+         * (with BLAS it runs on its own either way) */
+        ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 1 : 2);
+        free(ref);
+        free(got);
+        free(interp);
+    }
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -497,6 +554,7 @@ int main(void) {
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
     RUN(epilogue_rows_go_into_sinks_bitwise);
+    RUN(pooling_computes_its_convolution_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

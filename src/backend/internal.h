@@ -68,6 +68,11 @@ typedef struct {
     /* A POOLGRAD whose dy is that ReLU's backward, where(relu > 0, x, 0): x, read instead, the
      * ReLU's mask taken from the codes (bit 2: the maximum > 0), or -1. */
     int32_t relu_dy;
+    /* A POOLMAX whose input is a product's output (or its epilogue's root) read by it alone,
+     * where the product can be made a plane at a time (loom__conv_planes_ok): that MATMUL, which
+     * the POOLMAX computes plane by plane, each through the epilogue and pooled while in L1 (the
+     * MATMUL's fused_into names it; its ws_off is the planes' scratch); or -1. */
+    int32_t conv;
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -202,6 +207,32 @@ void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int
 /* C(i, 0 .. N) for `rows` rows of A (lda apart), to c (N apart) */
 void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
                         float *c);
+
+/* A product whose columns fall in planes of P (a convolution's output planes: the columns'
+ * outermost sub-dimension, or runs of P of a plain B) computed a row and a plane at a time
+ * straight from B (a small K: conv1's 9 taps), so that a consumer (max pooling) takes each plane
+ * while it is in L1 and the output is never written whole. Each element is the sum loom__sgemm_g
+ * forms (k ascending from zero in one k block), so the same bits. loom__conv_planes_bytes(P) of
+ * buf must outlive the planes. */
+#define LOOM_CONV_MAX_K 32
+typedef struct {
+    const float *a, *b;
+    int64_t ars, acs, bps; /* A(i, k) at a + i ars + k acs; plane q of B's columns at b + q bps */
+    int64_t K, nslot;      /* slots: 16 columns or fewer contiguous in B, padded to groups of 4 */
+    int64_t koff[LOOM_CONV_MAX_K];
+    int32_t *off, *at; /* per slot: its first column in B (plane 0) and in the plane */
+    uint16_t *mask;
+} loom__conv_planes;
+bool loom__conv_planes_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                          int64_t P);
+size_t loom__conv_planes_bytes(int64_t P);
+void loom__conv_planes_begin(loom__conv_planes *s, const loom__gmat *a, const loom__gmat *b,
+                             int64_t K, int64_t P, void *buf);
+/* Plane q of rows i .. i + rows - 1 (rows <= LOOM_CONV_ROWS) of the product, P values each, to
+ * out, pitch apart. */
+#define LOOM_CONV_ROWS 4
+void loom__conv_planes_run(const loom__conv_planes *s, int64_t i, int rows, int64_t q, float *out,
+                           int64_t pitch);
 
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */

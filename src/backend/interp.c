@@ -1017,7 +1017,48 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     return LOOM_OK;
 }
 
+/* A max pooling computing its input (loom__pnode.conv): each plane of the product made from the
+ * image, through the product's epilogue (conv bias), then pooled (with its ReLU and codes) while
+ * it is in L1; the product's output is never written. The same values as the product, its
+ * epilogue and the pooling run one after the other. */
+static loom_status pool_conv(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    loom__gmat ga, gb;
+    int64_t K = product_operands(p, b, t->conv, &ga, &gb), P = x->lay.stride[1];
+    int64_t per_row = m->shape[1] / P, OP = t->shape[2] * t->shape[3];
+    float *prod = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
+    int64_t pitch = (P + 15) / 16 * 16; /* LOOM_CONV_ROWS planes of the product, one of the root */
+    float *root = prod + LOOM_CONV_ROWS * pitch;
+    loom__conv_planes cp;
+    loom__conv_planes_begin(&cp, &ga, &gb, K, P, root + pitch);
+    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
+    void *args[LOOM_FUSED_MAX_ARGS] = {root};
+    for (int a = 1; k && a < k->nargs; a++)
+        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
+    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
+    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    /* one plane as an image of its own; its strides leave the pooling's prefetch off */
+    int64_t xs[4] = {1, 1, x->shape[2], x->shape[3]}, xst[4] = {0, 0, x->shape[3], 1};
+    int64_t ys[4] = {1, 1, t->shape[2], t->shape[3]};
+    for (int64_t i0 = 0; i0 < x->shape[0]; i0 += LOOM_CONV_ROWS) /* rows of the product */
+        for (int64_t q = 0; q < per_row; q++) {
+            int rows = (int)(x->shape[0] - i0 < LOOM_CONV_ROWS ? x->shape[0] - i0 : LOOM_CONV_ROWS);
+            loom__conv_planes_run(&cp, i0, rows, q, prod, pitch);
+            for (int r = 0; r < rows; r++) {
+                int64_t pl = (i0 + r) * per_row + q;
+                if (k)
+                    k->part(args, i0 + r, q * P, (q + 1) * P, prod + r * pitch);
+                pool_float(&t->attr.win, xs, xst, ys, k ? root : prod + r * pitch, NULL, NULL,
+                           o + pl * OP, false, codes ? codes + pl * OP : NULL, t->relu >= 0, NULL,
+                           NULL, NULL);
+            }
+        }
+    return LOOM_OK;
+}
+
 static loom_status k_POOLMAX(const loom__program *p, const loom__bind *b, int32_t id) {
+    if (p->nodes[id].conv >= 0)
+        return pool_conv(p, b, id);
     return pool_kernel(p, b, id, false);
 }
 static loom_status k_POOLGRAD(const loom__program *p, const loom__bind *b, int32_t id) {

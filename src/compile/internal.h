@@ -37,6 +37,13 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
  * along them and a product on the dot-product path read computes those too, a row at a time
  * (loom__pnode.sinks); returns how many. */
 int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out);
+/* Whether node i is the root of a generated kernel run as a library kernel's epilogue. */
+static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
+    return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
+}
+/* Max pooling computing its input product (and the product's epilogue) a plane at a time
+ * (loom__pnode.conv). After the other passes. Returns the number fused, -1 out of memory. */
+int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

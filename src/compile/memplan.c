@@ -347,11 +347,6 @@ static void use(int64_t *last, const loom__layout *l, int64_t i) {
         last[l->index] = i;
 }
 
-/* Whether node i is the root of a generated kernel that runs as a library kernel's epilogue. */
-static bool epilogue_root(const loom__program *p, int64_t i) {
-    return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
-}
-
 /* The bytes of node t's values. */
 static int64_t bytes_of(const loom__pnode *t) {
     return loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size(t->dtype);
@@ -387,13 +382,17 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         const loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        int64_t at = i; /* a fused member reads when its kernel runs, a sink when it is fed */
-        while (p->nodes[at].fused_into >= 0)
-            at = p->nodes[at].fused_into;
-        if (p->nodes[at].sink_of >= 0)
-            at = p->nodes[at].sink_of;
-        if (epilogue_root(p, at)) /* ... an epilogue when its library kernel does */
-            at = p->fused[p->fused_of[at]].epi_of;
+        /* a fused member reads when its kernel runs, a sink when it is fed, an epilogue when its
+         * library kernel runs (which may itself be computed by another: a pooling's product) */
+        int64_t at = i;
+        for (bool moved = true; moved;) {
+            const loom__pnode *a = &p->nodes[at];
+            int64_t next = a->fused_into >= 0           ? a->fused_into
+                           : a->sink_of >= 0            ? a->sink_of
+                           : loom__epilogue_root(p, at) ? p->fused[p->fused_of[at]].epi_of
+                                                        : at;
+            moved = next != at, at = next;
+        }
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (!loom__is_view(t))
@@ -413,7 +412,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         if (!live[i])
             continue;
         bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && t->sink_of < 0 &&
-                    !epilogue_root(p, i);
+                    !loom__epilogue_root(p, i);
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
         if (runs && l_owns(t) && t->lay.base == LOOM_BASE_WS) {
@@ -444,6 +443,14 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             if (t->relu >= 0) { /* the ReLU it computes */
                 loom__pnode *r = &p->nodes[t->relu];
                 r->ws_off = place(blocks, &nblocks, &end, bytes_of(r), t->relu);
+            }
+            if (t->conv >= 0) { /* the product's planes (its own and its epilogue's), aligned */
+                loom__pnode *m = &p->nodes[t->conv];
+                int64_t plane = p->nodes[t->src[0]].lay.stride[1];
+                m->ws_off = place(blocks, &nblocks, &end,
+                                  64 + (LOOM_CONV_ROWS + 1) * (plane + 16) * (int64_t)es +
+                                      (int64_t)loom__conv_planes_bytes(plane),
+                                  t->conv);
             }
             for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
                 loom__pnode *sk = &p->nodes[t->sinks[q]];

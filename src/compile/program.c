@@ -35,8 +35,13 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
     } else {
         fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
         for (int64_t m = 0; m < id; m++)
-            if (p->nodes[m].fused_into == id)
+            if (p->nodes[m].fused_into == id) {
                 fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
+                if (t->conv == m && p->nodes[m].epi >= 0)
+                    fprintf(f, " with its epilogue loom_k%d", p->fused[p->nodes[m].epi].root);
+                if (t->conv == m)
+                    fprintf(f, " plane by plane");
+            }
         if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
@@ -257,7 +262,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
-        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1;
+        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
+        p->nodes[i].conv = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
@@ -265,7 +271,10 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     if (fused < 0 || sinks < 0)
         goto fail;
     int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
-    g->metrics.fused_ops += fused + sinks + codes + relu;
+    int64_t conv = loom__fuse_pool_conv(p, live, is_out);
+    if (conv < 0)
+        goto fail;
+    g->metrics.fused_ops += fused + sinks + codes + relu + conv;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
