@@ -86,13 +86,17 @@ typedef struct {
     const loom_dataset *test;
     FILE *log;
     int64_t step;
-    double train_seconds;
-    int64_t samples;
+    double train_seconds, warm_seconds; /* every step's, and those after WARMUP_STEPS */
+    int64_t samples, warm_samples;
     double last_acc;
     loom_devices *devs;
     double started, first_step_at;    /* process start to the end of the first step */
     int64_t step_nodes, step_kernels; /* of a training step (the graph's last run is evaluation) */
 } run_state;
+
+/* Steps before the steady-state rate is counted (as the PyTorch peer in bench/ does): the first
+ * builds the program, the next ones warm the caches and the allocator. */
+#define WARMUP_STEPS 20
 
 /* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
 static int train_epoch(run_state *r, int64_t epoch, bool *done) {
@@ -114,6 +118,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         r->train_seconds += now() - ts;
         r->samples += b.n, tick_samples += b.n;
         r->step++, i++;
+        if (r->step > WARMUP_STEPS)
+            r->warm_seconds += now() - ts, r->warm_samples += b.n;
         if (r->step == 1) {
             r->first_step_at = now() - r->started;
             loom_metrics sm; /* every step runs the same graph */
@@ -225,8 +231,12 @@ int cli_train(const train_opts *o) {
         rc = train_epoch(&r, e, &done);
     if (!rc && !o->eval_only) {
         printf("test accuracy: %.4f\n", r.last_acc);
-        printf("trained %lld steps in %.1f s (%.0f samples/s training, %.1f s in all)\n",
-               (long long)r.step, r.train_seconds, r.samples / (r.train_seconds + 1e-12),
+        char warm[64] = "";
+        if (r.warm_samples)
+            snprintf(warm, sizeof warm, ", %.0f after %d warm-up steps",
+                     r.warm_samples / (r.warm_seconds + 1e-12), WARMUP_STEPS);
+        printf("trained %lld steps in %.1f s (%.0f samples/s training%s, %.1f s in all)\n",
+               (long long)r.step, r.train_seconds, r.samples / (r.train_seconds + 1e-12), warm,
                now() - t0);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
