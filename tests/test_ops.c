@@ -394,10 +394,11 @@ TEST(conv2d_and_pool_match_naive_loops) {
 }
 
 /* conv2d without padding in float32 (with loom's matmul: the product reads the input through a
- * grouped view, no im2col buffer, and the input gradient is added into the image by the fold that
- * computes its product), forward and both gradients against naive loops in double. Shapes cross
- * the sgemm's tiles and blocks: a ragged column count, stride 2, a non-square kernel, and 300
- * output channels (the input gradient's product then spans two k blocks, added twice). */
+ * grouped view, no im2col buffer, or as its transpose with the image broadcast, and the input
+ * gradient is added into the image by the fold that computes its product), forward and both
+ * gradients against naive loops in double. Shapes cross the sgemm's tiles and blocks: a ragged
+ * column count, stride 2, a non-square kernel, and 300 output channels (the input gradient's
+ * product then spans two k blocks, added twice). */
 static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S, int *bad) {
     int OH = (H - KH) / S + 1, OW = (W - KW) / S + 1;
     int nx = N * C * H * W, nw = O * C * KH * KW, ny = N * O * OH * OW;
@@ -460,6 +461,8 @@ TEST(conv2d_views_match_naive_loops) {
         {12, 2, 13, 13, 4, 3, 3, 1},  /* a column block ending one column into a row */
         {8, 1, 28, 28, 32, 3, 3, 1},  /* conv1: its weight gradient by dot products along K */
         {5, 2, 20, 17, 7, 3, 2, 1},   /* the same, with tiles of 4 x 5, 4 x 2 and single rows */
+        {3, 16, 9, 9, 100, 3, 3, 1},  /* forward and weight gradient as their transposes: two
+                                       * 64-lane panels, a ragged tile, two k blocks of 72 */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int *s = shapes[i];

@@ -381,6 +381,114 @@ static int64_t panel_width(int64_t N) {
     return p48 * 100 <= p32 * 105 ? 48 : 32;
 }
 
+/* ---- products whose B is an image read through an unfold (a convolution's forward and weight
+ * gradient) computed as their transpose, C^T = B^T A^T, so that the image is the broadcast
+ * operand: B^T's rows are read where they lie (row j at b + col(j), element k at + row(k)), with
+ * no packed panels; A^T is packed in panels of 64 lanes. A 6 x 64 tile of C^T (24 accumulators,
+ * four loads and six broadcasts per k) goes to a staging block of C^T, which 16 x 16 register
+ * transposes then write into C. The same sums in the same order as gemm() (k ascending in the same
+ * equal blocks, each block's sum added to the last), so the same bits. */
+#    define TR 6  /* rows of C^T (columns of C) a tile */
+#    define TW 64 /* columns of C^T (rows of C) a tile: four vectors */
+#    ifndef KT
+#        define KT 128
+#    endif
+
+__attribute__((target("avx512f"))) static void micro_t(int64_t kc, const float *const *rp,
+                                                       const int64_t *aoff, const float *pb,
+                                                       float *t, int64_t ldt, bool accumulate) {
+    __m512 acc[TR][4];
+    for (int r = 0; r < TR; r++)
+        for (int v = 0; v < 4; v++)
+            acc[r][v] = _mm512_setzero_ps();
+    const float *r0 = rp[0], *r1 = rp[1], *r2 = rp[2], *r3 = rp[3], *r4 = rp[4], *r5 = rp[5];
+    for (int64_t k = 0; k < kc; k++, pb += TW) {
+        __m512 b0 = _mm512_loadu_ps(pb), b1 = _mm512_loadu_ps(pb + 16);
+        __m512 b2 = _mm512_loadu_ps(pb + 32), b3 = _mm512_loadu_ps(pb + 48);
+        int64_t o = aoff[k];
+        const float *row[TR] = {r0 + o, r1 + o, r2 + o, r3 + o, r4 + o, r5 + o};
+        for (int r = 0; r < TR; r++) {
+            __m512 av = _mm512_set1_ps(*row[r]);
+            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(av, b2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(av, b3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < TR; r++)
+        for (int v = 0; v < 4; v++) {
+            if (accumulate)
+                acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(t + r * ldt + 16 * v));
+            _mm512_storeu_ps(t + r * ldt + 16 * v, acc[r][v]);
+        }
+}
+
+/* Rows [0, n) x columns [0, m) of t (rows ld apart) transposed into c (rows ldc apart). */
+__attribute__((target("avx512f"))) static void put_transposed(const float *t, int64_t ld, int64_t n,
+                                                              int64_t m, float *c, int64_t ldc) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16)
+        for (int64_t i0 = 0; i0 < m; i0 += 16) {
+            int rows = (int)(n - j0 < 16 ? n - j0 : 16), cols = (int)(m - i0 < 16 ? m - i0 : 16);
+            __mmask16 lm = (__mmask16)((1u << cols) - 1), sm = (__mmask16)((1u << rows) - 1);
+            __m512 r[16];
+            for (int q = 0; q < 16; q++)
+                r[q] = q < rows ? _mm512_maskz_loadu_ps(lm, t + (j0 + q) * ld + i0)
+                                : _mm512_setzero_ps();
+            transpose16(r);
+            for (int q = 0; q < cols; q++)
+                _mm512_mask_storeu_ps(c + (i0 + q) * ldc + j0, sm, r[q]);
+        }
+}
+
+/* Whether gemm() runs a product as its transpose with the image broadcast: B compound along
+ * both its dims (an unfold's windows: a broadcast row's elements lie close together, where a
+ * flattened (C,N,H,W) activation's are a batch row apart), A plain, C row-major and written (not added to), M wide enough to fill most
+ * of a tile's 64 lanes. */
+static bool by_transpose(int64_t M, int64_t N, const loom__gmat *a, const loom__gmat *b,
+                         const loom__gdim *crow, const loom__gdim *ccol, bool accumulate) {
+    return b->row.n > 1 && b->col.n > 1 && a->row.n == 1 && a->col.n == 1 && crow->n == 1 &&
+           ccol->n == 1 && ccol->stride[0] == 1 && !accumulate && M >= 48 && M <= 2 * TW && N >= TR;
+}
+
+static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   float *c, int64_t ldc, const done_fn *done, void *scratch) {
+    float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *pb = pa + (size_t)(MC + MR) * KC;     /* A^T's panels */
+    float *tb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C^T, NC (+ a tile) x mpad */
+    int64_t *koff = (int64_t *)(tb + (size_t)(MC + MR) * NC), *coff = koff + KC + NR + MC + MR;
+    int64_t kb = (K + KT - 1) / KT, kstep = (K + kb - 1) / kb; /* equal blocks, as gemm() */
+    int64_t mpad = (M + TW - 1) / TW * TW;
+    bool once = mpad * K <= (int64_t)KC * (NC + 2 * NR); /* A^T packed once for every block */
+    for (int64_t pc = 0; once && pc < K; pc += kstep)
+        pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0], a->row.stride[0],
+             a->col.stride[0], TW, pb + mpad * pc);
+    for (int64_t jc = 0; jc < N; jc += NC) {
+        int64_t nc = N - jc < NC ? N - jc : NC;
+        gd_offsets(&b->col, jc, nc, coff);
+        for (int64_t pc = 0; pc < K; pc += kstep) {
+            int64_t kc = K - pc < kstep ? K - pc : kstep;
+            const float *pp = once ? pb + mpad * pc : pb;
+            if (!once)
+                pack(M, kc, a->p + pc * a->col.stride[0], a->row.stride[0], a->col.stride[0], TW,
+                     pb);
+            gd_offsets(&b->row, pc, kc, koff);
+            for (int64_t ic = 0; ic < mpad; ic += TW)
+                for (int64_t jr = 0; jr < nc; jr += TR) {
+                    const float *rp[TR];
+                    for (int r = 0; r < TR; r++) /* past the block: its last row again */
+                        rp[r] = b->p + coff[jr + r < nc ? jr + r : nc - 1];
+                    micro_t(kc, rp, koff, pp + ic * kc, tb + jr * mpad + ic, mpad, pc > 0);
+                }
+        }
+        float *cb = done ? c : c + jc;
+        put_transposed(tb, mpad, nc, M, cb, ldc);
+        if (done)
+            done->fn(done->ctx, jc, nc);
+    }
+}
+#    undef TR
+#    undef TW
+
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                  const done_fn *done, void *scratch) {
@@ -392,6 +500,10 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* a row-major C takes full tiles straight from the registers */
     bool plain = crow->n == 1 && ccol->n == 1 && ccol->stride[0] == 1;
     int64_t ldc = crow->stride[0];
+    if (K > 0 && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
+        gemm_t(M, N, K, a, b, c, ldc, done, scratch);
+        return;
+    }
     if (K == 0) {
         for (int64_t i = 0; i < M && !accumulate; i++) {
             gd_offsets(crow, i, 1, roff);
