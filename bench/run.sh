@@ -2,15 +2,18 @@
 # bench/run.sh - training throughput of both recipes, loom on 1 and 2 devices and PyTorch
 # (Debian's python3-torch 1.13) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
 # 1 thread), all measured in this one run: same model, global batch 128, SGD momentum 0.9.
-# loom's figure is its own "samples/s training" over the first STEPS steps of an epoch
-# (evaluation excluded) with its kernel cache warm; the cold compile time (an empty cache, all the
-# run's programs) is reported apart. PyTorch's is steady state after 20 warm-up steps. Not a test.
+# Both figures are steady state, STEPS steps after 20 warm-up steps: loom's is its own "samples/s
+# ... after 20 warm-up steps" (the training steps' time, evaluation excluded) with its kernel
+# cache warm; the cold compile time (an empty cache, all the run's programs) and the start-up to
+# the first step are reported apart. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 loom=build/loom
 [ -x "$loom" ] && [ -x build/bench_peak ] || { echo "build first: make build"; exit 1; }
-rate() { "$loom" train "$1" --steps "$2" --devices "$3" 2>/dev/null | sed -n 's/.*(\([0-9]*\) samples\/s training.*/\1/p'; }
+# loom's steady state as the peer measures PyTorch's: STEPS steps after 20 warm-up steps
+rate() { "$loom" train "$1" --steps $(($2 + 20)) --devices "$3" 2>/dev/null |
+    sed -n 's/.* samples\/s training, \([0-9]*\) after 20 warm-up steps.*/\1/p'; }
 cold=$(mktemp -d)
 trap 'rm -rf "$cold"' EXIT
 cold_compile() { XDG_CACHE_HOME="$cold/$1.$2" "$loom" train "$1" --steps 3 --devices "$2" 2>/dev/null |

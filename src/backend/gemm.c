@@ -25,11 +25,12 @@
 #define KC 192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
 #define MC 144
 #define NC LOOM_GEMM_NC
+#define PA (2 * (MC + MR) * KC) /* floats of packed A: a block, or all of A packed once */
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
 
 size_t loom__gemm_scratch_bytes(void) {
     return sizeof(float) *
-               ((size_t)(MC + MR) * KC + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
+               ((size_t)PA + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
            sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
 }
 
@@ -453,7 +454,7 @@ static bool by_transpose(int64_t M, int64_t N, const loom__gmat *a, const loom__
 static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, int64_t ldc, const done_fn *done, void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *pb = pa + (size_t)(MC + MR) * KC;     /* A^T's panels */
+    float *pb = pa + (size_t)PA;                 /* A^T's panels */
     float *tb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C^T, NC (+ a tile) x mpad */
     int64_t *koff = (int64_t *)(tb + (size_t)(MC + MR) * NC), *coff = koff + KC + NR + MC + MR;
     int64_t kb = (K + KT - 1) / KT, kstep = (K + kb - 1) / kb; /* equal blocks, as gemm() */
@@ -493,7 +494,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                  const done_fn *done, void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float *pb = pa + (size_t)(MC + MR) * KC;
+    float *pb = pa + (size_t)PA;
     float *cb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C, (MC + MR) x NC */
     int64_t *koff = (int64_t *)(cb + (size_t)(MC + MR) * NC), *loff = koff + KC;
     int64_t *roff = loff + NR, *coff = roff + MC + MR;
@@ -528,7 +529,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * contiguous along k, read in place (its full panels; a ragged last one is packed); else
      * packed a block at a time */
     int64_t mpad = (M + MR - 1) / MR * MR, lda = a->row.stride[0];
-    bool a_once = mpad * K <= (int64_t)(MC + MR) * KC;
+    bool a_once = mpad * K <= (int64_t)PA;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
     for (int64_t pc = 0; a_once && pc < K; pc += kstep)
         pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
