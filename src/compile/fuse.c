@@ -477,6 +477,13 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
             if (cm->op != LOOM_OP_CMPGT || cm->src[0] != r || !is_zero(p, cm->src[1]) ||
                 readers_of(p, live, cn, &only) != 1 || is_out[cn] || cm->check)
                 continue;
+            /* the where() runs nowhere: nothing but its comparison may be computed in its
+             * kernel (x must be stored: a gradient computed inside the where() would not be) */
+            bool members = false;
+            for (int32_t c = 0; c < wn && !members; c++)
+                members = c != cn && p->nodes[c].fused_into >= 0 && root_of(p, c) == wn;
+            if (members)
+                continue;
             g->relu_dy = wh->src[1];
             p->nodes[wn].sink_of = L, p->nodes[cn].sink_of = L; /* neither runs */
             n++;
