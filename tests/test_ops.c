@@ -599,6 +599,53 @@ TEST(pool_matches_naive_loops) {
     }
 }
 
+/* Small contiguous planes (conv2's 11 x 11; here 21 of them, a block of 16 and a ragged one),
+ * pooled 16 windows at a time across planes: relu(pool_max(x - 1.5)) and its gradient (through
+ * the argmax codes and the ReLU's mask in them) against naive loops, with ties and NaNs. */
+TEST(pool_small_planes_match_naive_loops) {
+    enum { N = 3, C = 7, H = 11, W = 11, OH = 5, OW = 5 };
+    static float x[N * C * H * W], v[N * C * OH * OW], ry[N * C * OH * OW], rdx[N * C * H * W];
+    for (int i = 0; i < N * C * H * W; i++)
+        x[i] = (float)(int)test_rand(21, (uint64_t)i, 0, 4);
+    x[5] = x[400] = x[H * W * 20 + 3] = NAN;
+    for (int i = 0; i < N * C * OH * OW; i++)
+        v[i] = (float)(int)test_rand(22, (uint64_t)i, -8, 8) / 8;
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sx[4] = {N, C, H, W}, sv[4] = {N, C, OH, OW};
+    loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x);
+    loom_requires_grad(tx);
+    loom_tensor *r = loom_relu(g, loom_pool_max(g, loom_sub(g, tx, loom_scalar(g, 1.5, LOOM_F32)),
+                                                (loom_window){2, 2, 2, 2, 0, 0}));
+    loom_tensor *loss = loom_sum_all(g, loom_mul(g, r, loom_input(g, LOOM_F32, 4, sv, v)));
+    loom_tensor *gx = loom_grad(g, loss, tx);
+    loom_output(r), loom_output(gx);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    for (int pl = 0; pl < N * C; pl++)
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                int at = -1, o = (pl * OH + oy) * OW + ox;
+                float best = 0;
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++) {
+                        int k = (pl * H + 2 * oy + i) * W + 2 * ox + j;
+                        float e = x[k] - 1.5f;
+                        if (at < 0 || e > best || isnan(e))
+                            best = e, at = k;
+                    }
+                ry[o] = best <= 0 ? 0 : best;
+                if (best > 0)
+                    rdx[at] += v[o];
+            }
+    const float *py = loom_tensor_data(r), *pdx = loom_tensor_data(gx);
+    for (int i = 0; i < N * C * OH * OW; i++)
+        if (!(py[i] == ry[i] || (isnan(py[i]) && isnan(ry[i]))))
+            FAILF("y[%d] = %g, expected %g", i, py[i], ry[i]);
+    for (int i = 0; i < N * C * H * W; i++)
+        if (pdx[i] != rdx[i])
+            FAILF("dx[%d] = %g, expected %g", i, pdx[i], rdx[i]);
+    loom_graph_free(g);
+}
+
 /* Reductions along long contiguous rows (the lanes-and-tree path, with a ragged tail) against a
  * double-precision sum and an exact max; a NaN anywhere in a row wins its max. */
 TEST(long_reductions_match_naive) {
@@ -681,6 +728,7 @@ int main(void) {
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);
     RUN(pool_matches_naive_loops);
+    RUN(pool_small_planes_match_naive_loops);
     RUN(long_reductions_match_naive);
     RUN(forward_only_ops);
     RUN(empty_tensors);

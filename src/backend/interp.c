@@ -780,6 +780,45 @@ pool2_row512(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *co
     }
 }
 
+/* Whole contiguous planes of small rows (conv2's 11 x 11 -> 5 x 5: the row kernel would fill a
+ * third of its lanes), 16 windows at a time flattened over planes, rows and columns, their four
+ * values gathered; the index vectors repeat every 16 planes. The same rule, so the same bits. */
+#    define POOL_PLANES_MAX 256 /* windows a plane at most */
+__attribute__((target("avx512f"))) static void pool2_planes512(const float *x, int64_t planes,
+                                                               int64_t H, int64_t W, int64_t OH,
+                                                               int64_t OW, float *o, uint8_t *codes,
+                                                               bool relu) {
+    int64_t per = OH * OW;
+    int32_t idx[16 * POOL_PLANES_MAX]; /* 16 planes of windows: their upper-left inputs */
+    for (int64_t f = 0; f < 16 * per; f++)
+        idx[f] = (int32_t)(f / per * H * W + 2 * (f % per / OW) * W + 2 * (f % OW));
+    for (int64_t p0 = 0; p0 < planes; p0 += 16) {
+        const float *xb = x + p0 * H * W;
+        int64_t nout = (planes - p0 < 16 ? planes - p0 : 16) * per;
+        for (int64_t f0 = 0; f0 < nout; f0 += 16) {
+            int n = (int)(nout - f0 < 16 ? nout - f0 : 16);
+            __mmask16 mn = (__mmask16)((1u << n) - 1), q1, q2, q3;
+            __m512i i0 = _mm512_loadu_si512(idx + f0);
+            __m512 z = _mm512_setzero_ps(), m;
+            __m512 a = _mm512_mask_i32gather_ps(z, mn, i0, xb, 4);
+            __m512 b = _mm512_mask_i32gather_ps(z, mn, i0, xb + 1, 4);
+            __m512 c = _mm512_mask_i32gather_ps(z, mn, i0, xb + W, 4);
+            __m512 d = _mm512_mask_i32gather_ps(z, mn, i0, xb + W + 1, 4);
+            pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+            __m512i code = pool_code(q1, q2, q3);
+            if (relu) { /* as pool2_row512 */
+                __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+                m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                       _mm512_setzero_ps());
+                code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(4));
+            }
+            _mm512_mask_storeu_ps(o + p0 * per + f0, mn, m);
+            if (codes)
+                _mm512_mask_cvtepi32_storeu_epi8(codes + p0 * per + f0, mn, code);
+        }
+    }
+}
+
 /* Writes the 2n floats of v (even columns) and w (odd ones) interleaved at o. */
 __attribute__((target("avx512f"))) static inline void pool_merge(__m512 v, __m512 w, int n,
                                                                  float *o) {
@@ -885,6 +924,8 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
         bool k2 = loom__pool2x2(w, xst[3]);                                                       \
         if (grad && !k2 && !done)                                                                 \
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
+        if (!grad && k2 && !done && pool2_planes_##T(x, xs, xst, ys, out, codes, relu))           \
+            return;                                                                               \
         for (int64_t n = 0; n < N; n++)                                                           \
             for (int64_t c = 0; c < C; c++) {                                                     \
                 const T *xp = x + n * xst[0] + c * xst[1];                                        \
@@ -938,6 +979,25 @@ static bool pool512(void) {
  * compile/fuse.c asks loom__pool_codes_available() before it pairs the two. */
 bool loom__pool_codes_available(void) {
     return pool512();
+}
+/* Whole planes at once (pool2_planes512) where they are contiguous and small; false: by rows. */
+static bool pool2_planes_float(const float *x, const int64_t *xs, const int64_t *xst,
+                               const int64_t *ys, float *o, uint8_t *codes, bool relu) {
+#ifdef HAVE_POOL512
+    int64_t H = xs[2], W = xs[3], OH = ys[2], OW = ys[3];
+    if (pool512() && OW < 16 && OH * OW <= POOL_PLANES_MAX && xst[3] == 1 && xst[2] == W &&
+        xst[1] == H * W && xst[0] == xs[1] * H * W) {
+        pool2_planes512(x, xs[0] * xs[1], H, W, OH, OW, o, codes, relu);
+        return true;
+    }
+#endif
+    (void)x, (void)xs, (void)xst, (void)ys, (void)o, (void)codes, (void)relu;
+    return false;
+}
+static bool pool2_planes_double(const double *x, const int64_t *xs, const int64_t *xst,
+                                const int64_t *ys, double *o, uint8_t *codes, bool relu) {
+    (void)x, (void)xs, (void)xst, (void)ys, (void)o, (void)codes, (void)relu;
+    return false;
 }
 static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *codes,
                              bool relu) {
