@@ -715,6 +715,13 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
  * row-major window order (a NaN wins, as MAX's combine); padded positions are skipped. POOLGRAD
  * finds the same position and adds dy there; dx is contiguous. The 2x2 stride-2 unpadded window
  * on unit-stride rows, the CNN's, has its own loop. */
+/* A pool gradient's plane whose windows fit two registers, from the codes: per element of the
+ * plane, its window and its place in the window (0-3; 7 where no window covers it), 16 a group. */
+typedef struct {
+    int64_t groups, last; /* 16-element groups of the plane; elements in the last */
+    int32_t win[16][16], pos[16][16];
+} pool_gtab;
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #    include <immintrin.h>
 #    define HAVE_POOL512 1
@@ -861,6 +868,36 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
         pool_merge(_mm512_maskz_mov_ps(w2, g), _mm512_maskz_mov_ps(w3, g), n, o1 + 2 * x0);
     }
 }
+
+/* A pool gradient's plane from its argmax codes when the plane's windows fit two registers
+ * (conv2's 5 x 5): each output element picks its window's gradient and code from the registers
+ * (a permute) and keeps the gradient where the code names it; the rest, the last row and column a
+ * window does not cover included, is +0. The values the rows write, in one pass over the plane. */
+
+__attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gtab *t,
+                                                                   const float *gy,
+                                                                   const uint8_t *codes, bool relu,
+                                                                   float *o, int64_t per) {
+    int n0 = (int)(per < 16 ? per : 16), n1 = (int)(per - n0);
+    __m512 g0 = _mm512_maskz_loadu_ps((__mmask16)((1u << n0) - 1), gy);
+    __m512 g1 = _mm512_maskz_loadu_ps((__mmask16)((1u << n1) - 1), gy + 16);
+    __m512i k0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)codes));
+    __m512i k1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16)));
+    if (relu) {
+        g0 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(k0, _mm512_set1_epi32(4)), g0);
+        g1 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(k1, _mm512_set1_epi32(4)), g1);
+    }
+    k0 = _mm512_and_si512(k0, _mm512_set1_epi32(3)),
+    k1 = _mm512_and_si512(k1, _mm512_set1_epi32(3));
+    for (int64_t q = 0; q < t->groups; q++) {
+        __m512i w = _mm512_loadu_si512(t->win[q]);
+        __m512 g = _mm512_permutex2var_ps(g0, w, g1);
+        __m512i k = _mm512_permutex2var_epi32(k0, w, k1);
+        __mmask16 hit = _mm512_cmpeq_epi32_mask(k, _mm512_loadu_si512(t->pos[q]));
+        __mmask16 m = (__mmask16)(q == t->groups - 1 ? (1u << t->last) - 1 : 0xffff);
+        _mm512_mask_storeu_ps(o + 16 * q, m, _mm512_maskz_mov_ps(hit, g));
+    }
+}
 #endif
 
 #define POOL_KERNELS(T, U)                                                                        \
@@ -926,6 +963,9 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
         if (!grad && k2 && !done && pool2_planes_##T(x, xs, xst, ys, out, codes, relu))           \
             return;                                                                               \
+        pool_gtab gtab;                                                                           \
+        bool planes_g =                                                                           \
+            grad && k2 && codes && sizeof(T) == 4 && pool_gtab_init(&gtab, H, W, OH, OW);         \
         for (int64_t n = 0; n < N; n++)                                                           \
             for (int64_t c = 0; c < C; c++) {                                                     \
                 const T *xp = x + n * xst[0] + c * xst[1];                                        \
@@ -935,7 +975,10 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
                                 : out;                                                            \
                 if (grad && !k2 && done)                                                          \
                     memset(op, 0, sizeof(T) * (size_t)(H * W));                                   \
-                if (k2) { /* every position a window covers is written; the rest zeroed */        \
+                if (k2 && grad && codes && planes_g) /* the whole plane from the codes */         \
+                    pool2_grad_plane_##T(&gtab, gp, codes + (n * C + c) * OH * OW, relu, op,      \
+                                         OH * OW);                                                \
+                else if (k2) { /* every position a window covers is written; the rest zeroed */   \
                     for (int64_t oy = 0; oy < OH; oy++) {                                         \
                         const T *r0 = xp + 2 * oy * xst[2];                                       \
                         T *o0 = grad ? op + 2 * oy * W : op + oy * OW;                            \
@@ -998,6 +1041,31 @@ static bool pool2_planes_double(const double *x, const int64_t *xs, const int64_
                                 const int64_t *ys, double *o, uint8_t *codes, bool relu) {
     (void)x, (void)xs, (void)xst, (void)ys, (void)o, (void)codes, (void)relu;
     return false;
+}
+static bool pool_gtab_init(pool_gtab *t, int64_t H, int64_t W, int64_t OH, int64_t OW) {
+    if (!pool512() || OH * OW > 32 || H * W > 16 * 16)
+        return false;
+    t->groups = (H * W + 15) / 16, t->last = H * W - 16 * (t->groups - 1);
+    for (int64_t e = 0; e < 16 * t->groups; e++) {
+        int64_t iy = e / W, ix = e % W;
+        bool in = e < H * W && iy < 2 * OH && ix < 2 * OW;
+        t->win[e / 16][e % 16] = in ? (int32_t)(iy / 2 * OW + ix / 2) : 0;
+        t->pos[e / 16][e % 16] = in ? (int32_t)(iy % 2 * 2 + ix % 2) : 7;
+    }
+    return true;
+}
+
+static void pool2_grad_plane_float(const pool_gtab *t, const float *gy, const uint8_t *codes,
+                                   bool relu, float *o, int64_t per) {
+#ifdef HAVE_POOL512
+    pool2_grad_plane512(t, gy, codes, relu, o, per);
+#else
+    (void)t, (void)gy, (void)codes, (void)relu, (void)o, (void)per;
+#endif
+}
+static void pool2_grad_plane_double(const pool_gtab *t, const double *gy, const uint8_t *codes,
+                                    bool relu, double *o, int64_t per) {
+    (void)t, (void)gy, (void)codes, (void)relu, (void)o, (void)per; /* never: float only */
 }
 static bool pool2_fast_float(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *codes,
                              bool relu) {
