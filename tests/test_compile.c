@@ -544,6 +544,56 @@ TEST(in_place_updates_read_before_they_write) {
         }
 }
 
+/* SGD with momentum as the optimizer writes it: v := 0.9 v + g, w := w - 0.1 v, both in place.
+ * The momentum is computed and stored by the update's kernel (one kernel, two slabs written);
+ * with `transposed` the update also reads the old momentum transposed, which the kernel storing
+ * the new one in place could overwrite first, so they stay apart. Returns the kernels a step. */
+static int64_t momentum_update(loom_backend be, bool transposed, float *w_out, float *v_out) {
+    enum { R = 24, C = 24 };
+    loom_model *m = loom_model_new();
+    int64_t s[2] = {R, C};
+    loom_param *pw = loom_model_add(m, "w", 2, s), *pv = loom_model_add(m, "v", 2, s);
+    static float g[R * C];
+    for (int i = 0; i < R * C; i++) {
+        loom_param_data(pw)[i] = (float)test_rand(70, (uint64_t)i, -1, 1);
+        loom_param_data(pv)[i] = (float)test_rand(71, (uint64_t)i, -1, 1);
+        g[i] = (float)test_rand(72, (uint64_t)i, -1, 1);
+    }
+    loom_graph *gr = loom_graph_new(m);
+    loom_graph_set_backend(gr, be);
+    loom_tensor *w = loom_parameter(gr, pw), *v = loom_parameter(gr, pv);
+    loom_tensor *v2 = loom_add(gr, loom_mul(gr, v, loom_scalar(gr, 0.9, LOOM_F32)),
+                               loom_input(gr, LOOM_F32, 2, s, g));
+    loom_tensor *w2 = loom_sub(gr, w, loom_mul(gr, v2, loom_scalar(gr, 0.1, LOOM_F32)));
+    if (transposed)
+        w2 = loom_add(gr, w2, loom_transpose(gr, v));
+    loom_assign(gr, pv, v2);
+    loom_assign(gr, pw, w2);
+    loom_metrics mt = {0};
+    if (loom_graph_run(gr) == LOOM_OK) {
+        memcpy(w_out, loom_param_data(pw), sizeof(float) * R * C);
+        memcpy(v_out, loom_param_data(pv), sizeof(float) * R * C);
+    }
+    loom_graph_metrics(gr, &mt);
+    loom_graph_free(gr);
+    loom_model_free(m);
+    return mt.kernels;
+}
+
+TEST(an_update_stores_its_momentum_too) {
+    for (int transposed = 0; transposed < 2; transposed++) {
+        static float wi[576], vi[576], wc[576], vc[576];
+        memset(wc, 0, sizeof wc);
+        int64_t ki = momentum_update(LOOM_BACKEND_INTERP, transposed, wi, vi);
+        int64_t kc = momentum_update(LOOM_BACKEND_CPU, transposed, wc, vc);
+        ASSERT(same_bits(wi, wc, sizeof wi, LOOM_F32) && same_bits(vi, vc, sizeof vi, LOOM_F32));
+        /* interpreted: mul, add, mul, sub (transposed: an add and w's store, not in place);
+         * compiled: one kernel, or the momentum's, the update's and the store */
+        ASSERT_EQ(ki, transposed ? 6 : 4);
+        ASSERT_EQ(kc, transposed ? 3 : 1);
+    }
+}
+
 int main(void) {
     char cache[512]; /* a fresh kernel cache: the damaged-entry test must not meet old entries */
     test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
@@ -555,6 +605,7 @@ int main(void) {
     RUN(epilogues_run_inside_library_kernels_bitwise);
     RUN(epilogue_rows_go_into_sinks_bitwise);
     RUN(pooling_computes_its_convolution_bitwise);
+    RUN(an_update_stores_its_momentum_too);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

@@ -100,6 +100,9 @@ typedef struct {
     loom__kfn fn;
     int32_t epi_of, epi_arg;
     loom__kpart part;
+    /* A member also stored, into its slab place (an optimizer's momentum, read by the update
+     * that is the root), as argument out_arg; -1 for none. Same shape, contiguous. */
+    int32_t out, out_arg;
 } loom__fused;
 
 struct loom__program {

@@ -93,7 +93,7 @@ static void build_space(const loom__program *p, const loom__fused *k, space *sp)
 
 static void operand(text *t, const loom__fused *k, int32_t id, const char *leaf) {
     for (int a = 1; a < k->nargs; a++)
-        if (k->args[a] == id) {
+        if (k->args[a] == id && a != k->out_arg) {
             put(t, "%s%d", leaf, a);
             return;
         }
@@ -281,11 +281,20 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
     build_space(p, k, &sp);
     put(t, "\nvoid loom_k%d(void *const *p) {\n    %s *o = (%s *)p[0];\n", k->root, T, T);
     for (int a = 1; a < k->nargs; a++)
-        put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
+        if (a == k->out_arg) /* a member stored too */
+            put(t, "    %s *o%d = (%s *)p[%d];\n", T, a, T, a);
+        else
+            put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
+    /* no iteration reads what another writes (memplan places outputs apart from the leaves;
+     * in place, a slab is read only at the index written, in_place_safe): the compiler need not
+     * prove it, and could not where the update reads and writes the same slab */
     for (int d = 0; d < sp.nd; d++)
-        put(t, "    for (int64_t i%d = 0; i%d < %lld; i%d++)\n", d, d, (long long)sp.shape[d], d);
+        put(t, "%s    for (int64_t i%d = 0; i%d < %lld; i%d++)\n",
+            d == sp.nd - 1 ? "#pragma GCC ivdep\n" : "", d, d, (long long)sp.shape[d], d);
     put(t, "    {\n");
     for (int a = 1; a < k->nargs; a++) {
+        if (a == k->out_arg)
+            continue;
         put(t, "        %s x%d = l%d[0", T, a, a);
         for (int d = 0; d < sp.nd; d++)
             put(t, " + i%d * %lld", d, (long long)sp.st[a][d]);
@@ -310,6 +319,12 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
                 put(t, "0");
         }
         put(t, ");\n");
+    }
+    if (k->out >= 0) {
+        put(t, "        o%d[0", k->out_arg);
+        for (int d = 0; d < sp.nd; d++)
+            put(t, " + i%d * %lld", d, (long long)sp.st[k->out_arg][d]);
+        put(t, "] = v%d;\n", k->out);
     }
     put(t, "        o[0");
     for (int d = 0; d < sp.nd; d++)

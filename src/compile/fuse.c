@@ -24,6 +24,16 @@ static bool is_red(const loom__pnode *t) {
     return loom__ops[t->op].kind == LOOM_KIND_RED;
 }
 
+static bool contiguous_lay(const loom__pnode *t) {
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->lay.stride[d] != s)
+            return false;
+        s *= t->shape[d];
+    }
+    return true;
+}
+
 void loom__unfuse(loom__program *p) {
     for (int64_t i = 0; i < p->n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1;
@@ -54,13 +64,15 @@ static bool add_leaves(const loom__program *p, loom__fused *k, int64_t m) {
 /* A kernel writing a slab in place may read that slab range only at the index it writes (each
  * element is read before it is written); a leaf reading it through other strides or offsets could
  * see elements the loop already wrote. */
-static bool in_place_safe(const loom__program *p, const loom__fused *k) {
-    const loom__layout *o = &p->nodes[k->root].lay;
+static bool in_place_safe_for(const loom__program *p, const loom__fused *k, int32_t out) {
+    const loom__layout *o = &p->nodes[out].lay;
     if (o->base != LOOM_BASE_PERSIST)
         return true;
-    const loom__pnode *r = &p->nodes[k->root];
+    const loom__pnode *r = &p->nodes[out];
     int64_t lo = o->offset, hi = o->offset + loom__numel(r->ndim, r->shape);
     for (int a = 1; a < k->nargs; a++) {
+        if (a == k->out_arg)
+            continue;
         const loom__pnode *l = &p->nodes[k->args[a]];
         int64_t last = l->lay.offset;
         for (int d = 0; d < l->ndim; d++)
@@ -72,6 +84,11 @@ static bool in_place_safe(const loom__program *p, const loom__fused *k) {
             return false;
     }
     return true;
+}
+
+/* ... for each slab the kernel writes: its root's and its stored member's */
+static bool in_place_safe(const loom__program *p, const loom__fused *k) {
+    return in_place_safe_for(p, k, k->root) && (k->out < 0 || in_place_safe_for(p, k, k->out));
 }
 
 static int32_t root_of(const loom__program *p, int64_t i) {
@@ -108,16 +125,22 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
         p->nodes[i].fused_into = -1;
         p->nodes[i].epi = -1;
         p->fused_of[i] = -1;
-        for (int k = 0; k < 3 && live[i]; k++)
+        /* a store done in place (its source writes the slab) is not a reader here */
+        bool stored = p->nodes[i].op == LOOM_OP_STORE && p->nodes[i].elided;
+        for (int k = 0; k < 3 && live[i] && !stored; k++)
             if (p->nodes[i].src[k] >= 0)
                 readers[p->nodes[i].src[k]]++, reader[p->nodes[i].src[k]] = (int32_t)i;
     }
     for (int64_t i = 0; i < n; i++) { /* members */
         const loom__pnode *t = &p->nodes[i], *c = &p->nodes[reader[i]];
-        if (!live[i] || is_out[i] || t->check || readers[i] != 1 || t->lay.base != LOOM_BASE_WS ||
-            c->dtype != t->dtype)
-            continue;
         bool same = c->ndim == t->ndim && !memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim);
+        /* an elementwise value stored in its slab place (an optimizer's momentum) and read by one
+         * elementwise consumer of its shape (the update): computed and stored in that kernel */
+        bool slab = t->lay.base == LOOM_BASE_PERSIST && is_ew(t) && is_ew(c) && same &&
+                    contiguous_lay(t);
+        if (!live[i] || is_out[i] || t->check || readers[i] != 1 ||
+            (t->lay.base != LOOM_BASE_WS && !slab) || c->dtype != t->dtype)
+            continue;
         /* elementwise into elementwise; a reduction's input into it, computed in its loop (unless
          * a reduction is already under it: one per kernel); a reduction into an elementwise
          * consumer of its own shape */
@@ -151,7 +174,8 @@ restart:
             (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
             continue;
         loom__fused *k = &p->fused[p->nfused];
-        *k = (loom__fused){.root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}, .epi_of = -1};
+        *k = (loom__fused){
+            .root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}, .epi_of = -1, .out = -1};
         bool ok = add_leaves(p, k, i);
         for (int64_t m = 0; m < i && ok; m++)
             if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
@@ -159,6 +183,15 @@ restart:
         bool has_members = false;
         for (int64_t m = 0; m < i && !has_members; m++)
             has_members = p->nodes[m].fused_into >= 0 && root_of(p, m) == i;
+        for (int64_t m = 0; m < i && ok; m++) { /* a member stored in its slab: one, no reduction */
+            if (p->nodes[m].fused_into < 0 || root_of(p, m) != i ||
+                p->nodes[m].lay.base != LOOM_BASE_PERSIST)
+                continue;
+            ok = k->out < 0 && !is_red(t) && !has_red_below(p, i) &&
+                 k->nargs < LOOM_FUSED_MAX_ARGS;
+            if (ok)
+                k->out = (int32_t)m, k->out_arg = k->nargs, k->args[k->nargs++] = (int32_t)m;
+        }
         ok = ok && (!has_members || in_place_safe(p, k));
         if (!ok) { /* too many leaves, or unsafe in place: the members run on their own */
             for (int64_t m = 0; m < i; m++)
@@ -251,7 +284,8 @@ static bool slab_touched_between(const loom__program *p, const bool *live, int64
 static int32_t epilogue_of(const loom__program *p, const bool *live, const bool *is_out,
                            const int32_t *readers, const loom__fused *k, int *arg) {
     const loom__pnode *r = &p->nodes[k->root];
-    if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32)
+    if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32 ||
+        k->out >= 0)
         return -1;
     for (int32_t m = 0; m < k->root; m++)
         if (is_red(&p->nodes[m]) && root_of(p, m) == k->root)
