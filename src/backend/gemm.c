@@ -29,8 +29,7 @@
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
 
 size_t loom__gemm_scratch_bytes(void) {
-    return sizeof(float) *
-               ((size_t)PA + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
+    return sizeof(float) * ((size_t)PA + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC) +
            sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
 }
 
@@ -391,9 +390,8 @@ static int64_t panel_width(int64_t N) {
  * equal blocks, each block's sum added to the last), so the same bits. */
 #    define TR 6  /* rows of C^T (columns of C) a tile */
 #    define TW 64 /* columns of C^T (rows of C) a tile: four vectors */
-#    ifndef KT
-#        define KT 128
-#    endif
+#    define KT 96 /* k a block: A^T's 96 x 64 panel (24 KB) and the block's image rows fit the L1 \
+                   */
 
 __attribute__((target("avx512f"))) static void micro_t(int64_t kc, const float *const *rp,
                                                        const int64_t *aoff, const float *pb,
@@ -443,8 +441,8 @@ __attribute__((target("avx512f"))) static void put_transposed(const float *t, in
 
 /* Whether gemm() runs a product as its transpose with the image broadcast: B compound along
  * both its dims (an unfold's windows: a broadcast row's elements lie close together, where a
- * flattened (C,N,H,W) activation's are a batch row apart), A plain, C row-major and written (not added to), M wide enough to fill most
- * of a tile's 64 lanes. */
+ * flattened (C,N,H,W) activation's are a batch row apart), A plain, C row-major and written (not
+ * added to), M wide enough to fill most of a tile's 64 lanes. */
 static bool by_transpose(int64_t M, int64_t N, const loom__gmat *a, const loom__gmat *b,
                          const loom__gdim *crow, const loom__gdim *ccol, bool accumulate) {
     return b->row.n > 1 && b->col.n > 1 && a->row.n == 1 && a->col.n == 1 && crow->n == 1 &&
@@ -489,6 +487,7 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
 }
 #    undef TR
 #    undef TW
+#    undef KT
 
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
