@@ -390,8 +390,9 @@ static int64_t panel_width(int64_t N) {
  * equal blocks, each block's sum added to the last), so the same bits. */
 #    define TR 6  /* rows of C^T (columns of C) a tile */
 #    define TW 64 /* columns of C^T (rows of C) a tile: four vectors */
-#    define KT 96 /* k a block: A^T's 96 x 64 panel (24 KB) and the block's image rows fit the L1 \
-                   */
+#    define KT                                                                             \
+        96 /* k a block: A^T's 96 x 64 panel (24 KB) and the block's image rows fit the L1 \
+            */
 
 __attribute__((target("avx512f"))) static void micro_t(int64_t kc, const float *const *rp,
                                                        const int64_t *aoff, const float *pb,
@@ -689,6 +690,15 @@ DOT_TILE(2, 6)
 DOT_TILE(2, 7)
 DOT_TILE(2, 8)
 DOT_TILE(2, 9)
+DOT_TILE(3, 1)
+DOT_TILE(3, 2)
+DOT_TILE(3, 3)
+DOT_TILE(3, 4)
+DOT_TILE(3, 5)
+DOT_TILE(3, 6)
+DOT_TILE(3, 7)
+DOT_TILE(3, 8)
+DOT_TILE(3, 9)
 DOT_TILE(4, 1)
 DOT_TILE(4, 2)
 DOT_TILE(4, 3)
@@ -696,10 +706,11 @@ DOT_TILE(4, 4)
 DOT_TILE(4, 5)
 typedef void dot_fn(const float *const *, const float *const *, const kchunk *, int64_t, float *,
                     int64_t);
-/* [rows: 1, 2 or 4][columns - 1]: up to 9 columns for one or two rows, 5 for four */
-static dot_fn *const dot_tile[3][9] = {
+/* [rows - 1][columns - 1]: up to 9 columns for one to three rows (27 accumulators), 5 for four */
+static dot_fn *const dot_tile[4][9] = {
     {dot_1_1, dot_1_2, dot_1_3, dot_1_4, dot_1_5, dot_1_6, dot_1_7, dot_1_8, dot_1_9},
     {dot_2_1, dot_2_2, dot_2_3, dot_2_4, dot_2_5, dot_2_6, dot_2_7, dot_2_8, dot_2_9},
+    {dot_3_1, dot_3_2, dot_3_3, dot_3_4, dot_3_5, dot_3_6, dot_3_7, dot_3_8, dot_3_9},
     {dot_4_1, dot_4_2, dot_4_3, dot_4_4, dot_4_5, NULL, NULL, NULL, NULL}};
 
 /* Whether a product takes the dot-product path: small C, long K, both operands contiguous along
@@ -730,7 +741,8 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
             for (int64_t j = 0; j < N; j += SK_NJ) {
                 int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
                 if (M - i >= SK_MI)
-                    dot_tile[2][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16, N);
+                    dot_tile[SK_MI - 1][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16,
+                                                N);
                 else
                     for (int64_t r = i; r < M; r++)
                         dot_tile[0][nj - 1](ar + r, bc + j, ch, nch, lanes + (r * N + j) * 16, N);
@@ -770,13 +782,17 @@ void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int
         s->bc[j] = b->p + coff[j];
 }
 
+#    define DOT_ROWS 3 /* rows a tile: 27 accumulators, and 9 loads of B per 27 FMAs */
+_Static_assert(LOOM_SINK_ROWS <= DOT_ROWS, "a pool gradient's rows go into one tile");
 void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
                         float *c) {
-    float lanes[2 * 16 * LOOM_DOT_MAX_N];
+    float lanes[DOT_ROWS * 16 * LOOM_DOT_MAX_N];
     const kchunk *ch = s->chunks;
-    for (int64_t i = 0; i < rows; i += 2) { /* two rows share each load of B */
-        int64_t mi = rows - i < 2 ? rows - i : 2;
-        const float *ar[2] = {a + i * lda, a + (i + mi - 1) * lda};
+    for (int64_t i = 0; i < rows; i += DOT_ROWS) { /* the rows share each load of B */
+        int64_t mi = rows - i < DOT_ROWS ? rows - i : DOT_ROWS;
+        const float *ar[DOT_ROWS];
+        for (int64_t r = 0; r < DOT_ROWS; r++)
+            ar[r] = a + (i + (r < mi ? r : mi - 1)) * lda;
         memset(lanes, 0, sizeof(float) * 16 * (size_t)(mi * s->N));
         for (int64_t j = 0, g = (s->N + 8) / 9, w = (s->N + g - 1) / g; j < s->N; j += w) {
             int64_t nj = s->N - j < w ? s->N - j : w;

@@ -241,8 +241,9 @@ void loom__conv_planes_run(const loom__conv_planes *s, int64_t i, int rows, int6
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
 /* Rows a pool gradient with sinks keeps at a time (loom__pnode.sinks): the product's sink runs
- * on that many rows at once, sharing each load of B (four did not fit the L2 with the image). */
-#define LOOM_SINK_ROWS 2
+ * on that many rows at once, sharing each load of B (conv1's three rows, 1 MB, and its image fit
+ * this machine's 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */
+#define LOOM_SINK_ROWS 3
 /* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
  * only path that keeps argmax codes, writes a ReLU, or reads codes). */
 static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
