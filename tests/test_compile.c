@@ -325,6 +325,45 @@ static void *run_sinks(loom_backend be, bool where, bool keep, size_t *bytes, lo
     return two_outputs(g, sum, R, prod, R * N, bytes, m);
 }
 
+/* A pool gradient's rows read by a sum along them and by a product (conv2's bias gradient and
+ * its products): the rows are written whole, and the sum is fed each row once complete (planes
+ * of 30 in rows of 900). Returns the sum and the product. */
+static void *run_side_sum(bool keep, size_t *bytes, loom_metrics *m) {
+    enum { R = 5, P = 30, H = 6, W = 10, K = P * H * W, N = 20 };
+    static float img[R * P * H * W], dy[R * P * H / 2 * W / 2], b[K * N];
+    for (int i = 0; i < K * N; i++)
+        b[i] = (float)test_rand(55, (uint64_t)i, -1, 1);
+    for (int i = 0; i < R * P * H * W; i++)
+        img[i] = (float)test_rand(53, (uint64_t)i, -1, 1);
+    for (int i = 0; i < R * P * H / 2 * W / 2; i++)
+        dy[i] = (float)test_rand(54, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+
+    int64_t si[4] = {R, P, H, W}, sy[4] = {R, P, H / 2, W / 2}, s2[2] = {R, K}, sb[2] = {K, N};
+    loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
+    loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
+                                         (loom_window){2, 2, 2, 2, 0, 0});
+    loom_tensor *dx = loom_reshape(g, pg, 2, s2);
+    if (keep) /* an output: no sinks */
+        loom_output(dx);
+    loom_tensor *prod = loom_matmul(g, dx, loom_input(g, LOOM_F32, 2, sb, b));
+    return two_outputs(g, loom_sum(g, dx, 1), R, prod, R * N, bytes, m);
+}
+
+TEST(a_sum_takes_rows_others_read_too) {
+    size_t n1 = 0, n2 = 0;
+    loom_metrics mi, mc;
+    void *ref = run_side_sum(true, &n1, &mi);
+    void *got = run_side_sum(false, &n2, &mc);
+    ASSERT(ref && got && n1 == n2);
+    ASSERT(same_bits(ref, got, n1, LOOM_F32));
+    /* kept: pool gradient, sum, product; else the sum inside the pool gradient */
+    ASSERT_EQ(mi.kernels, 3);
+    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+    free(ref);
+    free(got);
+}
+
 TEST(epilogue_rows_go_into_sinks_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
@@ -604,6 +643,7 @@ int main(void) {
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
     RUN(epilogue_rows_go_into_sinks_bitwise);
+    RUN(a_sum_takes_rows_others_read_too);
     RUN(pooling_computes_its_convolution_bitwise);
     RUN(an_update_stores_its_momentum_too);
     RUN(training_steps_agree_with_the_interpreter);

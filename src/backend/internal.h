@@ -57,7 +57,8 @@ typedef struct {
      * two of those rows at a time, each going into the sinks once complete and still in cache, so
      * its output is never written whole. */
     int32_t sinks[2], nsinks, stream; /* the sinks, and the node whose rows they read */
-    int32_t sink_of;                  /* a sink: the pool gradient computing it, or -1 */
+    bool keep; /* ... rows that others read too: written whole, a sum fed each row once complete */
+    int32_t sink_of; /* a sink: the pool gradient computing it, or -1 */
     /* Max pooling's argmax codes (a byte a window, after a POOLMAX's values): the POOLMAX of a
      * pool gradient's input writes them (codes) and that POOLGRAD reads them (codes_of, or -1)
      * instead of its input, which may then be gone. */

@@ -415,10 +415,10 @@ typedef struct {
                                    * or a pool gradient's plane size */
     const float *buf;             /* the library kernel's block buffer */
     float *root;                  /* the root's buffer: all of it, or LOOM_SINK_ROWS rows */
-    bool sinks;
-    float *sum_out; /* sinks: a sum along the root's rows (or NULL) */
-    float *dot_out; /* a product root x B on the dot-product path (or NULL) */
-    int64_t dot_n;  /* ... its columns */
+    bool sinks, keep; /* keep: the rows are the node's whole output, not LOOM_SINK_ROWS of them */
+    float *sum_out;   /* sinks: a sum along the root's rows (or NULL) */
+    float *dot_out;   /* a product root x B on the dot-product path (or NULL) */
+    int64_t dot_n;    /* ... its columns */
     loom__dot_rows dot;
 } epilogue;
 
@@ -431,9 +431,10 @@ static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind 
         e->args[a] = a == e->k->epi_arg ? NULL : loom__addr(p, b, e->k->args[a]);
     const loom__pnode *r = &p->nodes[t->nsinks ? t->stream : e->k->root];
     e->rows = r->shape[0], e->cols = r->shape[1];
-    e->root = e->k ? e->args[0] /* the pool gradient's plane, dy scratch, then the rows */
-                   : (float *)(b->ws + t->ws_off) + t->shape[2] * t->shape[3] +
-                         loom__numel(4, p->nodes[t->src[1]].shape);
+    e->root = e->k      ? e->args[0] /* the pool gradient's plane, dy scratch, then the rows */
+              : t->keep ? loom__addr(p, b, id) /* or its own values, whole */
+                        : (float *)(b->ws + t->ws_off) + t->shape[2] * t->shape[3] +
+                              loom__numel(4, p->nodes[t->src[1]].shape);
     for (int q = 0; q < t->nsinks; q++) {
         int32_t s = t->sinks[q];
         const loom__pnode *sk = &p->nodes[s];
@@ -447,7 +448,7 @@ static void epilogue_init(epilogue *e, const loom__program *p, const loom__bind 
         loom__dot_rows_begin(&e->dot, &gb, sk->shape[1], e->cols,
                              e->root + LOOM_SINK_ROWS * e->cols);
     }
-    e->sinks = t->nsinks > 0;
+    e->sinks = t->nsinks > 0, e->keep = t->keep;
 }
 
 /* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. With
@@ -458,7 +459,7 @@ static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) 
         int64_t i = lo / e->cols, j0 = lo % e->cols;
         int64_t j1 = hi - lo < e->cols - j0 ? j0 + (hi - lo) : e->cols;
         int64_t held = i % LOOM_SINK_ROWS; /* with sinks, the rows kept */
-        float *row = e->root + (e->sinks ? held : i) * e->cols;
+        float *row = e->root + (e->sinks && !e->keep ? held : i) * e->cols;
         e->args[0] = row + j0;
         if (e->k)
             e->k->part(e->args, i, j0, j1, v);
@@ -490,7 +491,7 @@ static void plane_done(void *ctx, int64_t plane, const float *v) {
 static float *plane_place(void *ctx, int64_t plane) {
     epilogue *e = ctx;
     int64_t lo = plane * e->plane, i = lo / e->cols;
-    return e->root + (i % LOOM_SINK_ROWS) * e->cols + lo % e->cols;
+    return e->root + (e->keep ? i : i % LOOM_SINK_ROWS) * e->cols + lo % e->cols;
 }
 
 /* Product node id's operands as matrices (their first elements, rows and columns); returns K. */
@@ -1115,8 +1116,8 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         if (d->lay.stride[3] == 1 && d->lay.stride[2] == d->shape[3])
             memcpy(dyst, d->lay.stride, sizeof(int64_t) * 4);
         else {
-            int64_t own =
-                t->epi >= 0 || t->nsinks ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
+            int64_t own = t->epi >= 0 || (t->nsinks && !t->keep) ? t->shape[2] * t->shape[3]
+                                                                 : loom__numel(4, t->shape);
             void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
             strided_copy(tmp, dy, &d->lay, 4, d->shape, loom__dtype_size((loom_dtype)t->dtype));
             dy = tmp;

@@ -136,8 +136,8 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
         bool same = c->ndim == t->ndim && !memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim);
         /* an elementwise value stored in its slab place (an optimizer's momentum) and read by one
          * elementwise consumer of its shape (the update): computed and stored in that kernel */
-        bool slab = t->lay.base == LOOM_BASE_PERSIST && is_ew(t) && is_ew(c) && same &&
-                    contiguous_lay(t);
+        bool slab =
+            t->lay.base == LOOM_BASE_PERSIST && is_ew(t) && is_ew(c) && same && contiguous_lay(t);
         if (!live[i] || is_out[i] || t->check || readers[i] != 1 ||
             (t->lay.base != LOOM_BASE_WS && !slab) || c->dtype != t->dtype)
             continue;
@@ -187,8 +187,7 @@ restart:
             if (p->nodes[m].fused_into < 0 || root_of(p, m) != i ||
                 p->nodes[m].lay.base != LOOM_BASE_PERSIST)
                 continue;
-            ok = k->out < 0 && !is_red(t) && !has_red_below(p, i) &&
-                 k->nargs < LOOM_FUSED_MAX_ARGS;
+            ok = k->out < 0 && !is_red(t) && !has_red_below(p, i) && k->nargs < LOOM_FUSED_MAX_ARGS;
             if (ok)
                 k->out = (int32_t)m, k->out_arg = k->nargs, k->args[k->nargs++] = (int32_t)m;
         }
@@ -403,24 +402,29 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out)
             t->lay.base != LOOM_BASE_WS || t->lay.index != L || is_out[L])
             continue;
         int32_t r = stream_of(p, live, is_out, readers, L), sk[2];
-        int ns = 0, seen = 0;
-        bool ok = r >= 0;
-        for (int64_t c = r + 1; c < p->n && ok; c++)
-            for (int q = 0; q < 3 && live[c] && ok; q++)
+        int ns = 0, others = 0;
+        bool sums = true; /* every sink a sum (then other readers may take the rows too) */
+        for (int64_t c = r + 1; r >= 0 && c < p->n; c++)
+            for (int q = 0; q < 3 && live[c]; q++)
                 if (p->nodes[c].src[q] == r) {
-                    ok = q == 0 && ns < 2 && sinkable(p, (int32_t)c, r, L) &&
-                         p->nodes[c].fused_into < 0 && p->nodes[c].epi < 0 &&
-                         (p->fused_of == NULL || p->fused_of[c] < 0);
-                    if (ok)
+                    if (q == 0 && ns < 2 && sinkable(p, (int32_t)c, r, L) &&
+                        p->nodes[c].fused_into < 0 && p->nodes[c].epi < 0 &&
+                        (p->fused_of == NULL || p->fused_of[c] < 0)) {
                         sk[ns++] = (int32_t)c;
-                    seen++;
+                        sums = sums && p->nodes[c].op == LOOM_OP_SUM;
+                    } else
+                        others++;
                 }
-        if (!ok || ns == 0 || seen != readers[r] ||
+        /* with other readers the rows are written whole (and planes must tile the rows) */
+        bool keep = others > 0;
+        if (ns == 0 ||
+            (keep &&
+             (!sums || t->epi >= 0 || p->nodes[r].shape[1] % (t->shape[2] * t->shape[3]) != 0)) ||
             slab_touched_between(p, live, L, sk[ns - 1], true, sk, ns))
             continue;
         for (int q = 0; q < ns; q++)
             t->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
-        t->nsinks = ns, t->stream = r;
+        t->nsinks = ns, t->stream = r, t->keep = keep;
         n += ns;
     }
     loom__free(readers);

@@ -420,7 +420,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
                 size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
-            if ((t->epi >= 0 || t->nsinks) && t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
+            if ((t->epi >= 0 || (t->nsinks && !t->keep)) &&
+                t->op == LOOM_OP_POOLGRAD) /* a plane at a time */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (t->relu >= 0) /* it writes the ReLU's buffer instead (placed below) */
                 size = 0;
@@ -428,10 +429,10 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
                 size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
-            int64_t cols = t->nsinks ? p->nodes[t->stream].shape[1] : 0;
-            int64_t rows = t->nsinks ? LOOM_SINK_ROWS * cols * (int64_t)es +
-                                           (int64_t)loom__dot_rows_bytes(cols)
-                                     : 0; /* the rows the sinks read, and B's chunks */
+            int64_t cols = t->nsinks && !t->keep ? p->nodes[t->stream].shape[1] : 0;
+            int64_t rows =
+                cols ? LOOM_SINK_ROWS * cols * (int64_t)es + (int64_t)loom__dot_rows_bytes(cols)
+                     : 0; /* the rows the sinks read, and B's chunks */
             if (t->epi < 0)
                 size += rows;
             t->ws_off = place(blocks, &nblocks, &end, size, i);
