@@ -2,10 +2,10 @@
 # bench/run.sh - training throughput of both recipes, loom on 1 and 2 devices and PyTorch
 # (Debian's python3-torch 1.13) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
 # 1 thread), all measured in this one run: same model, global batch 128, SGD momentum 0.9.
-# Both figures are steady state, STEPS steps after 20 warm-up steps: loom's is its own "samples/s
-# ... after 20 warm-up steps" (the training steps' time, evaluation excluded) with its kernel
-# cache warm; the cold compile time (an empty cache, all the run's programs) and the start-up to
-# the first step are reported apart. Not a test.
+# Both figures are steady state, STEPS steps after 20 warm-up steps (on one device, the median of
+# three runs): loom's is its own "samples/s ... after 20 warm-up steps" (the training steps' time,
+# evaluation excluded) with its kernel cache warm; the cold compile time (an empty cache, all the
+# run's programs) and the start-up to the first step are reported apart. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
@@ -24,8 +24,11 @@ startup() { "$loom" train "$1" --steps 3 --devices 1 2>/dev/null | sed -n 's/^st
 torch_startup() { /usr/bin/python3 bench/torch_peer.py "$1" 3 | awk '/^startup/ {s=$2} /^maxrss/ {m=$2} END {print s " s, " m " MiB"}'; }
 # FLOP per training sample (forward + weight gradients + the input gradients that are needed)
 flop() { [ "$1" = fmnist-mlp ] && echo 1211392 || echo 15403776; }
+# The median of three runs (this VM's speed moves 5-15% within minutes): loom and PyTorch on one
+# device alike, and the FMA peak.
+median3() { printf '%s\n' "$("$@")" "$("$@")" "$("$@")" | sort -g | sed -n 2p; }
 # this core's FMA peak, measured now (bench/peak.c); the brief's figure for this machine is 275
-peak=$(build/bench_peak)
+peak=$(median3 build/bench_peak)
 compile_note=""
 printf '%-11s %6s %10s %10s %8s %10s %10s %10s %10s\n' recipe steps loom_1dev loom_2dev scaling \
     torch_1thr torch_ddp2 vs_1thr vs_ddp2
@@ -35,9 +38,9 @@ for spec in fmnist-mlp:400 fmnist-cnn:150; do
     compile_note="$compile_note
 $recipe cold compile: 1 device $(cold_compile "$recipe" 1); 2 devices $(cold_compile "$recipe" 2)
 $recipe start-up to first step and peak RSS: loom $(startup "$recipe"); torch $(torch_startup "$recipe")"
-    l1=$(rate "$recipe" "$steps" 1)
+    l1=$(median3 rate "$recipe" "$steps" 1)
     l2=$(rate "$recipe" "$steps" 2)
-    t1=$(torch "$recipe" "$steps")
+    t1=$(median3 torch "$recipe" "$steps")
     t2=$(torch "$recipe" "$steps" 2)
     printf '%-11s %6s %10s %10s %7.2fx %10s %10s %9.2fx %9.2fx\n' "$recipe" "$steps" "$l1" "$l2" \
         "$(echo "$l2 / $l1" | bc -l)" "$t1" "$t2" "$(echo "$l1 / $t1" | bc -l)" \
