@@ -24,16 +24,6 @@ static bool is_red(const loom__pnode *t) {
     return loom__ops[t->op].kind == LOOM_KIND_RED;
 }
 
-static bool contiguous_lay(const loom__pnode *t) {
-    int64_t s = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->shape[d] != 1 && t->lay.stride[d] != s)
-            return false;
-        s *= t->shape[d];
-    }
-    return true;
-}
-
 void loom__unfuse(loom__program *p) {
     for (int64_t i = 0; i < p->n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1;
@@ -136,8 +126,8 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
         bool same = c->ndim == t->ndim && !memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim);
         /* an elementwise value stored in its slab place (an optimizer's momentum) and read by one
          * elementwise consumer of its shape (the update): computed and stored in that kernel */
-        bool slab =
-            t->lay.base == LOOM_BASE_PERSIST && is_ew(t) && is_ew(c) && same && contiguous_lay(t);
+        bool slab = t->lay.base == LOOM_BASE_PERSIST && is_ew(t) && is_ew(c) && same &&
+                    loom__contiguous(t->ndim, t->shape, t->lay.stride);
         if (!live[i] || is_out[i] || t->check || readers[i] != 1 ||
             (t->lay.base != LOOM_BASE_WS && !slab) || c->dtype != t->dtype)
             continue;

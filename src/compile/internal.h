@@ -37,6 +37,16 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
  * along them and a product on the dot-product path read computes those too, a row at a time
  * (loom__pnode.sinks); returns how many. */
 int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out);
+/* Whether strides st lay out shape row-major without gaps (dims of size 1 free). */
+static inline bool loom__contiguous(int nd, const int64_t *shape, const int64_t *st) {
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (shape[d] != 1 && st[d] != s)
+            return false;
+        s *= shape[d];
+    }
+    return true;
+}
 /* Whether node i is the root of a generated kernel run as a library kernel's epilogue. */
 static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
     return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;

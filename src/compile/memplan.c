@@ -22,16 +22,6 @@ static void contiguous(int nd, const int64_t *shape, int64_t *st) {
     }
 }
 
-static bool is_contiguous(int nd, const int64_t *shape, const int64_t *st) {
-    int64_t s = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        if (shape[d] != 1 && st[d] != s)
-            return false;
-        s *= shape[d];
-    }
-    return true;
-}
-
 /* The layout of a view node as strides over its source's layout. */
 static void view_layout(const loom__pnode *t, const loom__pnode *s, loom__layout *l) {
     *l = s->lay;
@@ -174,12 +164,12 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
                     break;
                 }
                 bool reshape_ok = t->op != LOOM_OP_RESHAPE ||
-                                  (!s->virt && is_contiguous(s->ndim, s->shape, s->lay.stride));
+                                  (!s->virt && loom__contiguous(s->ndim, s->shape, s->lay.stride));
                 if (reshape_ok)
                     view_layout(t, s, l);
                 else if (!is_out[i] && group(t, s))
                     break;
-                if (!reshape_ok || (is_out[i] && !is_contiguous(t->ndim, t->shape, l->stride)))
+                if (!reshape_ok || (is_out[i] && !loom__contiguous(t->ndim, t->shape, l->stride)))
                     materialize(p, i);
                 break;
             }
@@ -308,7 +298,7 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
 static int32_t stored_kernel(const loom__program *p, int32_t src) {
     const loom__pnode *v = &p->nodes[src];
     if (!loom__is_view(v) || v->lay.base != LOOM_BASE_WS || v->lay.offset != 0 ||
-        !is_contiguous(v->ndim, v->shape, v->lay.stride))
+        !loom__contiguous(v->ndim, v->shape, v->lay.stride))
         return src;
     const loom__pnode *r = &p->nodes[v->lay.index];
     return loom__numel(r->ndim, r->shape) == loom__numel(v->ndim, v->shape) ? v->lay.index : src;
