@@ -874,7 +874,6 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
  * (conv2's 5 x 5): each output element picks its window's gradient and code from the registers
  * (a permute) and keeps the gradient where the code names it; the rest, the last row and column a
  * window does not cover included, is +0. The values the rows write, in one pass over the plane. */
-
 __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gtab *t,
                                                                    const float *gy,
                                                                    const uint8_t *codes, bool relu,
@@ -882,8 +881,10 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
     int n0 = (int)(per < 16 ? per : 16), n1 = (int)(per - n0);
     __m512 g0 = _mm512_maskz_loadu_ps((__mmask16)((1u << n0) - 1), gy);
     __m512 g1 = _mm512_maskz_loadu_ps((__mmask16)((1u << n1) - 1), gy + 16);
+    /* codes 16 at a time: at most 15 bytes past a plane's last, within the 16 the buffer spares */
     __m512i k0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)codes));
-    __m512i k1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16)));
+    __m512i k1 = n1 > 0 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16)))
+                        : _mm512_setzero_si512();
     if (relu) {
         g0 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(k0, _mm512_set1_epi32(4)), g0);
         g1 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(k1, _mm512_set1_epi32(4)), g1);
@@ -976,7 +977,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                                 : out;                                                            \
                 if (grad && !k2 && done)                                                          \
                     memset(op, 0, sizeof(T) * (size_t)(H * W));                                   \
-                if (k2 && grad && codes && planes_g) /* the whole plane from the codes */         \
+                if (planes_g) /* the whole plane from the codes */                                \
                     pool2_grad_plane_##T(&gtab, gp, codes + (n * C + c) * OH * OW, relu, op,      \
                                          OH * OW);                                                \
                 else if (k2) { /* every position a window covers is written; the rest zeroed */   \
