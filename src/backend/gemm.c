@@ -386,13 +386,12 @@ static int64_t panel_width(int64_t N) {
  * operand: B^T's rows are read where they lie (row j at b + col(j), element k at + row(k)), with
  * no packed panels; A^T is packed in panels of 64 lanes. A 6 x 64 tile of C^T (24 accumulators,
  * four loads and six broadcasts per k) goes to a staging block of C^T, which 16 x 16 register
- * transposes then write into C. The same sums in the same order as gemm() (k ascending in the same
- * equal blocks, each block's sum added to the last), so the same bits. */
+ * transposes then write into C. k ascending in equal blocks of at most KT, each block's sum added
+ * to the last: a fixed order (not gemm()'s blocks; both backends take this path, so they agree). */
 #    define TR 6  /* rows of C^T (columns of C) a tile */
 #    define TW 64 /* columns of C^T (rows of C) a tile: four vectors */
-#    define KT                                                                             \
-        96 /* k a block: A^T's 96 x 64 panel (24 KB) and the block's image rows fit the L1 \
-            */
+/* k a block: A^T's 96 x 64 panel (24 KB) and the block's image rows fit the L1 together */
+#    define KT 96
 
 __attribute__((target("avx512f"))) static void micro_t(int64_t kc, const float *const *rp,
                                                        const int64_t *aoff, const float *pb,
