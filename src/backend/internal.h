@@ -245,6 +245,11 @@ bool loom__use_own_gemm(void);
  * on that many rows at once, sharing each load of B (conv1's three rows, 1 MB, and its image fit
  * this machine's 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */
 #define LOOM_SINK_ROWS 3
+/* Whether pool gradient t's own buffer holds one plane of its values at a time (they go into
+ * its epilogue, or into the rows its sinks alone read), not all of them. */
+static inline bool loom__pool_by_plane(const loom__pnode *t) {
+    return t->epi >= 0 || (t->nsinks && !t->keep);
+}
 /* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
  * only path that keeps argmax codes, writes a ReLU, or reads codes). */
 static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {

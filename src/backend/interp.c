@@ -764,27 +764,38 @@ __attribute__((target("avx512f"))) static inline __m512i pool_code(__mmask16 q1,
     return _mm512_mask_mov_epi32(v, q3, _mm512_set1_epi32(3));
 }
 
-/* codes (or NULL): each window's argmax code, a byte each; relu: the ReLU of each maximum (the
- * op table's a <= 0 ? 0 : a, so a NaN stays) */
+/* The maxima of windows (a, b | c, d) to o and their codes to codes (or NULL), the n lanes of
+ * mn; relu: each maximum's ReLU (the op table's a <= 0 ? 0 : a, so a NaN stays) and bit 2 of the
+ * code where it passes (its backward's mask). */
+__attribute__((target("avx512f"))) static inline void pool_windows(__m512 a, __m512 b, __m512 c,
+                                                                   __m512 d, __mmask16 mn,
+                                                                   bool relu, float *o,
+                                                                   uint8_t *codes) {
+    __mmask16 q1, q2, q3;
+    __m512 m;
+    pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
+    __m512i code = pool_code(q1, q2, q3);
+    if (relu) {
+        __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+        m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
+                               _mm512_setzero_ps());
+        code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(4));
+    }
+    _mm512_mask_storeu_ps(o, mn, m);
+    if (codes)
+        _mm512_mask_cvtepi32_storeu_epi8(codes, mn, code);
+}
+
+/* codes (or NULL): each window's argmax code, a byte each; relu: the ReLU of each maximum */
 __attribute__((target("avx512f"))) static void
 pool2_row512(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *codes, bool relu) {
     for (int64_t x0 = 0; x0 < ow; x0 += 16) {
         int n = (int)(ow - x0 < 16 ? ow - x0 : 16);
-        __m512 a, b, c, d, m;
-        __mmask16 q1, q2, q3, mn = (__mmask16)((1u << n) - 1);
+        __m512 a, b, c, d;
+        __mmask16 mn = (__mmask16)((1u << n) - 1);
         pool_split(r0 + 2 * x0, n, &a, &b);
         pool_split(r1 + 2 * x0, n, &c, &d);
-        pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
-        __m512i code = pool_code(q1, q2, q3);
-        if (relu) { /* and bit 2 of the code where the ReLU passes (its backward's mask) */
-            __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
-            m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
-                                   _mm512_setzero_ps());
-            code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(4));
-        }
-        _mm512_mask_storeu_ps(o + x0, mn, m);
-        if (codes)
-            _mm512_mask_cvtepi32_storeu_epi8(codes + x0, mn, code);
+        pool_windows(a, b, c, d, mn, relu, o + x0, codes ? codes + x0 : NULL);
     }
 }
 
@@ -805,24 +816,15 @@ __attribute__((target("avx512f"))) static void pool2_planes512(const float *x, i
         int64_t nout = (planes - p0 < 16 ? planes - p0 : 16) * per;
         for (int64_t f0 = 0; f0 < nout; f0 += 16) {
             int n = (int)(nout - f0 < 16 ? nout - f0 : 16);
-            __mmask16 mn = (__mmask16)((1u << n) - 1), q1, q2, q3;
+            __mmask16 mn = (__mmask16)((1u << n) - 1);
             __m512i i0 = _mm512_loadu_si512(idx + f0);
-            __m512 z = _mm512_setzero_ps(), m;
+            __m512 z = _mm512_setzero_ps();
             __m512 a = _mm512_mask_i32gather_ps(z, mn, i0, xb, 4);
             __m512 b = _mm512_mask_i32gather_ps(z, mn, i0, xb + 1, 4);
             __m512 c = _mm512_mask_i32gather_ps(z, mn, i0, xb + W, 4);
             __m512 d = _mm512_mask_i32gather_ps(z, mn, i0, xb + W + 1, 4);
-            pool_moves(a, b, c, d, &q1, &q2, &q3, &m);
-            __m512i code = pool_code(q1, q2, q3);
-            if (relu) { /* as pool2_row512 */
-                __mmask16 pass = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
-                m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_LE_OQ),
-                                       _mm512_setzero_ps());
-                code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(4));
-            }
-            _mm512_mask_storeu_ps(o + p0 * per + f0, mn, m);
-            if (codes)
-                _mm512_mask_cvtepi32_storeu_epi8(codes + p0 * per + f0, mn, code);
+            pool_windows(a, b, c, d, mn, relu, o + p0 * per + f0,
+                         codes ? codes + p0 * per + f0 : NULL);
         }
     }
 }
@@ -1117,8 +1119,8 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
         if (d->lay.stride[3] == 1 && d->lay.stride[2] == d->shape[3])
             memcpy(dyst, d->lay.stride, sizeof(int64_t) * 4);
         else {
-            int64_t own = t->epi >= 0 || (t->nsinks && !t->keep) ? t->shape[2] * t->shape[3]
-                                                                 : loom__numel(4, t->shape);
+            int64_t own =
+                loom__pool_by_plane(t) ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
             void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
             strided_copy(tmp, dy, &d->lay, 4, d->shape, loom__dtype_size((loom_dtype)t->dtype));
             dy = tmp;
