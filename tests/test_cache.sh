@@ -4,7 +4,9 @@
 # LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets; with
 # loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel, its input gradient's fold
 # computes its product, its pool gradients read argmax codes and conv1's feeds its gradients,
-# and conv1's pooling computes conv1 (its product and bias) plane by plane.
+# conv1's pooling computes conv1 (its product and bias) plane by plane, and conv2's fold
+# makes conv2's pool gradient a block at a time for its product and conv2's weight and bias
+# gradients.
 set -u
 loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/cache.$$"
@@ -46,14 +48,17 @@ if "$loom" info | grep -q "matmul: loom's"; then
     # the ReLU's backward's mask in them);
     # conv1's feeds its bias and weight gradients (its rows into a SUM and a MATMUL), so that its
     # output gradient is never written; conv1's pooling computes conv1, whose output never is
-    if [ "$(grep -c "POOLGRAD.*reading the argmax codes of POOLMAX" $train)" = 2 ] &&
+    # conv2's is made a block at a time inside its fold, which computes conv2's weight and bias
+    # gradients from each block as well, so that it is never written
+    if [ "$(grep -c "argmax codes of POOLMAX" $train)" = 2 ] &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
-        [ "$(grep -c "POOLGRAD.*and the ReLU's backward" $train)" = 2 ] &&
+        [ "$(grep -c "the ReLU's backward" $train)" = 2 ] &&
         grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train &&
+        grep -q "FOLD (128,32,13,13).*computing POOLGRAD#[0-9]*, computing SUM#[0-9]*, computing MATMUL#[0-9]*, computing MATMUL#[0-9]*, making POOLGRAD#[0-9]*'s rows a block at a time" $train &&
         grep -q "POOLMAX (32,128,13,13).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]* plane by plane" $train; then
-        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients"
+        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients; conv2's backward runs in its fold"
     else
-        fail "cnn schedule: $(grep -h "POOL" $train)"
+        fail "cnn schedule: $(grep -h "POOL\|FOLD" $train)"
     fi
 fi
 

@@ -198,22 +198,30 @@ TEST(reductions_fuse_bitwise) {
             }
 }
 
-/* Runs g (which it frees) and returns its outputs a and b, na and nb floats, in one malloc'd
- * buffer of *bytes (NULL if the run failed); its metrics into m (if any). */
-static void *two_outputs(loom_graph *g, loom_tensor *a, size_t na, loom_tensor *b, size_t nb,
-                         size_t *bytes, loom_metrics *m) {
-    loom_output(a), loom_output(b);
-    void *out = NULL;
-    if (loom_graph_run(g) == LOOM_OK) {
-        *bytes = sizeof(float) * (na + nb);
-        out = malloc(*bytes);
-        memcpy(out, loom_tensor_data(a), sizeof(float) * na);
-        memcpy((char *)out + sizeof(float) * na, loom_tensor_data(b), sizeof(float) * nb);
+/* Runs g (which it frees) and returns its n outputs t[i], count[i] floats each, one after another
+ * in one malloc'd buffer of *bytes (NULL if the run failed); its metrics into m (if any). */
+static void *outputs_of(loom_graph *g, int n, loom_tensor *const *t, const size_t *count,
+                        size_t *bytes, loom_metrics *m) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        loom_output(t[i]), total += count[i];
+    char *out = NULL;
+    if (loom_graph_run(g) == LOOM_OK && (out = malloc(sizeof(float) * total))) {
+        *bytes = sizeof(float) * total;
+        for (size_t i = 0, at = 0; i < (size_t)n; at += count[i++])
+            memcpy(out + sizeof(float) * at, loom_tensor_data(t[i]), sizeof(float) * count[i]);
     }
     if (m)
         loom_graph_metrics(g, m);
     loom_graph_free(g);
     return out;
+}
+
+static void *two_outputs(loom_graph *g, loom_tensor *a, size_t na, loom_tensor *b, size_t nb,
+                         size_t *bytes, loom_metrics *m) {
+    loom_tensor *t[2] = {a, b};
+    size_t count[2] = {na, nb};
+    return outputs_of(g, 2, t, count, bytes, m);
 }
 
 /* A product read by an elementwise kernel through two reshapes, the first of which something else
@@ -445,6 +453,78 @@ TEST(pooling_computes_its_convolution_bitwise) {
     }
 }
 
+/* A convolution (48 output channels: its weight gradient runs by its transpose), 2 x 2 max pooling
+ * and a ReLU; the gradients of the input, the weights and the bias. Fused, the fold makes the
+ * pool gradient a run of columns at a time from the codes and computes the weight gradient and
+ * the bias's sum from each run (6 x 11 x 11 = 726 positions: a span of 576 and a ragged one,
+ * planes straddling them); kept (the gradient of the convolution's output an output too), the
+ * pool gradient is written whole and each reader runs on its own. The convolution is
+ * loom_conv2d's own composition, pooled before its permute (as loom_pool_max does it), so that
+ * its output's gradient is the pool gradient's. Returns the three gradients. */
+static void *run_conv_back(loom_backend be, bool keep, bool bias, size_t *bytes, loom_metrics *m) {
+    enum { N = 6, C = 4, H = 13, W = 13, O = 48, KS = 3, OH = 11 };
+    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KS, KS}, sb[1] = {O}, sv[2] = {25, 3};
+    int64_t r2[2] = {O * N, 25}, w2[2] = {O, C * KS * KS}, c2[2] = {C * KS * KS, N * OH * OH},
+            b2[2] = {O, 1};
+    int64_t y4[4] = {O, N, OH, OH};
+    static float x[N * C * H * W], w[O * C * KS * KS], b[O], v[25 * 3];
+    for (int i = 0; i < N * C * H * W; i++)
+        x[i] = (float)test_rand(70, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O * C * KS * KS; i++)
+        w[i] = (float)test_rand(71, (uint64_t)i, -0.5, 0.5);
+    for (int i = 0; i < O; i++)
+        b[i] = (float)test_rand(72, (uint64_t)i, -0.5, 0.5);
+    for (int i = 0; i < 25 * 3; i++)
+        v[i] = (float)test_rand(73, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x), *tw = loom_input(g, LOOM_F32, 4, sw, w);
+    loom_tensor *tb = bias ? loom_input(g, LOOM_F32, 1, sb, b) : NULL;
+    loom_requires_grad(tx), loom_requires_grad(tw);
+    if (tb)
+        loom_requires_grad(tb);
+    loom_tensor *cols = loom_unfold(g, tx, (loom_window){KS, KS, 1, 1, 0, 0});
+    loom_tensor *y = loom_matmul(g, loom_reshape(g, tw, 2, w2), loom_reshape(g, cols, 2, c2));
+    if (tb)
+        y = loom_add(g, y, loom_reshape(g, tb, 2, b2));
+    y = loom_reshape(g, y, 4, y4);
+    loom_tensor *r = loom_relu(g, loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0}));
+    loom_tensor *flat = loom_reshape(g, r, 2, r2);
+    loom_tensor *loss = loom_sum_all(g, loom_matmul(g, flat, loom_input(g, LOOM_F32, 2, sv, v)));
+    loom_tensor *wrt[4] = {tx, tw, y, tb}, *gr[4] = {NULL, NULL, NULL, NULL};
+    loom_grads(g, loss, bias ? 4 : 3, wrt, gr);
+    /* the gradients, the loss (its product reads the ReLU, which the pooling then writes), and
+     * in the kept run the pool gradient, not compared */
+    loom_tensor *t[5] = {gr[0], gr[1], gr[3], loss, gr[2]};
+    size_t count[5] = {N * C * H * W, O * C * KS * KS, O, 1, O * N * OH * OH};
+    int n = 4;
+    if (!bias)
+        t[2] = t[3], t[3] = t[4], count[2] = count[3], count[3] = count[4], n = 3;
+    void *out = outputs_of(g, n + keep, t, count, bytes, m);
+    if (out && keep)
+        *bytes -= sizeof(float) * count[n];
+    return out;
+}
+
+TEST(a_fold_computes_its_convolutions_backward_bitwise) {
+    for (int bias = 0; bias < 2; bias++) {
+        size_t n1 = 0, n2 = 0, n3 = 0;
+        loom_metrics mk, mc;
+        void *ref = run_conv_back(LOOM_BACKEND_CPU, true, bias, &n1, &mk);
+        void *got = run_conv_back(LOOM_BACKEND_CPU, false, bias, &n2, &mc);
+        void *interp = run_conv_back(LOOM_BACKEND_INTERP, false, bias, &n3, NULL);
+        ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        ASSERT(same_bits(interp, got, n1, LOOM_F32));
+        /* fused, the pool gradient, the weight gradient's product and the bias's sum run in the
+         * fold (with BLAS each runs on its own either way) */
+        ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 0 : 2 + bias);
+        free(ref);
+        free(got);
+        free(interp);
+    }
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -645,6 +725,7 @@ int main(void) {
     RUN(epilogue_rows_go_into_sinks_bitwise);
     RUN(a_sum_takes_rows_others_read_too);
     RUN(pooling_computes_its_convolution_bitwise);
+    RUN(a_fold_computes_its_convolutions_backward_bitwise);
     RUN(an_update_stores_its_momentum_too);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);

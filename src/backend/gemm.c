@@ -449,14 +449,34 @@ static bool by_transpose(int64_t M, int64_t N, const loom__gmat *a, const loom__
            ccol->n == 1 && ccol->stride[0] == 1 && !accumulate && M >= 48 && M <= 2 * TW && N >= TR;
 }
 
+/* k blocks of a product of K run by its transpose: equal, of at most KT (as gemm()'s of KC). */
+static int64_t t_kstep(int64_t K) {
+    int64_t kb = (K + KT - 1) / KT;
+    return (K + kb - 1) / kb;
+}
+
+/* k block [pc, pc + kc) of C^T (its first nc rows, mpad apart in the staging block tb) from A^T's
+ * panels packed at pp and B's columns at offsets coff: added to what the blocks before it left
+ * there (written by the first). koff is scratch. */
+static void t_kblock(int64_t nc, int64_t mpad, int64_t pc, int64_t kc, const float *pp,
+                     const loom__gmat *b, const int64_t *coff, int64_t *koff, float *tb) {
+    gd_offsets(&b->row, pc, kc, koff);
+    for (int64_t ic = 0; ic < mpad; ic += TW)
+        for (int64_t jr = 0; jr < nc; jr += TR) {
+            const float *rp[TR];
+            for (int r = 0; r < TR; r++) /* past the block: its last row again */
+                rp[r] = b->p + coff[jr + r < nc ? jr + r : nc - 1];
+            micro_t(kc, rp, koff, pp + ic * kc, tb + jr * mpad + ic, mpad, pc > 0);
+        }
+}
+
 static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, int64_t ldc, const done_fn *done, void *scratch) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)PA;                 /* A^T's panels */
     float *tb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C^T, NC (+ a tile) x mpad */
     int64_t *koff = (int64_t *)(tb + (size_t)(MC + MR) * NC), *coff = koff + KC + NR + MC + MR;
-    int64_t kb = (K + KT - 1) / KT, kstep = (K + kb - 1) / kb; /* equal blocks, as gemm() */
-    int64_t mpad = (M + TW - 1) / TW * TW;
+    int64_t kstep = t_kstep(K), mpad = (M + TW - 1) / TW * TW;
     bool once = mpad * K <= (int64_t)KC * (NC + 2 * NR); /* A^T packed once for every block */
     for (int64_t pc = 0; once && pc < K; pc += kstep)
         pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0], a->row.stride[0],
@@ -466,18 +486,10 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
         gd_offsets(&b->col, jc, nc, coff);
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
-            const float *pp = once ? pb + mpad * pc : pb;
             if (!once)
                 pack(M, kc, a->p + pc * a->col.stride[0], a->row.stride[0], a->col.stride[0], TW,
                      pb);
-            gd_offsets(&b->row, pc, kc, koff);
-            for (int64_t ic = 0; ic < mpad; ic += TW)
-                for (int64_t jr = 0; jr < nc; jr += TR) {
-                    const float *rp[TR];
-                    for (int r = 0; r < TR; r++) /* past the block: its last row again */
-                        rp[r] = b->p + coff[jr + r < nc ? jr + r : nc - 1];
-                    micro_t(kc, rp, koff, pp + ic * kc, tb + jr * mpad + ic, mpad, pc > 0);
-                }
+            t_kblock(nc, mpad, pc, kc, once ? pb + mpad * pc : pb, b, coff, koff, tb);
         }
         float *cb = done ? c : c + jc;
         put_transposed(tb, mpad, nc, M, cb, ldc);
@@ -485,13 +497,24 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
             done->fn(done->ctx, jc, nc);
     }
 }
-#    undef TR
-#    undef TW
-#    undef KT
+
+/* N in equal NR-aligned blocks of about NC (300 = 192 + 108, not 288 + 12), of panels nr wide. */
+static int64_t column_step(int64_t N, int64_t nr) {
+    int64_t nb = (N + NC - 1) / NC;
+    return ((N + nb - 1) / nb + nr - 1) / nr * nr;
+}
+
+/* Columns [j0, j0 + N) of a product of nfull columns (loom__conv_back): panels and column blocks
+ * as the whole product has them, C's columns counted from j0; a_ready: A's panels are still in
+ * the scratch from the previous part. */
+typedef struct {
+    int64_t j0, nfull;
+    bool a_ready;
+} gemm_part;
 
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
-                 const done_fn *done, void *scratch) {
+                 const done_fn *done, void *scratch, const gemm_part *part) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)PA;
     float *cb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C, (MC + MR) x NC */
@@ -500,7 +523,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* a row-major C takes full tiles straight from the registers */
     bool plain = crow->n == 1 && ccol->n == 1 && ccol->stride[0] == 1;
     int64_t ldc = crow->stride[0];
-    if (K > 0 && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
+    if (K > 0 && !part && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
         gemm_t(M, N, K, a, b, c, ldc, done, scratch);
         return;
     }
@@ -517,9 +540,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* K in equal blocks of at most KC (288 = 2 x 144, not 192 + 96: a thin last block would pay a
      * full pass over C for little arithmetic). */
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
-    /* N in equal NR-aligned blocks of about NC: 300 = 192 + 108, not 288 + 12. */
-    int64_t nr = panel_width(N);
-    int64_t nb = (N + NC - 1) / NC, nstep = ((N + nb - 1) / nb + nr - 1) / nr * nr;
+    int64_t nfull = part ? part->nfull : N, j0 = part ? part->j0 : 0;
+    int64_t nr = panel_width(nfull), nstep = column_step(nfull, nr);
     float tile[MR * NR];
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
      * out row by row (measured faster than tile by tile: a fold's rows overlap in C). */
@@ -530,12 +552,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     int64_t mpad = (M + MR - 1) / MR * MR, lda = a->row.stride[0];
     bool a_once = mpad * K <= (int64_t)PA;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
-    for (int64_t pc = 0; a_once && pc < K; pc += kstep)
+    for (int64_t pc = 0; a_once && !(part && part->a_ready) && pc < K; pc += kstep)
         pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
                pa + mpad * pc, koff, loff);
     for (int64_t jc = 0; jc < N; jc += nstep) {
         int64_t nc = N - jc < nstep ? N - jc : nstep;
-        gd_offsets(ccol, jc, nc, coff);
+        gd_offsets(ccol, j0 + jc, nc, coff);
         for (int64_t j = nc - 1; done && j >= 0; j--) /* the block's own buffer */
             coff[j] -= coff[0];
         for (int64_t pc = 0; pc < K; pc += kstep) {
@@ -820,9 +842,9 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
         skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (N < 16 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
-        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch);
+        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL);
     } else {
-        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch);
+        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch, NULL);
     }
 }
 
@@ -831,7 +853,7 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
                         void *ctx, void *scratch) {
     done_fn d = {done, ctx};
     loom__gdim crow = gd1(M, ldc), ccol = gd1(N, 1);
-    gemm(M, N, K, a, b, c, &crow, &ccol, false, &d, scratch);
+    gemm(M, N, K, a, b, c, &crow, &ccol, false, &d, scratch, NULL);
 }
 
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
@@ -839,6 +861,74 @@ void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
     loom__gmat ga = {a, gd1(M, ars), gd1(K, acs)}, gb = {b, gd1(K, brs), gd1(N, bcs)};
     loom__sgemm_g(M, N, K, &ga, &gb, c, gd1(M, ldc), gd1(N, 1), false, scratch);
 }
+
+/* ---- a convolution's backward from its output gradient made a block of columns at a time ---- */
+
+/* The gradient's rows as a matrix: K rows ld apart, n columns. */
+static loom__gmat rows_of(const float *r, int64_t K, int64_t ld, int64_t n) {
+    return (loom__gmat){r, gd1(K, ld), gd1(n, 1)};
+}
+
+/* The fold's column blocks taken a span at a time: whole blocks, at least 512 columns. */
+static int64_t back_span(int64_t N) {
+    int64_t nstep = column_step(N, panel_width(N)), span = nstep;
+    while (span < 512)
+        span += nstep;
+    return span;
+}
+
+bool loom__conv_back_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, int64_t WN,
+                        const loom__gmat *b) {
+    loom__gmat r = rows_of(NULL, K, N, N);
+    loom__gdim wrow = gd1(K, WN), wcol = gd1(WN, 1);
+    /* the fold's product: one k block, by gemm() (as loom__sgemm_g runs it); the weight
+     * gradient: by its transpose, all of C^T in one staging block */
+    return loom__gemm_available() && K >= 1 && K <= KC && N >= 16 && a->row.n == 1 &&
+           a->col.n == 1 && !skinny(M, N, K, a, &r) && WN <= NC && !skinny(K, WN, N, &r, b) &&
+           !(WN < 16 && K > WN) && by_transpose(K, WN, &r, b, &wrow, &wcol, false);
+}
+
+/* The rows' pitch: a span and a k block of the weight gradient, pad on either side. */
+static int64_t back_pitch(int64_t N, int64_t pad) {
+    return (back_span(N) + t_kstep(N) + 2 * pad + 15) / 16 * 16;
+}
+
+size_t loom__conv_back_bytes(int64_t N, int64_t K, int64_t WN, int64_t pad) {
+    return sizeof(float) * (size_t)(K * back_pitch(N, pad) + (K + TW - 1) / TW * TW * WN) +
+           sizeof(int64_t) * (size_t)WN + 128;
+}
+
+void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom__gdim crow,
+                     loom__gdim ccol, float *c, int64_t WN, const loom__gmat *b, float *w,
+                     int64_t ldw, loom__rows_fn rows, void *ctx, int64_t pad, void *buf,
+                     void *scratch) {
+    float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *pb = pa + (size_t)PA; /* the gradient's k blocks as A^T's panels (gemm_t) */
+    int64_t *koff = (int64_t *)(pb + (size_t)KC * (NC + 2 * NR) + (size_t)(MC + MR) * NC);
+    int64_t ld = back_pitch(N, pad), mpad = (K + TW - 1) / TW * TW;
+    int64_t span = back_span(N), kstep = t_kstep(N);
+    float *r = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63) + pad;
+    float *tb = r - pad + K * ld; /* the weight gradient's transpose, summed over k blocks */
+    int64_t *coff = (int64_t *)(tb + mpad * WN);
+    gd_offsets(&b->col, 0, WN, coff);
+    /* spans of the fold's columns; the rows from the first k block not yet done (lo), so that
+     * every k block of the weight gradient lies in the rows made for it */
+    for (int64_t fj = 0, pc = 0; fj < N; fj += span) {
+        int64_t hi = N - fj < span ? N : fj + span, lo = pc < fj ? pc : fj;
+        rows(ctx, lo, hi - lo, r, ld);
+        for (int64_t kc; pc < N && pc + (kc = N - pc < kstep ? N - pc : kstep) <= hi; pc += kc) {
+            pack(K, kc, r + (pc - lo), ld, 1, TW, pb);
+            t_kblock(WN, mpad, pc, kc, pb, b, coff, koff, tb);
+        }
+        loom__gmat rb = rows_of(r + (fj - lo), K, ld, hi - fj);
+        gemm(M, hi - fj, K, a, &rb, c, &crow, &ccol, true, NULL, scratch,
+             &(gemm_part){fj, N, fj > 0});
+    }
+    put_transposed(tb, mpad, WN, K, w, ldw);
+}
+#    undef TR
+#    undef TW
+#    undef KT
 
 /* B's column offsets for plane 0 (P of them) and the offset between planes; false if B's columns
  * do not fall in planes of P. */
@@ -989,6 +1079,22 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
                         float *c) {
     (void)s, (void)a, (void)lda, (void)rows, (void)c;
     LOOM_ASSERT(!"loom__dot_rows without AVX-512");
+}
+bool loom__conv_back_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, int64_t WN,
+                        const loom__gmat *b) {
+    (void)M, (void)N, (void)K, (void)a, (void)WN, (void)b;
+    return false;
+}
+size_t loom__conv_back_bytes(int64_t N, int64_t K, int64_t WN, int64_t pad) {
+    (void)N, (void)K, (void)WN, (void)pad;
+    return 0;
+}
+void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom__gdim crow,
+                     loom__gdim ccol, float *c, int64_t WN, const loom__gmat *b, float *w,
+                     int64_t ldw, loom__rows_fn rows, void *ctx, int64_t pad, void *buf,
+                     void *scratch) {
+    (void)M, (void)N, (void)K, (void)a, (void)crow, (void)ccol, (void)c, (void)WN, (void)b;
+    (void)w, (void)ldw, (void)rows, (void)ctx, (void)pad, (void)buf, (void)scratch;
 }
 bool loom__conv_planes_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                           int64_t P) {

@@ -74,6 +74,12 @@ typedef struct {
      * the POOLMAX computes plane by plane, each through the epilogue and pooled while in L1 (the
      * MATMUL's fused_into names it; its ws_off is the planes' scratch); or -1. */
     int32_t conv;
+    /* A FOLD whose product's B is a 2-D view of this POOLGRAD's output, which the fold makes a
+     * block of columns at a time from the codes (loom__conv_back) and feeds, while in cache, to
+     * the product, to back_w (the weight gradient: those rows times an unfold) and to back_sum (a
+     * sum along them, or -1); the POOLGRAD, back_w and back_sum name the FOLD as fused_into, and
+     * the product's ws_off is the blocks' scratch (loom__fold_back_bytes). Or -1. */
+    int32_t back, back_w, back_sum;
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -238,6 +244,23 @@ void loom__conv_planes_begin(loom__conv_planes *s, const loom__gmat *a, const lo
 void loom__conv_planes_run(const loom__conv_planes *s, int64_t i, int rows, int64_t q, float *out,
                            int64_t pitch);
 
+/* A convolution's backward from its output gradient R (K x N: a row per output channel, a
+ * column per output position) that rows(ctx, j0, n, r, ld) makes a run of columns at a time
+ * (R(k, j0 + j) at r[k ld + j]; a pool gradient, from its codes) and that is never written
+ * whole: each run goes, while in cache, into the input gradient's product (a fold's: C += A R,
+ * A M x K, C compound) and the weight gradient (W = R B, K x WN row-major, B an unfold). Runs
+ * ascend and may overlap (columns made again); pad floats on either side of each row are rows'
+ * to write. The same sums in the same order as loom__sgemm_g's two products, so the same bits.
+ * Where loom__conv_back_ok; buf of loom__conv_back_bytes() and the product scratch. */
+typedef void (*loom__rows_fn)(void *ctx, int64_t j0, int64_t n, float *r, int64_t ld);
+bool loom__conv_back_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, int64_t WN,
+                        const loom__gmat *b);
+size_t loom__conv_back_bytes(int64_t N, int64_t K, int64_t WN, int64_t pad);
+void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom__gdim crow,
+                     loom__gdim ccol, float *c, int64_t WN, const loom__gmat *b, float *w,
+                     int64_t ldw, loom__rows_fn rows, void *ctx, int64_t pad, void *buf,
+                     void *scratch);
+
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
@@ -256,6 +279,11 @@ static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
     return w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 && w->pw == 0 &&
            row_stride == 1;
 }
+/* Whether a pool gradient of H x W planes, OH x OW windows, can be made a plane at a time from
+ * the codes (loom__pnode.back). */
+bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
+/* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
+size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */
 bool loom__pool_codes_available(void);
 /* Where POOLMAX m keeps its argmax codes: after its values, or first when it writes a ReLU. */

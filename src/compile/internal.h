@@ -54,6 +54,10 @@ static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
 /* Max pooling computing its input product (and the product's epilogue) a plane at a time
  * (loom__pnode.conv). After the other passes. Returns the number fused, -1 out of memory. */
 int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out);
+/* A fold computing its convolution's backward from a pool gradient made a block at a time
+ * (loom__pnode.back): the fold's product, the weight gradient and the bias gradient's sum. After
+ * loom__fuse_pool_conv. Returns the number fused, -1 out of memory. */
+int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

@@ -442,6 +442,15 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                                       (int64_t)loom__conv_planes_bytes(plane),
                                   t->conv);
             }
+            if (t->back >= 0) { /* the blocks' scratch, and what the fold computes besides */
+                int32_t m = p->nodes[t->src[0]].src[0], also[2] = {t->back_w, t->back_sum};
+                p->nodes[m].ws_off =
+                    place(blocks, &nblocks, &end, (int64_t)loom__fold_back_bytes(p, (int32_t)i), m);
+                for (int q = 0; q < 2; q++)
+                    if (also[q] >= 0 && p->nodes[also[q]].lay.base == LOOM_BASE_WS)
+                        p->nodes[also[q]].ws_off =
+                            place(blocks, &nblocks, &end, bytes_of(&p->nodes[also[q]]), also[q]);
+            }
             for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
                 loom__pnode *sk = &p->nodes[t->sinks[q]];
                 if (sk->lay.base == LOOM_BASE_WS)

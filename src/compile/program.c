@@ -45,6 +45,15 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
                 if (t->conv == m)
                     fprintf(f, " plane by plane");
             }
+        if (t->back >= 0) { /* (its own codes and ReLU lines name the same nodes) */
+            const loom__pnode *g = &p->nodes[t->back];
+            fprintf(f,
+                    ", making POOLGRAD#%d's rows a block at a time from the argmax codes of "
+                    "POOLMAX#%d",
+                    t->back, g->codes_of);
+            if (g->relu_dy >= 0)
+                fprintf(f, " and the ReLU's backward of node %d", g->relu_dy);
+        }
         if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
@@ -266,7 +275,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     for (int64_t i = 0; i < n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
-        p->nodes[i].conv = -1;
+        p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1;
     if (use_compiler(g) && n > 0)
         compile_kernels(g, p, live, is_out);
     int64_t fused = loom__fuse_products(p, live, is_out);
@@ -275,9 +284,10 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         goto fail;
     int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
     int64_t conv = loom__fuse_pool_conv(p, live, is_out);
-    if (conv < 0)
+    int64_t back = conv < 0 ? -1 : loom__fuse_conv_back(p, live, is_out);
+    if (conv < 0 || back < 0)
         goto fail;
-    g->metrics.fused_ops += fused + sinks + codes + relu + conv;
+    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
