@@ -411,11 +411,11 @@ loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **input
 
 /* One device, on this thread. */
 static loom_status run_here(loom_graph *g, loom__program *p) {
-    if (p->ws_bytes > g->workspace_size) {
-        void *ws = loom__realloc(g->workspace, p->ws_bytes);
-        if (!ws)
+    if (p->ws_bytes > g->workspace_size) { /* scratch, not realloc'd (as dist/devices.c) */
+        loom__free(g->workspace);
+        g->workspace_size = 0;
+        if (!(g->workspace = loom__malloc(p->ws_bytes)))
             return LOOM_ENOMEM;
-        g->workspace = ws;
         g->workspace_size = p->ws_bytes;
     }
     const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));

@@ -308,8 +308,11 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         return LOOM_ENOMEM;
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
-        if (p->ws_bytes > d->ws_size) {
-            void *ws = loom__realloc(d->ws, p->ws_bytes);
+        if (p->ws_bytes > d->ws_size) { /* scratch: nothing in it outlives a run, so not
+                                         * realloc'd (a copy would hold both at once) */
+            loom__free(d->ws);
+            void *ws = d->ws = loom__malloc(p->ws_bytes);
+            d->ws_size = 0;
             if (!ws)
                 return loom__error(LOOM_ENOMEM,
                                    "device %d, step %lld: out of memory for its "
