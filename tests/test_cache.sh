@@ -46,14 +46,14 @@ if "$loom" info | grep -q "matmul: loom's"; then
     fi
     # both poolings write their ReLU; both pool gradients read their pooling's argmax codes (and
     # the ReLU's backward's mask in them);
-    # conv1's feeds its bias and weight gradients (its rows into a SUM and a MATMUL), so that its
-    # output gradient is never written; conv1's pooling computes conv1, whose output never is
+    # conv1's feeds its bias and weight gradients (its windows into a SUM and a MATMUL), so that
+    # its output gradient is never made; conv1's pooling computes conv1, whose output never is
     # conv2's is made a block at a time inside its fold, which computes conv2's weight and bias
     # gradients from each block as well, so that it is never written
     if [ "$(grep -c "argmax codes of POOLMAX" $train)" = 2 ] &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
         [ "$(grep -c "the ReLU's backward" $train)" = 2 ] &&
-        grep -q "POOLGRAD (32,128,26,26).*rows into SUM#[0-9]* MATMUL#" $train &&
+        grep -q "POOLGRAD (32,128,26,26).*windows into SUM#[0-9]* MATMUL#" $train &&
         grep -q "FOLD (128,32,13,13).*computing POOLGRAD#[0-9]*, computing SUM#[0-9]*, computing MATMUL#[0-9]*, computing MATMUL#[0-9]*, making POOLGRAD#[0-9]*'s rows a block at a time" $train &&
         grep -q "POOLMAX (32,128,13,13).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]* plane by plane" $train; then
         echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients; conv2's backward runs in its fold"

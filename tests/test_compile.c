@@ -525,6 +525,70 @@ TEST(a_fold_computes_its_convolutions_backward_bitwise) {
     }
 }
 
+/* A first convolution (2 input channels, 7 output channels: a last row alone) with bias, 2 x 2
+ * max pooling and a ReLU; the weights' and the bias's gradients and the loss. Fused, the pool
+ * gradient's sinks (the bias's sum, the weights' product on the dot-product path) take its
+ * windows by their argmax places and its rows are never made; kept (the convolution output's
+ * gradient an output too), the rows are written whole and the two run on them. */
+static void *run_window_sinks(loom_backend be, bool keep, size_t *bytes, loom_metrics *m) {
+    enum { N = 4, C = 2, H = 28, O = 7, KS = 3, OH = 26 };
+    int64_t sx[4] = {N, C, H, H}, sw[4] = {O, C, KS, KS}, sb[1] = {O}, sv[2] = {169, 3};
+    int64_t r2[2] = {O * N, 169}, w2[2] = {O, C * KS * KS}, c2[2] = {C * KS * KS, N * OH * OH};
+    int64_t b2[2] = {O, 1}, y4[4] = {O, N, OH, OH};
+    static float x[N * C * H * H], w[O * C * KS * KS], b[O], v[169 * 3];
+    for (int i = 0; i < N * C * H * H; i++)
+        x[i] = (float)test_rand(80, (uint64_t)i, -1, 1);
+    for (int i = 0; i < O * C * KS * KS; i++)
+        w[i] = (float)test_rand(81, (uint64_t)i, -0.5, 0.5);
+    for (int i = 0; i < O; i++)
+        b[i] = (float)test_rand(82, (uint64_t)i, -0.5, 0.5);
+    for (int i = 0; i < 169 * 3; i++)
+        v[i] = (float)test_rand(83, (uint64_t)i, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    loom_tensor *tw = loom_input(g, LOOM_F32, 4, sw, w), *tb = loom_input(g, LOOM_F32, 1, sb, b);
+    loom_requires_grad(tw), loom_requires_grad(tb);
+    loom_tensor *cols =
+        loom_unfold(g, loom_input(g, LOOM_F32, 4, sx, x), (loom_window){KS, KS, 1, 1, 0, 0});
+    loom_tensor *y = loom_matmul(g, loom_reshape(g, tw, 2, w2), loom_reshape(g, cols, 2, c2));
+    y = loom_reshape(g, loom_add(g, y, loom_reshape(g, tb, 2, b2)), 4, y4);
+    loom_tensor *r = loom_relu(g, loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0}));
+    loom_tensor *loss = loom_sum_all(
+        g, loom_matmul(g, loom_reshape(g, r, 2, r2), loom_input(g, LOOM_F32, 2, sv, v)));
+    loom_tensor *wrt[3] = {tw, tb, y}, *gr[3] = {NULL, NULL, NULL};
+    loom_grads(g, loss, keep ? 3 : 2, wrt, gr);
+    loom_tensor *t[4] = {gr[0], gr[1], loss, gr[2]};
+    size_t count[4] = {O * C * KS * KS, O, 1, O * N * OH * OH};
+    void *out = outputs_of(g, keep ? 4 : 3, t, count, bytes, m);
+    if (out && keep) /* (the kept gradient is not compared) */
+        *bytes -= sizeof(float) * count[3];
+    return out;
+}
+
+TEST(pool_gradient_sinks_take_its_windows) {
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    loom_metrics mk, mc;
+    float *ref = run_window_sinks(LOOM_BACKEND_CPU, true, &n1, &mk);
+    float *got = run_window_sinks(LOOM_BACKEND_CPU, false, &n2, &mc);
+    float *interp = run_window_sinks(LOOM_BACKEND_INTERP, false, &n3, NULL);
+    ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
+    ASSERT(same_bits(interp, got, n1, LOOM_F32)); /* the same kernel in both backends */
+    /* the same products in another order: within a few ulps of the largest output
+     * (bias 7 and weight 126 values: sums over 676 windows) */
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < n1 / sizeof(float); i++) {
+        err = fmax(err, fabs((double)ref[i] - got[i]));
+        scale = fmax(scale, fabs(ref[i]));
+    }
+    ASSERT(scale > 1 && err <= 1e-6 * scale);
+    /* fused, the bias's sum and the weights' product run in the pool gradient (with BLAS the
+     * rows are written and each runs on its own either way) */
+    ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 0 : 2);
+    free(ref);
+    free(got);
+    free(interp);
+}
+
 /* 20 training steps of a recipe with the given backend; the parameters into *out (malloc'd). */
 static float *train(const char *recipe, loom_backend be, loom_metrics *m) {
     static loom_dataset *d;
@@ -726,6 +790,7 @@ int main(void) {
     RUN(a_sum_takes_rows_others_read_too);
     RUN(pooling_computes_its_convolution_bitwise);
     RUN(a_fold_computes_its_convolutions_backward_bitwise);
+    RUN(pool_gradient_sinks_take_its_windows);
     RUN(an_update_stores_its_momentum_too);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);

@@ -80,6 +80,10 @@ typedef struct {
      * sum along them, or -1); the POOLGRAD, back_w and back_sum name the FOLD as fused_into, and
      * the product's ws_off is the blocks' scratch (loom__fold_back_bytes). Or -1. */
     int32_t back, back_w, back_sum;
+    /* A POOLGRAD with sinks whose rows are zero but at its windows' argmax places (2 x 2 windows
+     * tiling its planes, codes read): the sinks take the windows instead and the rows are never
+     * made (interp.c, loom__pool_quad_ok). */
+    bool quad;
 } loom__pnode;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
@@ -282,6 +286,11 @@ static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
 /* Whether a pool gradient of H x W planes, OH x OW windows, can be made a plane at a time from
  * the codes (loom__pnode.back). */
 bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
+/* Whether pool gradient id's sinks can take its windows (loom__pnode.quad; its sinks, codes and
+ * ReLU's backward decided; a product sink: a 3 x 3 convolution's weight gradient), and the
+ * scratch it then needs. */
+bool loom__pool_quad_ok(const loom__program *p, int32_t id);
+size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);
 /* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
 size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */

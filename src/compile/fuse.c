@@ -667,3 +667,11 @@ int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_
     loom__free(readers);
     return n;
 }
+
+int64_t loom__fuse_pool_quad(loom__program *p, const bool *live) {
+    int64_t n = 0;
+    for (int32_t L = 0; L < p->n; L++)
+        if (live[L] && p->nodes[L].op == LOOM_OP_POOLGRAD && loom__pool_quad_ok(p, L))
+            p->nodes[L].quad = true, n++;
+    return n;
+}

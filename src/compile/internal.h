@@ -58,6 +58,9 @@ int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_
  * (loom__pnode.back): the fold's product, the weight gradient and the bias gradient's sum. After
  * loom__fuse_pool_conv. Returns the number fused, -1 out of memory. */
 int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out);
+/* Pool gradients whose sinks take their windows instead of their rows (loom__pnode.quad). Last
+ * of the passes. Returns the number. */
+int64_t loom__fuse_pool_quad(loom__program *p, const bool *live);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

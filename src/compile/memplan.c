@@ -424,6 +424,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                      : 0; /* the rows the sinks read, and B's chunks */
             if (t->epi < 0)
                 size += rows;
+            if (t->quad) /* its images */
+                size += (int64_t)loom__pool_quad_bytes(p, (int32_t)i);
             t->ws_off = place(blocks, &nblocks, &end, size, i);
             const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
             if (k && p->nodes[k->root].lay.base == LOOM_BASE_WS) { /* its epilogue writes now */

@@ -66,7 +66,10 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
         if (t->relu_dy >= 0)
             fprintf(f, " and the ReLU's backward of node %d", t->relu_dy);
         for (int q = 0; q < t->nsinks; q++)
-            fprintf(f, "%s%s#%d", q ? " " : ", rows into ",
+            fprintf(f, "%s%s#%d",
+                    q         ? " "
+                    : t->quad ? ", windows into "
+                              : ", rows into ",
                     loom__ops[p->nodes[t->sinks[q]].op].name, t->sinks[q]);
     }
     fputc('\n', f);
@@ -287,7 +290,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     int64_t back = conv < 0 ? -1 : loom__fuse_conv_back(p, live, is_out);
     if (conv < 0 || back < 0)
         goto fail;
-    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back;
+    int64_t quad = loom__fuse_pool_quad(p, live);
+    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back + quad;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
