@@ -399,23 +399,26 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
 /* A max pooling of a convolution: sum(relu?(pool(conv(x, w, b?))) v) and its gradient with
  * respect to w. The pooling computes the convolution a plane at a time (the product, the bias's
  * epilogue, then the pooling, its ReLU and argmax codes) unless `keep` makes the convolution's
- * output an output. Shapes: 6 output channels (a group of 4 rows and one of 2), 2 input channels
- * and a 3 x 2 kernel (K = 12), planes of 9 x 8 (ragged pooling rows); or stride 2, no bias, no
- * ReLU (columns one apart in no run). Returns the pooled values and the gradient. */
-static void *run_conv_pool(loom_backend be, bool keep, bool stride2, size_t *bytes,
-                           loom_metrics *m) {
-    enum { N = 3, C = 2, H = 11, W = 9, O = 6, KH = 3, KW = 2 };
+ * output an output. Shapes (mode): 6 output channels (a group of 4 rows and one of 2), 2 input
+ * channels and a 3 x 2 kernel (K = 12), planes of 9 x 8 (ragged pooling rows); or (1) stride 2,
+ * no bias, no ReLU (columns one apart in no run); or (2) a 3 x 3 kernel on 14 x 14 images,
+ * planes of 12 x 12 that the windows tile (made by windows). Returns the pooled values and the
+ * gradient. */
+static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, loom_metrics *m) {
+    enum { N = 3, C = 2, O = 6, KH = 3 };
+    bool stride2 = mode == 1;
+    int H = mode == 2 ? 14 : 11, W = mode == 2 ? 14 : 9, KW = mode == 2 ? 3 : 2;
     int st = stride2 ? 2 : 1, OH = (H - KH) / st + 1, OW = (W - KW) / st + 1;
     int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sb[1] = {O};
     int64_t sv[4] = {N, O, OH / 2, OW / 2};
-    static float x[N * C * H * W], w[O * C * KH * KW], bias[O], v[N * O * (H / 2) * (W / 2)];
+    static float x[N * C * 14 * 14], w[O * C * KH * 3], bias[O], v[N * O * 7 * 7];
     for (int i = 0; i < N * C * H * W; i++)
         x[i] = (float)test_rand(60, (uint64_t)i, -1, 1);
     for (int i = 0; i < O * C * KH * KW; i++)
         w[i] = (float)test_rand(61, (uint64_t)i, -1, 1);
     for (int i = 0; i < O; i++)
         bias[i] = (float)test_rand(62, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < N * O * (H / 2) * (W / 2); i++)
+    for (int i = 0; i < N * O * (OH / 2) * (OW / 2); i++)
         v[i] = (float)test_rand(63, (uint64_t)i, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
@@ -434,12 +437,12 @@ static void *run_conv_pool(loom_backend be, bool keep, bool stride2, size_t *byt
 }
 
 TEST(pooling_computes_its_convolution_bitwise) {
-    for (int stride2 = 0; stride2 < 2; stride2++) {
+    for (int mode = 0; mode < 3; mode++) {
         size_t n1 = 0, n2 = 0, n3 = 0;
         loom_metrics mk, mc;
-        void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, stride2, &n1, &mk);
-        void *got = run_conv_pool(LOOM_BACKEND_CPU, false, stride2, &n2, &mc);
-        void *interp = run_conv_pool(LOOM_BACKEND_INTERP, false, stride2, &n3, NULL);
+        void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, mode, &n1, &mk);
+        void *got = run_conv_pool(LOOM_BACKEND_CPU, false, mode, &n2, &mc);
+        void *interp = run_conv_pool(LOOM_BACKEND_INTERP, false, mode, &n3, NULL);
         ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
         ASSERT(same_bits(ref, got, n1, LOOM_F32));
         ASSERT(same_bits(interp, got, n1, LOOM_F32));

@@ -291,6 +291,8 @@ bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
  * scratch it then needs. */
 bool loom__pool_quad_ok(const loom__program *p, int32_t id);
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);
+/* The scratch of max pooling f computing its convolution (loom__pnode.conv). */
+size_t loom__pool_conv_bytes(const loom__program *p, int32_t f);
 /* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
 size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */

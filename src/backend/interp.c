@@ -1197,34 +1197,42 @@ size_t loom__pool_quad_bytes(const loom__program *p, int32_t id) {
 /* Input channel c's images (a', b') = x[n, c, 2 oy + a', 2 ox + b'] for a', b' in 0..3 (strides of
  * the unfold's B: rows (n, y, x), columns (c, kh, kw)), each plane's windows 16 a chunk: image i
  * of chunk q of plane n at S + ((n chunks + q) QUAD_IMGS + i) 16, zeros past the windows. A
- * plane at a time through tmp (an image's plane: OH x OW, then zeros to the chunk). */
+ * plane of each image at a time through tmp (QUAD_IMGS planes of OH x OW, zeros to the chunk),
+ * all of them written before any is read back (a load of what masked stores just wrote waits). */
 __attribute__((target("avx512f"))) static void quad_images(float *S, float *tmp, const float *x,
                                                            const loom__gdim *br, int64_t sc,
                                                            int64_t OH, int64_t OW, int64_t chunks) {
-    int64_t sy = br->stride[1], sx = br->stride[2];
+    int64_t sy = br->stride[1], sx = br->stride[2], cp = 16 * chunks;
     __m512i ie = _mm512_loadu_si512(pool_even);
     __mmask16 lo = (__mmask16)(2 * OW - 1 >= 16 ? 0xffff : (1u << (2 * OW - 1)) - 1);
     __mmask16 hi = (__mmask16)(2 * OW - 1 <= 16 ? 0 : (1u << (2 * OW - 1 - 16)) - 1);
     __mmask16 mo = (__mmask16)((1u << OW) - 1);
-    for (int64_t n = 0; n < br->size[0]; n++)
+    memset(tmp, 0, sizeof(float) * (size_t)(QUAD_IMGS * cp)); /* (the rows leave the pads) */
+    for (int64_t n = 0; n < br->size[0]; n++) {
         for (int i = 0; i < QUAD_IMGS; i++) {
-            int64_t a = i / 4, b = i % 4;
-            memset(tmp, 0, sizeof(float) * (size_t)(16 * chunks));
+            float *t = tmp + i * cp;
+            /* rows i, i + 16, ... of the next image: its first reads miss otherwise */
+            for (int64_t y = i; sx == 1 && y < 2 * OH + 2; y += QUAD_IMGS)
+                for (int64_t o = 0; o < 2 * OW + 2; o += 16)
+                    _mm_prefetch((const char *)(x + (n + 1) * br->stride[0] + sc + y * sy + o),
+                                 _MM_HINT_T0);
             for (int64_t oy = 0; oy < OH; oy++) {
-                const float *r = x + n * br->stride[0] + sc + (2 * oy + a) * sy + b * sx;
+                const float *r = x + n * br->stride[0] + sc + (2 * oy + i / 4) * sy + i % 4 * sx;
                 if (sx == 1) { /* the even ones of 2 OW - 1 floats (nothing read past) */
                     __m512 v0 = _mm512_maskz_loadu_ps(lo, r),
                            v1 = _mm512_maskz_loadu_ps(hi, r + 16);
-                    _mm512_mask_storeu_ps(tmp + oy * OW, mo, _mm512_permutex2var_ps(v0, ie, v1));
+                    _mm512_mask_storeu_ps(t + oy * OW, mo, _mm512_permutex2var_ps(v0, ie, v1));
                 } else {
                     for (int64_t ox = 0; ox < OW; ox++)
-                        tmp[oy * OW + ox] = r[2 * ox * sx];
+                        t[oy * OW + ox] = r[2 * ox * sx];
                 }
             }
-            for (int64_t q = 0; q < chunks; q++)
-                _mm512_store_ps(S + ((n * chunks + q) * QUAD_IMGS + i) * 16,
-                                _mm512_loadu_ps(tmp + 16 * q));
         }
+        for (int64_t q = 0; q < chunks; q++)
+            for (int i = 0; i < QUAD_IMGS; i++)
+                _mm512_store_ps(S + ((n * chunks + q) * QUAD_IMGS + i) * 16,
+                                _mm512_loadu_ps(tmp + i * cp + 16 * q));
+    }
 }
 
 /* Two rows (channels c and c + dc) against a 3 x 3 kernel's nine columns of one input channel:
@@ -1395,11 +1403,171 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     return LOOM_OK;
 }
 
+/* ---- a pooling computing its convolution by windows ------------------------------------------
+ * A 3 x 3 convolution of stride 1 whose 2 x 2 pooling tiles its output planes is made by windows:
+ * the output at place (a, b) of window (oy, ox) is the sum over taps of w[c, ci, kh, kw] times
+ * image (ci, a + kh, b + kw) of quad_images at (oy, ox), so 16 windows of all four places come
+ * from 16 aligned loads shared by four channels, and the pooling is four vectors' maximum (no
+ * shuffles, no gathers). Each output is the same chain of FMAs from zero, taps ascending, as
+ * loom__conv_planes_run's, and the maximum the same rule: the same bits. The epilogue runs on a
+ * plane of values in window order, so its other operands must not vary along the columns. */
+typedef struct {
+    int64_t Cin, OH, OW, chunks, N;
+    loom__gdim br; /* the unfold's rows (n, y, x), for quad_images */
+    int64_t sc;    /* its input channels' stride */
+} conv_quad;
+
+/* Whether epilogue k's operands (but the product's) are the same all along a row. */
+static bool epilogue_by_rows(const loom__program *p, const loom__fused *k) {
+    const loom__pnode *root = &p->nodes[k->root];
+    for (int a = 1; a < k->nargs; a++) {
+        const loom__pnode *l = &p->nodes[k->args[a]];
+        bool one = loom__numel(l->ndim, l->shape) == 1;
+        bool col = l->ndim == 2 && l->shape[0] == root->shape[0] &&
+                   (l->shape[1] == 1 || l->lay.stride[1] == 0);
+        if (a != k->epi_arg && !one && !col)
+            return false;
+    }
+    return true;
+}
+
+static bool conv_quad_of(const loom__program *p, int32_t id, conv_quad *q) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    loom__gdim br, bc;
+    loom__operand_dims(&p->nodes[m->src[1]], &bc, &br); /* B: rows (ci, kh, kw), cols (n, y, x) */
+    int64_t OH = t->shape[2], OW = t->shape[3];
+    if (!pool512() || !loom__pool2x2(&t->attr.win, 1) || bc.n != 3 || br.n != 3 ||
+        bc.size[1] != 3 || bc.size[2] != 3 || bc.size[0] * 9 > LOOM_CONV_MAX_K ||
+        br.size[1] != 2 * OH || br.size[2] != 2 * OW || x->shape[2] != 2 * OH ||
+        x->shape[3] != 2 * OW || OW > 16 || br.stride[1] != bc.stride[1] ||
+        br.stride[2] != bc.stride[2] || (m->epi >= 0 && !epilogue_by_rows(p, &p->fused[m->epi])))
+        return false;
+    *q = (conv_quad){.Cin = bc.size[0],
+                     .OH = OH,
+                     .OW = OW,
+                     .chunks = (OH * OW + 15) / 16,
+                     .N = br.size[0],
+                     .br = br,
+                     .sc = bc.stride[0]};
+    q->br.size[0] = 1; /* (one image at a time) */
+    return true;
+}
+
+/* Floats of a pooling's scratch by windows: the images of one input image, a plane of each (for
+ * quad_images), four channels' products and their epilogue's, all by windows. */
+static int64_t conv_quad_floats(const conv_quad *q) {
+    return 16 * q->chunks * (q->Cin * QUAD_IMGS + QUAD_IMGS + 4 * 4 + 4 * 4);
+}
+
+size_t loom__pool_conv_bytes(const loom__program *p, int32_t f) {
+    int64_t plane = p->nodes[p->nodes[f].src[0]].lay.stride[1];
+    size_t rows = 64 + (LOOM_CONV_ROWS + 1) * (size_t)(plane + 16) * sizeof(float) +
+                  loom__conv_planes_bytes(plane);
+    conv_quad q;
+    if (!conv_quad_of(p, f, &q))
+        return rows;
+    size_t quad = 64 + sizeof(float) * (size_t)conv_quad_floats(&q);
+    return quad > rows ? quad : rows;
+}
+
+#ifdef HAVE_POOL512
+/* Four channels (rows a[r] of A) of image S's windows, chunk by chunk: out + (r 4 + place) cp. */
+__attribute__((target("avx512f"))) static void conv_quad_rows(const float *const *a, int64_t acs,
+                                                              int64_t Cin, const float *S,
+                                                              int64_t chunks, float *out,
+                                                              int64_t cp) {
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        __m512 acc[4][4];
+#    pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#    pragma GCC unroll 4
+            for (int pl = 0; pl < 4; pl++)
+                acc[r][pl] = _mm512_setzero_ps();
+        for (int64_t ci = 0; ci < Cin; ci++) {
+            const float *sp = S + (ci * chunks + ch) * QUAD_IMGS * 16;
+#    pragma GCC unroll 9
+            for (int k = 0; k < 9; k++) { /* taps ascending: (ci, kh, kw) */
+                int kh = k / 3, kw = k % 3;
+                int64_t at = (ci * 9 + k) * acs;
+                __m512 w[4] = {_mm512_set1_ps(a[0][at]), _mm512_set1_ps(a[1][at]),
+                               _mm512_set1_ps(a[2][at]), _mm512_set1_ps(a[3][at])};
+#    pragma GCC unroll 4
+                for (int pl = 0; pl < 4; pl++) {
+                    __m512 v = _mm512_load_ps(sp + ((pl / 2 + kh) * 4 + pl % 2 + kw) * 16);
+#    pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++)
+                        acc[r][pl] = _mm512_fmadd_ps(w[r], v, acc[r][pl]);
+                }
+            }
+        }
+#    pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+#    pragma GCC unroll 4
+            for (int pl = 0; pl < 4; pl++)
+                _mm512_store_ps(out + (r * 4 + pl) * cp + 16 * ch, acc[r][pl]);
+    }
+}
+
+/* The pooling of one channel's plane by windows: place pl's values at v + pl cp. */
+__attribute__((target("avx512f"))) static void
+pool_quad_plane(const float *v, int64_t cp, int64_t OP, bool relu, float *o, uint8_t *codes) {
+    for (int64_t w = 0; w < OP; w += 16) {
+        __mmask16 mn = (__mmask16)(OP - w >= 16 ? 0xffff : (1u << (OP - w)) - 1);
+        pool_windows(_mm512_load_ps(v + w), _mm512_load_ps(v + cp + w),
+                     _mm512_load_ps(v + 2 * cp + w), _mm512_load_ps(v + 3 * cp + w), mn, relu,
+                     o + w, codes ? codes + w : NULL);
+    }
+}
+
+static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, int32_t id,
+                                  const conv_quad *q) {
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    loom__gmat ga, gb;
+    product_operands(p, b, t->conv, &ga, &gb);
+    int64_t cp = 16 * q->chunks, OP = q->OH * q->OW, O = m->shape[0];
+    float *S = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
+    float *tmp = S + q->Cin * QUAD_IMGS * cp, *prod = tmp + QUAD_IMGS * cp, *root = prod + 16 * cp;
+    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
+    void *args[LOOM_FUSED_MAX_ARGS] = {root};
+    for (int a = 1; k && a < k->nargs; a++)
+        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
+    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
+    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    for (int64_t n = 0; n < q->N; n++) {
+        for (int64_t ci = 0; ci < q->Cin; ci++)
+            quad_images(S + ci * QUAD_IMGS * cp, tmp, gb.p + n * gb.col.stride[0], &q->br,
+                        ci * q->sc, q->OH, q->OW, q->chunks);
+        for (int64_t c = 0; c < O; c += 4) {
+            int64_t rows = O - c < 4 ? O - c : 4;
+            const float *a[4]; /* a missing channel computes the last one again, not kept */
+            for (int64_t r = 0; r < 4; r++)
+                a[r] = ga.p + (c + (r < rows ? r : rows - 1)) * ga.row.stride[0];
+            conv_quad_rows(a, ga.col.stride[0], q->Cin, S, q->chunks, prod, cp);
+            /* the epilogue on each channel (its operands the same along the row: columns 0..
+             * will do), then the poolings (their loads well after the epilogue's stores) */
+            for (int64_t r = 0; k && r < rows; r++)
+                args[0] = root + r * 4 * cp, k->part(args, c + r, 0, 4 * cp, prod + r * 4 * cp);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t pl = (c + r) * q->N + n;
+                pool_quad_plane((k ? root : prod) + r * 4 * cp, cp, OP, t->relu >= 0, o + pl * OP,
+                                codes ? codes + pl * OP : NULL);
+            }
+        }
+    }
+    return LOOM_OK;
+}
+#endif
+
 /* A max pooling computing its input (loom__pnode.conv): each plane of the product made from the
  * image, through the product's epilogue (conv bias), then pooled (with its ReLU and codes) while
  * it is in L1; the product's output is never written. The same values as the product, its
  * epilogue and the pooling run one after the other. */
 static loom_status pool_conv(const loom__program *p, const loom__bind *b, int32_t id) {
+#ifdef HAVE_POOL512
+    conv_quad cq;
+    if (conv_quad_of(p, id, &cq))
+        return pool_conv_quad(p, b, id, &cq);
+#endif
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
     loom__gmat ga, gb;
     int64_t K = product_operands(p, b, t->conv, &ga, &gb), P = x->lay.stride[1];

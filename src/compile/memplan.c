@@ -437,12 +437,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 r->ws_off = place(blocks, &nblocks, &end, bytes_of(r), t->relu);
             }
             if (t->conv >= 0) { /* the product's planes (its own and its epilogue's), aligned */
-                loom__pnode *m = &p->nodes[t->conv];
-                int64_t plane = p->nodes[t->src[0]].lay.stride[1];
-                m->ws_off = place(blocks, &nblocks, &end,
-                                  64 + (LOOM_CONV_ROWS + 1) * (plane + 16) * (int64_t)es +
-                                      (int64_t)loom__conv_planes_bytes(plane),
-                                  t->conv);
+                p->nodes[t->conv].ws_off = place(
+                    blocks, &nblocks, &end, (int64_t)loom__pool_conv_bytes(p, (int32_t)i), t->conv);
             }
             if (t->back >= 0) { /* the blocks' scratch, and what the fold computes besides */
                 int32_t m = p->nodes[t->src[0]].src[0], also[2] = {t->back_w, t->back_sum};
