@@ -402,16 +402,19 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
  * output an output. Shapes (mode): 6 output channels (a group of 4 rows and one of 2), 2 input
  * channels and a 3 x 2 kernel (K = 12), planes of 9 x 8 (ragged pooling rows); or (1) stride 2,
  * no bias, no ReLU (columns one apart in no run); or (2) a 3 x 3 kernel on 14 x 14 images,
- * planes of 12 x 12 that the windows tile (made by windows). Returns the pooled values and the
- * gradient. */
+ * planes of 12 x 12 that the windows tile (made by windows); or (3) 48 output channels (the
+ * product runs by its transpose) on 13 x 13 images, planes of 11 x 11 whose last row and column
+ * no window covers (made by windows through the transpose, 2 images a block: 3 is ragged).
+ * Returns the pooled values and the gradient. */
 static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, loom_metrics *m) {
-    enum { N = 3, C = 2, O = 6, KH = 3 };
+    enum { N = 3, C = 2, KH = 3, OMAX = 48 };
     bool stride2 = mode == 1;
-    int H = mode == 2 ? 14 : 11, W = mode == 2 ? 14 : 9, KW = mode == 2 ? 3 : 2;
+    int H = mode >= 2 ? 14 - (mode == 3) : 11, W = mode >= 2 ? 14 - (mode == 3) : 9;
+    int KW = mode >= 2 ? 3 : 2, O = mode == 3 ? 48 : 6;
     int st = stride2 ? 2 : 1, OH = (H - KH) / st + 1, OW = (W - KW) / st + 1;
     int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sb[1] = {O};
     int64_t sv[4] = {N, O, OH / 2, OW / 2};
-    static float x[N * C * 14 * 14], w[O * C * KH * 3], bias[O], v[N * O * 7 * 7];
+    static float x[N * C * 14 * 14], w[OMAX * C * KH * 3], bias[OMAX], v[N * OMAX * 7 * 7];
     for (int i = 0; i < N * C * H * W; i++)
         x[i] = (float)test_rand(60, (uint64_t)i, -1, 1);
     for (int i = 0; i < O * C * KH * KW; i++)
@@ -437,7 +440,7 @@ static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, 
 }
 
 TEST(pooling_computes_its_convolution_bitwise) {
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         size_t n1 = 0, n2 = 0, n3 = 0;
         loom_metrics mk, mc;
         void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, mode, &n1, &mk);

@@ -926,6 +926,35 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
     }
     put_transposed(tb, mpad, WN, K, w, ldw);
 }
+/* ---- a product by its transpose over chosen columns (a pooling's windows, place by place) ---- */
+
+bool loom__gemm_t_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    loom__gdim crow = gd1(M, N), ccol = gd1(N, 1);
+    int64_t mpad = (M + TW - 1) / TW * TW;
+    /* as loom__sgemm_g runs it (gemm_t), with A^T packed once */
+    return loom__gemm_available() && K >= 1 && !skinny(M, N, K, a, b) && !(N < 16 && M > N) &&
+           by_transpose(M, N, a, b, &crow, &ccol, false) && mpad * K <= (int64_t)KC * (NC + 2 * NR);
+}
+
+void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                       const int64_t *coff, int64_t n, float *c, int64_t ldc, bool packed,
+                       void *scratch) {
+    float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *pb = pa + (size_t)PA;                 /* A^T's panels, every k block */
+    float *tb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C^T */
+    int64_t *koff = (int64_t *)(tb + (size_t)(MC + MR) * NC);
+    int64_t kstep = t_kstep(K), mpad = (M + TW - 1) / TW * TW;
+    for (int64_t pc = 0; !packed && pc < K; pc += kstep)
+        pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0], a->row.stride[0],
+             a->col.stride[0], TW, pb + mpad * pc);
+    for (int64_t jc = 0; jc < n; jc += NC) {
+        int64_t nc = n - jc < NC ? n - jc : NC;
+        for (int64_t pc = 0; pc < K; pc += kstep)
+            t_kblock(nc, mpad, pc, K - pc < kstep ? K - pc : kstep, pb + mpad * pc, b, coff + jc,
+                     koff, tb);
+        put_transposed(tb, mpad, nc, M, c + jc, ldc);
+    }
+}
 #    undef TR
 #    undef TW
 #    undef KT
@@ -1079,6 +1108,16 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
                         float *c) {
     (void)s, (void)a, (void)lda, (void)rows, (void)c;
     LOOM_ASSERT(!"loom__dot_rows without AVX-512");
+}
+bool loom__gemm_t_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    (void)M, (void)N, (void)K, (void)a, (void)b;
+    return false;
+}
+void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                       const int64_t *coff, int64_t n, float *c, int64_t ldc, bool packed,
+                       void *scratch) {
+    (void)M, (void)K, (void)a, (void)b, (void)coff, (void)n, (void)c, (void)ldc, (void)packed;
+    (void)scratch;
 }
 bool loom__conv_back_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, int64_t WN,
                         const loom__gmat *b) {

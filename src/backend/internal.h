@@ -265,6 +265,15 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
                      int64_t ldw, loom__rows_fn rows, void *ctx, int64_t pad, void *buf,
                      void *scratch);
 
+/* The columns of a product that loom__sgemm_g runs by its transpose (loom__gemm_t_ok: a
+ * convolution's forward, B an unfold) at B's column offsets coff[0 .. n), in that order: C's
+ * columns to c (M rows, ldc apart), each the same sums in the same order as the whole product's.
+ * packed: A^T's panels are still in the scratch from the previous call. */
+bool loom__gemm_t_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b);
+void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                       const int64_t *coff, int64_t n, float *c, int64_t ldc, bool packed,
+                       void *scratch);
+
 /* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
@@ -291,8 +300,10 @@ bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
  * scratch it then needs. */
 bool loom__pool_quad_ok(const loom__program *p, int32_t id);
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);
-/* The scratch of max pooling f computing its convolution (loom__pnode.conv). */
+/* The scratch of max pooling f computing its convolution (loom__pnode.conv); whether it can
+ * compute one that runs by its transpose (conv2's) window by window. */
 size_t loom__pool_conv_bytes(const loom__program *p, int32_t f);
+bool loom__pool_conv_t_ok(const loom__program *p, int32_t f);
 /* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
 size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 /* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */

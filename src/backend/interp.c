@@ -1459,15 +1459,62 @@ static int64_t conv_quad_floats(const conv_quad *q) {
     return 16 * q->chunks * (q->Cin * QUAD_IMGS + QUAD_IMGS + 4 * 4 + 4 * 4);
 }
 
+/* ---- a pooling computing a convolution that runs by its transpose, by windows ----------------
+ * conv2's forward inside its 2 x 2 pooling: the product's columns are taken in window order (per
+ * image, the four places of the pooling windows, each over all windows) through
+ * loom__gemm_t_cols, a few images at a time, so the positions no window covers (conv2's last row
+ * and column) are never computed and the pooling is four vectors' maximum. Each value is the
+ * product's own (the same k blocks and order), its epilogue the same function on the same value
+ * (its other operands constant along a row): the same bits as the product, its epilogue and the
+ * pooling run one after the other. */
+typedef struct {
+    int64_t N, PP, G; /* images, windows an image, images a block */
+    int64_t sn, sy, sx;
+} conv_t;
+
+static bool conv_t_of(const loom__program *p, int32_t id, conv_t *q) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    loom__gmat ga = {NULL, {0}, {0}}, gb = {NULL, {0}, {0}};
+    loom__operand_dims(&p->nodes[m->src[0]], &ga.row, &ga.col);
+    loom__operand_dims(&p->nodes[m->src[1]], &gb.row, &gb.col);
+    int64_t PH = t->shape[2], PW = t->shape[3], PP = PH * PW;
+    if (!pool512() || !loom__pool2x2(&t->attr.win, 1) || gb.col.n != 3 ||
+        gb.col.size[1] != x->shape[2] || gb.col.size[2] != x->shape[3] || PP < 1 ||
+        4 * PP > LOOM_GEMM_NC ||
+        !loom__gemm_t_ok(m->shape[0], m->shape[1], loom__numel(ga.col.n, ga.col.size), &ga, &gb) ||
+        (m->epi >= 0 && !epilogue_by_rows(p, &p->fused[m->epi])))
+        return false;
+    *q = (conv_t){.N = gb.col.size[0],
+                  .PP = PP,
+                  .G = LOOM_GEMM_NC / (4 * PP),
+                  .sn = gb.col.stride[0],
+                  .sy = gb.col.stride[1],
+                  .sx = gb.col.stride[2]};
+    return true;
+}
+
+/* Bytes of its scratch: the columns' offsets, a block of the product and of its epilogue (each
+ * with 16 floats to spare: a window chunk's loads run past the last place). */
+static size_t conv_t_bytes(const loom__program *p, int32_t id, const conv_t *q) {
+    int64_t cols = q->G * 4 * q->PP, M = p->nodes[p->nodes[id].conv].shape[0];
+    return sizeof(int64_t) * (size_t)cols + 2 * sizeof(float) * (size_t)(M * cols + 16) + 128;
+}
+
 size_t loom__pool_conv_bytes(const loom__program *p, int32_t f) {
     int64_t plane = p->nodes[p->nodes[f].src[0]].lay.stride[1];
     size_t rows = 64 + (LOOM_CONV_ROWS + 1) * (size_t)(plane + 16) * sizeof(float) +
                   loom__conv_planes_bytes(plane);
     conv_quad q;
-    if (!conv_quad_of(p, f, &q))
-        return rows;
-    size_t quad = 64 + sizeof(float) * (size_t)conv_quad_floats(&q);
-    return quad > rows ? quad : rows;
+    conv_t ct;
+    size_t quad = conv_quad_of(p, f, &q) ? 64 + sizeof(float) * (size_t)conv_quad_floats(&q) : 0;
+    size_t cols = conv_t_of(p, f, &ct) ? conv_t_bytes(p, f, &ct) : 0;
+    size_t most = quad > rows ? quad : rows;
+    return cols > most ? cols : most;
+}
+
+bool loom__pool_conv_t_ok(const loom__program *p, int32_t f) {
+    conv_t q;
+    return conv_t_of(p, f, &q);
 }
 
 #ifdef HAVE_POOL512
@@ -1508,13 +1555,14 @@ __attribute__((target("avx512f"))) static void conv_quad_rows(const float *const
     }
 }
 
-/* The pooling of one channel's plane by windows: place pl's values at v + pl cp. */
+/* The pooling of one channel's plane by windows: place pl's values at v + pl cp (the last
+ * chunk's loads run up to 15 floats past a place). */
 __attribute__((target("avx512f"))) static void
 pool_quad_plane(const float *v, int64_t cp, int64_t OP, bool relu, float *o, uint8_t *codes) {
     for (int64_t w = 0; w < OP; w += 16) {
         __mmask16 mn = (__mmask16)(OP - w >= 16 ? 0xffff : (1u << (OP - w)) - 1);
-        pool_windows(_mm512_load_ps(v + w), _mm512_load_ps(v + cp + w),
-                     _mm512_load_ps(v + 2 * cp + w), _mm512_load_ps(v + 3 * cp + w), mn, relu,
+        pool_windows(_mm512_loadu_ps(v + w), _mm512_loadu_ps(v + cp + w),
+                     _mm512_loadu_ps(v + 2 * cp + w), _mm512_loadu_ps(v + 3 * cp + w), mn, relu,
                      o + w, codes ? codes + w : NULL);
     }
 }
@@ -1562,11 +1610,55 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
  * image, through the product's epilogue (conv bias), then pooled (with its ReLU and codes) while
  * it is in L1; the product's output is never written. The same values as the product, its
  * epilogue and the pooling run one after the other. */
+#ifdef HAVE_POOL512
+static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int32_t id,
+                               const conv_t *q) {
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    loom__gmat ga, gb;
+    int64_t K = product_operands(p, b, t->conv, &ga, &gb), M = m->shape[0];
+    int64_t PP = q->PP, PW = t->shape[3], cols = q->G * 4 * PP;
+    int64_t *coff = (int64_t *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
+    float *prod = (float *)(coff + cols), *root = prod + M * cols + 16;
+    for (int64_t j = 0; j < q->G; j++) /* image j of a block: place (a, b) of each window */
+        for (int64_t pl = 0; pl < 4; pl++)
+            for (int64_t w = 0; w < PP; w++)
+                coff[(j * 4 + pl) * PP + w] =
+                    j * q->sn + (2 * (w / PW) + pl / 2) * q->sy + (2 * (w % PW) + pl % 2) * q->sx;
+    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
+    void *args[LOOM_FUSED_MAX_ARGS] = {root};
+    for (int a = 1; k && a < k->nargs; a++)
+        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
+    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
+    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    const float *b0 = gb.p;
+    for (int64_t n0 = 0; n0 < q->N; n0 += q->G) {
+        int64_t g = q->N - n0 < q->G ? q->N - n0 : q->G;
+        gb.p = b0 + n0 * q->sn;
+        loom__gemm_t_cols(M, K, &ga, &gb, coff, g * 4 * PP, prod, cols, n0 > 0,
+                          b->ws + p->gemm_scratch);
+        /* the epilogue on every row (its operands the same along a row: columns 0.. will do),
+         * then the poolings (their loads well after the epilogue's stores) */
+        for (int64_t r = 0; k && r < M; r++)
+            args[0] = root + r * cols, k->part(args, r, 0, g * 4 * PP, prod + r * cols);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t j = 0; j < g; j++) {
+                int64_t pl = r * q->N + n0 + j;
+                pool_quad_plane((k ? root : prod) + r * cols + j * 4 * PP, PP, PP, t->relu >= 0,
+                                o + pl * PP, codes ? codes + pl * PP : NULL);
+            }
+    }
+    return LOOM_OK;
+}
+#endif
+
 static loom_status pool_conv(const loom__program *p, const loom__bind *b, int32_t id) {
 #ifdef HAVE_POOL512
     conv_quad cq;
     if (conv_quad_of(p, id, &cq))
         return pool_conv_quad(p, b, id, &cq);
+    conv_t ct;
+    if (conv_t_of(p, id, &ct))
+        return pool_conv_t(p, b, id, &ct);
 #endif
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
     loom__gmat ga, gb;

@@ -562,10 +562,14 @@ int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_
         loom__gmat ga = {NULL, {0}, {0}}, gb = {NULL, {0}, {0}};
         loom__operand_dims(&p->nodes[m->src[0]], &ga.row, &ga.col);
         loom__operand_dims(&p->nodes[m->src[1]], &gb.row, &gb.col);
+        t->conv = M; /* (asked of the pooling: by planes, or by windows through the transpose) */
         if (!loom__conv_planes_ok(m->shape[0], m->shape[1], loom__numel(ga.col.n, ga.col.size), &ga,
-                                  &gb, x->lay.stride[1]))
+                                  &gb, x->lay.stride[1]) &&
+            !loom__pool_conv_t_ok(p, f)) {
+            t->conv = -1;
             continue;
-        m->fused_into = f, t->conv = M;
+        }
+        m->fused_into = f;
         n++;
     }
     loom__free(readers);
