@@ -72,6 +72,12 @@ static inline double test_rand(uint64_t stream, uint64_t i, double lo, double hi
     return lo + (hi - lo) * (double)loom_rand_uniform(12345, stream, i);
 }
 
+/* n floats of test_rand(stream, i, lo, hi) into x. */
+static inline void test_fill(float *x, int64_t n, uint64_t stream, double lo, double hi) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)test_rand(stream, (uint64_t)i, lo, hi);
+}
+
 /* A per-test temporary path under $LOOM_TEST_TMP (or /tmp). */
 static inline void test_tmp(char *buf, size_t size, const char *name) {
     const char *d = getenv("LOOM_TEST_TMP");

@@ -230,10 +230,8 @@ static void *two_outputs(loom_graph *g, loom_tensor *a, size_t na, loom_tensor *
 static void *run_shared_view(loom_backend be, size_t *bytes) {
     enum { M = 16, K = 20, N = 64 };
     static float x[M * K], w[K * N];
-    for (int i = 0; i < M * K; i++)
-        x[i] = (float)test_rand(45, (uint64_t)i, -1, 1);
-    for (int i = 0; i < K * N; i++)
-        w[i] = (float)test_rand(46, (uint64_t)i, -1, 1);
+    test_fill(x, M * K, 45, -1, 1);
+    test_fill(w, K * N, 46, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t sx[2] = {M, K}, sw[2] = {K, N}, s1[3] = {M, N, 1}, s2[2] = {M, N};
@@ -253,16 +251,11 @@ static void *run_shared_view(loom_backend be, size_t *bytes) {
 static void *run_epilogues(loom_backend be, size_t *bytes, loom_metrics *m) {
     enum { M = 37, K = 50, N = 300, B = 2, C = 3, H = 8, W = 10 };
     static float x[M * K], w[K * N], bias[N], img[B * C * H * W], dy[B * C * H / 2 * W / 2];
-    for (int i = 0; i < M * K; i++)
-        x[i] = (float)test_rand(40, (uint64_t)i, -1, 1);
-    for (int i = 0; i < K * N; i++)
-        w[i] = (float)test_rand(41, (uint64_t)i, -1, 1);
-    for (int i = 0; i < N; i++)
-        bias[i] = (float)test_rand(42, (uint64_t)i, -1, 1);
-    for (int i = 0; i < B * C * H * W; i++)
-        img[i] = (float)test_rand(43, (uint64_t)i, -1, 1);
-    for (int i = 0; i < B * C * H / 2 * W / 2; i++)
-        dy[i] = (float)test_rand(44, (uint64_t)i, -1, 1);
+    test_fill(x, M * K, 40, -1, 1);
+    test_fill(w, K * N, 41, -1, 1);
+    test_fill(bias, N, 42, -1, 1);
+    test_fill(img, B * C * H * W, 43, -1, 1);
+    test_fill(dy, B * C * H / 2 * W / 2, 44, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t sx[2] = {M, K}, sw[2] = {K, N}, sb[1] = {N}, si[4] = {B, C, H, W};
@@ -310,12 +303,9 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
 static void *run_sinks(loom_backend be, bool where, bool keep, size_t *bytes, loom_metrics *m) {
     enum { R = 5, P = 30, H = 6, W = 10, N = 7, K = P * H * W };
     static float img[R * P * H * W], dy[R * P * H / 2 * W / 2], bt[N * K];
-    for (int i = 0; i < R * P * H * W; i++)
-        img[i] = (float)test_rand(50, (uint64_t)i, -1, 1);
-    for (int i = 0; i < R * P * H / 2 * W / 2; i++)
-        dy[i] = (float)test_rand(51, (uint64_t)i, -1, 1);
-    for (int i = 0; i < N * K; i++)
-        bt[i] = (float)test_rand(52, (uint64_t)i, -1, 1);
+    test_fill(img, R * P * H * W, 50, -1, 1);
+    test_fill(dy, R * P * H / 2 * W / 2, 51, -1, 1);
+    test_fill(bt, N * K, 52, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t si[4] = {R, P, H, W}, sy[4] = {R, P, H / 2, W / 2}, s2[2] = {R, K}, sb[2] = {N, K};
@@ -339,12 +329,9 @@ static void *run_sinks(loom_backend be, bool where, bool keep, size_t *bytes, lo
 static void *run_side_sum(bool keep, size_t *bytes, loom_metrics *m) {
     enum { R = 5, P = 30, H = 6, W = 10, K = P * H * W, N = 20 };
     static float img[R * P * H * W], dy[R * P * H / 2 * W / 2], b[K * N];
-    for (int i = 0; i < K * N; i++)
-        b[i] = (float)test_rand(55, (uint64_t)i, -1, 1);
-    for (int i = 0; i < R * P * H * W; i++)
-        img[i] = (float)test_rand(53, (uint64_t)i, -1, 1);
-    for (int i = 0; i < R * P * H / 2 * W / 2; i++)
-        dy[i] = (float)test_rand(54, (uint64_t)i, -1, 1);
+    test_fill(b, K * N, 55, -1, 1);
+    test_fill(img, R * P * H * W, 53, -1, 1);
+    test_fill(dy, R * P * H / 2 * W / 2, 54, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
 
     int64_t si[4] = {R, P, H, W}, sy[4] = {R, P, H / 2, W / 2}, s2[2] = {R, K}, sb[2] = {K, N};
@@ -415,14 +402,10 @@ static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, 
     int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sb[1] = {O};
     int64_t sv[4] = {N, O, OH / 2, OW / 2};
     static float x[N * C * 14 * 14], w[OMAX * C * KH * 3], bias[OMAX], v[N * OMAX * 7 * 7];
-    for (int i = 0; i < N * C * H * W; i++)
-        x[i] = (float)test_rand(60, (uint64_t)i, -1, 1);
-    for (int i = 0; i < O * C * KH * KW; i++)
-        w[i] = (float)test_rand(61, (uint64_t)i, -1, 1);
-    for (int i = 0; i < O; i++)
-        bias[i] = (float)test_rand(62, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < N * O * (OH / 2) * (OW / 2); i++)
-        v[i] = (float)test_rand(63, (uint64_t)i, -1, 1);
+    test_fill(x, N * C * H * W, 60, -1, 1);
+    test_fill(w, O * C * KH * KW, 61, -1, 1);
+    test_fill(bias, O, 62, -0.5, 0.5);
+    test_fill(v, N * O * (OH / 2) * (OW / 2), 63, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     loom_tensor *tw = loom_input(g, LOOM_F32, 4, sw, w);
@@ -474,14 +457,10 @@ static void *run_conv_back(loom_backend be, bool keep, bool bias, size_t *bytes,
             b2[2] = {O, 1};
     int64_t y4[4] = {O, N, OH, OH};
     static float x[N * C * H * W], w[O * C * KS * KS], b[O], v[25 * 3];
-    for (int i = 0; i < N * C * H * W; i++)
-        x[i] = (float)test_rand(70, (uint64_t)i, -1, 1);
-    for (int i = 0; i < O * C * KS * KS; i++)
-        w[i] = (float)test_rand(71, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < O; i++)
-        b[i] = (float)test_rand(72, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < 25 * 3; i++)
-        v[i] = (float)test_rand(73, (uint64_t)i, -1, 1);
+    test_fill(x, N * C * H * W, 70, -1, 1);
+    test_fill(w, O * C * KS * KS, 71, -0.5, 0.5);
+    test_fill(b, O, 72, -0.5, 0.5);
+    test_fill(v, 25 * 3, 73, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x), *tw = loom_input(g, LOOM_F32, 4, sw, w);
@@ -542,14 +521,10 @@ static void *run_window_sinks(loom_backend be, bool keep, size_t *bytes, loom_me
     int64_t r2[2] = {O * N, 169}, w2[2] = {O, C * KS * KS}, c2[2] = {C * KS * KS, N * OH * OH};
     int64_t b2[2] = {O, 1}, y4[4] = {O, N, OH, OH};
     static float x[N * C * H * H], w[O * C * KS * KS], b[O], v[169 * 3];
-    for (int i = 0; i < N * C * H * H; i++)
-        x[i] = (float)test_rand(80, (uint64_t)i, -1, 1);
-    for (int i = 0; i < O * C * KS * KS; i++)
-        w[i] = (float)test_rand(81, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < O; i++)
-        b[i] = (float)test_rand(82, (uint64_t)i, -0.5, 0.5);
-    for (int i = 0; i < 169 * 3; i++)
-        v[i] = (float)test_rand(83, (uint64_t)i, -1, 1);
+    test_fill(x, N * C * H * H, 80, -1, 1);
+    test_fill(w, O * C * KS * KS, 81, -0.5, 0.5);
+    test_fill(b, O, 82, -0.5, 0.5);
+    test_fill(v, 169 * 3, 83, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     loom_tensor *tw = loom_input(g, LOOM_F32, 4, sw, w), *tb = loom_input(g, LOOM_F32, 1, sb, b);

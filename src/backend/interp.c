@@ -1403,6 +1403,27 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     return LOOM_OK;
 }
 
+/* A max pooling computing its product (loom__pnode.conv): the product's epilogue (or NULL) with
+ * its operands (args[0]: root, where it writes), the argmax codes it keeps (or NULL) and where
+ * its values go (its ReLU's buffer when it computes that). */
+typedef struct {
+    const loom__fused *k;
+    void *args[LOOM_FUSED_MAX_ARGS];
+    uint8_t *codes;
+    float *o;
+} pool_out;
+
+static void pool_out_init(pool_out *po, const loom__program *p, const loom__bind *b, int32_t id,
+                          float *root) {
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    po->k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
+    po->args[0] = root;
+    for (int a = 1; po->k && a < po->k->nargs; a++)
+        po->args[a] = a == po->k->epi_arg ? NULL : loom__addr(p, b, po->k->args[a]);
+    po->codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
+    po->o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+}
+
 /* ---- a pooling computing its convolution by windows ------------------------------------------
  * A 3 x 3 convolution of stride 1 whose 2 x 2 pooling tiles its output planes is made by windows:
  * the output at place (a, b) of window (oy, ox) is the sum over taps of w[c, ci, kh, kw] times
@@ -1575,12 +1596,8 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
     int64_t cp = 16 * q->chunks, OP = q->OH * q->OW, O = m->shape[0];
     float *S = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
     float *tmp = S + q->Cin * QUAD_IMGS * cp, *prod = tmp + QUAD_IMGS * cp, *root = prod + 16 * cp;
-    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
-    void *args[LOOM_FUSED_MAX_ARGS] = {root};
-    for (int a = 1; k && a < k->nargs; a++)
-        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
-    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
-    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    pool_out po;
+    pool_out_init(&po, p, b, id, root);
     for (int64_t n = 0; n < q->N; n++) {
         for (int64_t ci = 0; ci < q->Cin; ci++)
             quad_images(S + ci * QUAD_IMGS * cp, tmp, gb.p + n * gb.col.stride[0], &q->br,
@@ -1593,12 +1610,13 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
             conv_quad_rows(a, ga.col.stride[0], q->Cin, S, q->chunks, prod, cp);
             /* the epilogue on each channel (its operands the same along the row: columns 0..
              * will do), then the poolings (their loads well after the epilogue's stores) */
-            for (int64_t r = 0; k && r < rows; r++)
-                args[0] = root + r * 4 * cp, k->part(args, c + r, 0, 4 * cp, prod + r * 4 * cp);
+            for (int64_t r = 0; po.k && r < rows; r++)
+                po.args[0] = root + r * 4 * cp,
+                po.k->part(po.args, c + r, 0, 4 * cp, prod + r * 4 * cp);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t pl = (c + r) * q->N + n;
-                pool_quad_plane((k ? root : prod) + r * 4 * cp, cp, OP, t->relu >= 0, o + pl * OP,
-                                codes ? codes + pl * OP : NULL);
+                pool_quad_plane((po.k ? root : prod) + r * 4 * cp, cp, OP, t->relu >= 0,
+                                po.o + pl * OP, po.codes ? po.codes + pl * OP : NULL);
             }
         }
     }
@@ -1624,12 +1642,8 @@ static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int3
             for (int64_t w = 0; w < PP; w++)
                 coff[(j * 4 + pl) * PP + w] =
                     j * q->sn + (2 * (w / PW) + pl / 2) * q->sy + (2 * (w % PW) + pl % 2) * q->sx;
-    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
-    void *args[LOOM_FUSED_MAX_ARGS] = {root};
-    for (int a = 1; k && a < k->nargs; a++)
-        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
-    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
-    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    pool_out po;
+    pool_out_init(&po, p, b, id, root);
     const float *b0 = gb.p;
     for (int64_t n0 = 0; n0 < q->N; n0 += q->G) {
         int64_t g = q->N - n0 < q->G ? q->N - n0 : q->G;
@@ -1638,13 +1652,13 @@ static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int3
                           b->ws + p->gemm_scratch);
         /* the epilogue on every row (its operands the same along a row: columns 0.. will do),
          * then the poolings (their loads well after the epilogue's stores) */
-        for (int64_t r = 0; k && r < M; r++)
-            args[0] = root + r * cols, k->part(args, r, 0, g * 4 * PP, prod + r * cols);
+        for (int64_t r = 0; po.k && r < M; r++)
+            po.args[0] = root + r * cols, po.k->part(po.args, r, 0, g * 4 * PP, prod + r * cols);
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < g; j++) {
                 int64_t pl = r * q->N + n0 + j;
-                pool_quad_plane((k ? root : prod) + r * cols + j * 4 * PP, PP, PP, t->relu >= 0,
-                                o + pl * PP, codes ? codes + pl * PP : NULL);
+                pool_quad_plane((po.k ? root : prod) + r * cols + j * 4 * PP, PP, PP, t->relu >= 0,
+                                po.o + pl * PP, po.codes ? po.codes + pl * PP : NULL);
             }
     }
     return LOOM_OK;
@@ -1669,12 +1683,8 @@ static loom_status pool_conv(const loom__program *p, const loom__bind *b, int32_
     float *root = prod + LOOM_CONV_ROWS * pitch;
     loom__conv_planes cp;
     loom__conv_planes_begin(&cp, &ga, &gb, K, P, root + pitch);
-    const loom__fused *k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
-    void *args[LOOM_FUSED_MAX_ARGS] = {root};
-    for (int a = 1; k && a < k->nargs; a++)
-        args[a] = a == k->epi_arg ? NULL : loom__addr(p, b, k->args[a]);
-    uint8_t *codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
-    float *o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    pool_out po;
+    pool_out_init(&po, p, b, id, root);
     /* one plane as an image of its own; its strides leave the pooling's prefetch off */
     int64_t xs[4] = {1, 1, x->shape[2], x->shape[3]}, xst[4] = {0, 0, x->shape[3], 1};
     int64_t ys[4] = {1, 1, t->shape[2], t->shape[3]};
@@ -1684,11 +1694,11 @@ static loom_status pool_conv(const loom__program *p, const loom__bind *b, int32_
             loom__conv_planes_run(&cp, i0, rows, q, prod, pitch);
             for (int r = 0; r < rows; r++) {
                 int64_t pl = (i0 + r) * per_row + q;
-                if (k)
-                    k->part(args, i0 + r, q * P, (q + 1) * P, prod + r * pitch);
-                pool_float(&t->attr.win, xs, xst, ys, k ? root : prod + r * pitch, NULL, NULL,
-                           o + pl * OP, false, codes ? codes + pl * OP : NULL, t->relu >= 0, NULL,
-                           NULL, NULL);
+                if (po.k)
+                    po.k->part(po.args, i0 + r, q * P, (q + 1) * P, prod + r * pitch);
+                pool_float(&t->attr.win, xs, xst, ys, po.k ? root : prod + r * pitch, NULL, NULL,
+                           po.o + pl * OP, false, po.codes ? po.codes + pl * OP : NULL,
+                           t->relu >= 0, NULL, NULL, NULL);
             }
         }
     return LOOM_OK;
