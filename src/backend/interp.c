@@ -682,8 +682,6 @@ static loom_status window_kernel(const loom__program *p, const loom__bind *b, in
 static loom_status k_UNFOLD(const loom__program *p, const loom__bind *b, int32_t id) {
     return window_kernel(p, b, id, false);
 }
-/* A fold that computes its product (compile/fuse.c): x = 0, then x(c, oy*sh + i, ox*sw + j) +=
- * (A B)((c,i,j), (n,oy,ox)), each result added straight from the product's register tile. */
 /* Where a fold adds its product's (c, i, j), (n, oy, ox) element: x(n, c, oy*sh + i, ox*sw + j). */
 static void fold_dims(const loom__pnode *t, loom__gdim *crow, loom__gdim *ccol) {
     const loom_window *w = &t->attr.win;

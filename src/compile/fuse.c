@@ -616,14 +616,18 @@ int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_
         if (m < 0 || p->nodes[m].fused_into != f)
             continue;
         /* the product's B: a row-major 2-D view of a pool gradient read from its codes */
-        int32_t R = p->nodes[m].src[1], P = p->nodes[R].src[0];
-        const loom__pnode *r = &p->nodes[R], *g = &p->nodes[P];
-        if (r->op != LOOM_OP_RESHAPE || !loom__is_view(r) || r->gndim || r->ndim != 2 ||
-            owner(p, R) != P || r->lay.offset != 0 || r->lay.stride[0] != r->shape[1] ||
-            r->lay.stride[1] != 1 || is_out[R] || g->op != LOOM_OP_POOLGRAD ||
-            g->dtype != LOOM_F32 || g->codes_of < 0 || g->epi >= 0 || g->check || is_out[P] ||
-            readers[P] != 1 || owner(p, P) != P || g->ndim != 4 ||
-            !loom__contiguous(4, g->shape, g->lay.stride) || g->shape[0] != r->shape[0])
+        int32_t R = p->nodes[m].src[1];
+        const loom__pnode *r = &p->nodes[R];
+        int32_t P = r->op == LOOM_OP_RESHAPE ? r->src[0] : -1;
+        if (P < 0)
+            continue;
+        const loom__pnode *g = &p->nodes[P];
+        if (!loom__is_view(r) || r->gndim || r->ndim != 2 || owner(p, R) != P ||
+            r->lay.offset != 0 || r->lay.stride[0] != r->shape[1] || r->lay.stride[1] != 1 ||
+            is_out[R] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 || g->codes_of < 0 ||
+            g->epi >= 0 || g->check || is_out[P] || readers[P] != 1 || owner(p, P) != P ||
+            g->ndim != 4 || !loom__contiguous(4, g->shape, g->lay.stride) ||
+            g->shape[0] != r->shape[0])
             continue;
         const loom__pnode *d = &p->nodes[g->relu_dy >= 0 ? g->relu_dy : g->src[1]];
         if (d->lay.stride[3] != 1 || d->lay.stride[2] != d->shape[3] ||
