@@ -140,7 +140,9 @@ void loom_optim_step(loom_graph *g, loom_optim *o) {
     loom_tensor *h[H_COUNT];
     for (int i = 0; i < H_COUNT; i++)
         h[i] = hyper(g, o, i);
-    for (int64_t i = 0; i < o->m->n; i++) {
+    /* the last parameter first: the first layer's update then runs last in the step, and its
+     * weight is still in cache when the next step's forward starts with it */
+    for (int64_t i = o->m->n - 1; i >= 0; i--) {
         loom_param *p = o->m->params[i];
         loom_tensor *w = loom_parameter(g, p);
         loom_tensor *grad = loom__persist(g, LOOM_SLAB_GRAD, p->offset, p->ndim, p->shape);
