@@ -195,8 +195,7 @@ restart:
     return fused;
 }
 
-/* How many live nodes read each node (reading one twice counts twice); NULL out of memory. */
-static int32_t *count_readers(const loom__program *p, const bool *live) {
+int32_t *loom__count_readers(const loom__program *p, const bool *live) {
     int32_t *readers = loom__calloc((size_t)p->n + 1, sizeof(int32_t));
     for (int64_t i = 0; readers && i < p->n; i++)
         for (int k = 0; k < 3 && live[i]; k++)
@@ -214,12 +213,10 @@ static int32_t folded_product(const loom__program *p, const loom__pnode *f) {
     return m->op == LOOM_OP_MATMUL && m->ndim == 2 && v->lay.index == v->src[0] ? v->src[0] : -1;
 }
 
-int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out) {
+int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out,
+                            const int32_t *readers) {
     if (!loom__use_own_gemm())
         return 0;
-    int32_t *readers = count_readers(p, live);
-    if (!readers)
-        return -1;
     int64_t fused = 0;
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *f = &p->nodes[i];
@@ -233,7 +230,6 @@ int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_o
         p->nodes[m].fused_into = (int32_t)i;
         fused++;
     }
-    loom__free(readers);
     return fused;
 }
 
@@ -315,10 +311,8 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
     return -1;
 }
 
-int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out) {
-    int32_t *readers = count_readers(p, live);
-    if (!readers)
-        return -1;
+int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers) {
     int64_t n = 0;
     for (int64_t f = 0; f < p->nfused; f++) {
         loom__fused *k = &p->fused[f];
@@ -330,7 +324,6 @@ int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_
         p->nodes[L].epi = (int32_t)f;
         n++;
     }
-    loom__free(readers);
     return n;
 }
 
@@ -379,12 +372,10 @@ static int32_t stream_of(const loom__program *p, const bool *live, const bool *i
                : -1;
 }
 
-int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out) {
+int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out,
+                         const int32_t *readers) {
     if (!loom__use_own_gemm())
         return 0;
-    int32_t *readers = count_readers(p, live);
-    if (!readers)
-        return -1;
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *t = &p->nodes[L];
@@ -417,7 +408,6 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out)
         t->nsinks = ns, t->stream = r, t->keep = keep;
         n += ns;
     }
-    loom__free(readers);
     return n;
 }
 
@@ -529,12 +519,10 @@ static int32_t codes_readers(const loom__program *p, const bool *live, int32_t x
     return n;
 }
 
-int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out) {
+int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers) {
     if (!loom__use_own_gemm())
         return 0;
-    int32_t *readers = count_readers(p, live);
-    if (!readers)
-        return -1;
     int64_t n = 0;
     for (int32_t f = 0; f < p->n; f++) {
         loom__pnode *t = &p->nodes[f];
@@ -572,7 +560,6 @@ int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_
         m->fused_into = f;
         n++;
     }
-    loom__free(readers);
     return n;
 }
 
@@ -603,12 +590,10 @@ static bool movable(const loom__program *p, int32_t c) {
            ((t->lay.base == LOOM_BASE_WS && t->lay.index == c) || t->lay.base == LOOM_BASE_PERSIST);
 }
 
-int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out) {
+int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers) {
     if (!loom__use_own_gemm() || !loom__pool_codes_available())
         return 0;
-    int32_t *readers = count_readers(p, live);
-    if (!readers)
-        return -1;
     int64_t n = 0;
     for (int32_t f = 0; f < p->n; f++) {
         loom__pnode *t = &p->nodes[f];
@@ -672,7 +657,6 @@ int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_
         t->back = P, t->back_w = w, t->back_sum = s;
         n++;
     }
-    loom__free(readers);
     return n;
 }
 

@@ -19,14 +19,20 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
  * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the
  * number of ops fused away, -1 out of memory. */
 int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out);
+/* How many live nodes read each node (reading one twice counts twice); NULL out of memory. The
+ * passes below take it: none changes a node's sources or liveness, so it is counted once.
+ * loom__free() it. */
+int32_t *loom__count_readers(const loom__program *p, const bool *live);
 /* Library kernels that compute their producer: a FOLD of a product's output (padding 0) runs the
  * product itself, adding into its image (the product's fused_into names the fold). Returns the
- * number fused, -1 out of memory. After loom__fuse. */
-int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out);
+ * number fused. After loom__fuse. */
+int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out,
+                            const int32_t *readers);
 /* Generated kernels that run as the epilogue of the library kernel (a product, a pool gradient)
  * whose whole output they read: loom__fused.epi_of and that node's epi. After loom__fuse, before
- * code generation. Returns how many, -1 out of memory. */
-int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out);
+ * code generation. Returns how many. */
+int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers);
 /* A max pooling's backward over the same input as a POOLMAX reads that POOLMAX's argmax codes
  * instead of the input (loom__pnode.codes_of); returns how many. */
 int64_t loom__fuse_pool_codes(loom__program *p, const bool *live);
@@ -36,7 +42,8 @@ int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_
 /* Sinks: a pool gradient whose rows (its epilogue's root, or a 2-D view of its output) only a sum
  * along them and a product on the dot-product path read computes those too, a row at a time
  * (loom__pnode.sinks); returns how many. */
-int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out);
+int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out,
+                         const int32_t *readers);
 /* Whether strides st lay out shape row-major without gaps (dims of size 1 free). */
 static inline bool loom__contiguous(int nd, const int64_t *shape, const int64_t *st) {
     int64_t s = 1;
@@ -52,12 +59,14 @@ static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
     return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
 }
 /* Max pooling computing its input product (and the product's epilogue) a plane at a time
- * (loom__pnode.conv). After the other passes. Returns the number fused, -1 out of memory. */
-int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out);
+ * (loom__pnode.conv). After the other passes. Returns the number fused. */
+int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers);
 /* A fold computing its convolution's backward from a pool gradient made a block at a time
  * (loom__pnode.back): the fold's product, the weight gradient and the bias gradient's sum. After
- * loom__fuse_pool_conv. Returns the number fused, -1 out of memory. */
-int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out);
+ * loom__fuse_pool_conv. Returns the number fused. */
+int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out,
+                             const int32_t *readers);
 /* Pool gradients whose sinks take their windows instead of their rows (loom__pnode.quad). Last
  * of the passes. Returns the number. */
 int64_t loom__fuse_pool_quad(loom__program *p, const bool *live);

@@ -204,13 +204,14 @@ static void program_free(loom__program *p) {
 
 /* Fuses elementwise chains and builds their kernels; without a compiler (or on a failed build) the
  * program stays interpreted. */
-static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out) {
+static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out,
+                            const int32_t *readers) {
     int64_t fused = loom__fuse(p, live, is_out);
-    int64_t epilogues = fused < 0 ? -1 : loom__fuse_epilogues(p, live, is_out);
-    if (fused < 0 || epilogues < 0 || p->nfused == 0) {
+    if (fused < 0 || p->nfused == 0) {
         loom__unfuse(p);
         return;
     }
+    int64_t epilogues = loom__fuse_epilogues(p, live, is_out, readers);
     uint64_t key;
     char *src = loom__codegen(p, &key);
     bool compiled = false;
@@ -248,6 +249,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     loom__program *p = loom__calloc(1, sizeof *p);
     bool *flags = loom__calloc((size_t)(2 * n + 1), sizeof(bool));
     int64_t *last = loom__calloc((size_t)n + 1, sizeof(int64_t));
+    int32_t *readers = NULL;
     if (!p || !flags || !last)
         goto fail;
     p->hash = hash;
@@ -279,17 +281,15 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
         p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1;
+    if (!(readers = loom__count_readers(p, live)))
+        goto fail;
     if (use_compiler(g) && n > 0)
-        compile_kernels(g, p, live, is_out);
-    int64_t fused = loom__fuse_products(p, live, is_out);
-    int64_t sinks = fused < 0 ? -1 : loom__fuse_sinks(p, live, is_out);
-    if (fused < 0 || sinks < 0)
-        goto fail;
+        compile_kernels(g, p, live, is_out, readers);
+    int64_t fused = loom__fuse_products(p, live, is_out, readers);
+    int64_t sinks = loom__fuse_sinks(p, live, is_out, readers);
     int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
-    int64_t conv = loom__fuse_pool_conv(p, live, is_out);
-    int64_t back = conv < 0 ? -1 : loom__fuse_conv_back(p, live, is_out);
-    if (conv < 0 || back < 0)
-        goto fail;
+    int64_t conv = loom__fuse_pool_conv(p, live, is_out, readers);
+    int64_t back = loom__fuse_conv_back(p, live, is_out, readers);
     int64_t quad = loom__fuse_pool_quad(p, live);
     g->metrics.fused_ops += fused + sinks + codes + relu + conv + back + quad;
     if (loom__place_buffers(p, live, is_out, last))
@@ -299,10 +299,12 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         goto fail;
     loom__free(flags);
     loom__free(last);
+    loom__free(readers);
     return p;
 fail:
     loom__free(flags);
     loom__free(last);
+    loom__free(readers);
     program_free(p);
     return NULL;
 }
