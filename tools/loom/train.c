@@ -115,11 +115,12 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         if (loom_graph_run(r->m.g))
             return cli_fail("%s", loom_last_error());
         last = loom_item(loss);
-        r->train_seconds += now() - ts;
+        double dt = now() - ts;
+        r->train_seconds += dt;
         r->samples += b.n, tick_samples += b.n;
         r->step++, i++;
         if (r->step > WARMUP_STEPS)
-            r->warm_seconds += now() - ts, r->warm_samples += b.n;
+            r->warm_seconds += dt, r->warm_samples += b.n;
         if (r->step == 1) {
             r->first_step_at = now() - r->started;
             loom_metrics sm; /* every step runs the same graph */
