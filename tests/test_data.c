@@ -280,6 +280,85 @@ TEST(loader_assembles_ahead_without_touching_the_batch_in_hand) {
     free(x);
 }
 
+/* The CPUs of a /proc Cpus_allowed_list ("0-1,3") as a mask (those below 64; ~0 past them). */
+static uint64_t cpu_mask(const char *s) {
+    uint64_t m = 0;
+    while (*s >= '0' && *s <= '9') {
+        char *e;
+        long lo = strtol(s, &e, 10), hi = lo;
+        if (*e == '-')
+            hi = strtol(e + 1, &e, 10);
+        for (long c = lo; c <= hi; c++)
+            m |= c < 64 ? 1ull << c : ~0ull;
+        s = *e == ',' ? e + 1 : e;
+    }
+    return m;
+}
+
+/* The CPUs the thread of this process named `name` may run on ("" for the process's own), 0 if
+ * there is no such thread. */
+static uint64_t thread_cpus(const char *name) {
+    char path[512], line[256];
+    DIR *dir = *name ? opendir("/proc/self/task") : NULL;
+    struct dirent *e = NULL;
+    uint64_t m = 0;
+    while (!m && (!*name || (dir && (e = readdir(dir))))) {
+        FILE *f = NULL;
+        if (*name) {
+            snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+            f = fopen(path, "r");
+            bool named = f && fgets(line, sizeof line, f) && !strncmp(line, name, strlen(name)) &&
+                         line[strlen(name)] == '\n';
+            if (f)
+                fclose(f);
+            if (!named)
+                continue;
+            snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        } else {
+            snprintf(path, sizeof path, "/proc/self/status");
+        }
+        f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "Cpus_allowed_list:", 18))
+                m = cpu_mask(line + 18 + strspn(line + 18, " \t"));
+        if (f)
+            fclose(f);
+        if (!*name)
+            break;
+    }
+    if (dir)
+        closedir(dir);
+    return m;
+}
+
+/* A device's thread holds its CPU: a loader's thread keeps to the others (woken there, it would
+ * preempt the step), and has them all again once the devices are gone. */
+TEST(loader_thread_keeps_off_a_devices_cpu) {
+    uint64_t all = thread_cpus("");
+    if (__builtin_popcountll(all) < 2 || all == ~0ull) {
+        fprintf(stderr, "skip %s: needs 2 to 64 CPUs and /proc\n", harness_current);
+        return;
+    }
+    enum { N = 1000, B = 64 };
+    static float x[N];
+    int32_t y[N] = {0};
+    int64_t s[1] = {1};
+    loom_dataset *d = loom_dataset_from_arrays(N, 1, s, x, y);
+    loom_devices *devs = loom_devices_new(&(loom_devices_config){.count = 1});
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = B});
+    loom_batch b;
+    ASSERT(devs && l && loom_loader_next(l, &b)); /* its first batch made with the device up */
+    uint64_t dev = thread_cpus("loom-device0"), ld = thread_cpus("loom-loader");
+    ASSERT_EQ(dev, all & -all); /* pinned to the first CPU */
+    ASSERT_EQ(ld, all & ~dev);
+    loom_devices_free(devs);
+    for (int k = 0; k < 2; k++) /* the batch assembled now starts after the devices are gone */
+        ASSERT(loom_loader_next(l, &b));
+    ASSERT_EQ(thread_cpus("loom-loader"), all);
+    loom_loader_free(l);
+    loom_dataset_free(d);
+}
+
 int main(void) {
     RUN(idx_reads_plain_and_gzip);
     RUN(idx_errors_name_file_offset_and_expectation);
@@ -287,5 +366,6 @@ int main(void) {
     RUN(missing_dataset_says_what_to_do);
     RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
     RUN(loader_assembles_ahead_without_touching_the_batch_in_hand);
+    RUN(loader_thread_keeps_off_a_devices_cpu);
     return HARNESS_EXIT();
 }

@@ -69,6 +69,12 @@ const loom__env *loom__getenv(void);
 
 double loom__now(void); /* monotonic seconds */
 
+/* cpus.c: a device thread pinned to `cpu` holds it (hold) and lets it go (!hold); a helper
+ * thread calls loom__keep_off_held_cpus() before each job to keep to the CPUs no device holds,
+ * where any of its own are left (else it keeps all of its own). */
+void loom__cpu_hold(int cpu, bool hold);
+void loom__keep_off_held_cpus(void);
+
 /* fs.c: $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>) into out, created with its parents;
  * false if it cannot be had. */
 bool loom__cache_dir(const char *sub, char *out, size_t size);

@@ -8,6 +8,7 @@
  * not holding, while the caller trains on the current one (the samples and their order are the
  * same as without it; without the thread the loader assembles each batch when asked).
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "internal.h"
 
 #include <pthread.h>
@@ -49,6 +50,7 @@ static void fill(loom_loader *l, int buf, int64_t pos, int64_t take) {
 
 static void *assembler(void *arg) {
     loom_loader *l = arg;
+    pthread_setname_np(pthread_self(), "loom-loader"); /* as top -H and the tests see it */
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->pending && !l->quit)
@@ -56,6 +58,7 @@ static void *assembler(void *arg) {
         if (l->quit)
             break;
         pthread_mutex_unlock(&l->mu);
+        loom__keep_off_held_cpus(); /* never preempt a device's step */
         fill(l, l->job_buf, l->job_pos, l->job_take);
         pthread_mutex_lock(&l->mu);
         l->pending = false, l->ready = true;

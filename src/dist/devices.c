@@ -27,7 +27,7 @@ struct loom__device {
     loom_devices *owner;
     int index, cpu;
     pthread_t thread;
-    bool started;
+    bool started, holds_cpu; /* holds_cpu: its thread is pinned to cpu (core/cpus.c) */
     loom_comm *comm;
     unsigned char *ws;
     size_t ws_size;
@@ -161,19 +161,12 @@ static void run_job(loom_devices *D, device *d) {
     d->coll_total += d->coll;
 }
 
-static void pin(device *d) {
-    if (d->cpu < 0)
-        return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(d->cpu, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* best effort */
-}
-
 static void *worker(void *arg) {
     device *d = arg;
     loom_devices *D = d->owner;
-    pin(d);
+    char name[16];
+    snprintf(name, sizeof name, "loom-device%d", d->index % 1000);
+    pthread_setname_np(pthread_self(), name);
     loom__blas_init();
     uint64_t seen = 0;
     for (;;) {
@@ -400,6 +393,26 @@ static void parse_fault(loom_devices *D) {
     }
 }
 
+/* Starts device d's thread pinned to its CPU, which it then holds: the library's helper threads
+ * keep off it (core/cpus.c). Non-zero if it could not (no CPU, or not allowed): start it unpinned.
+ */
+static int start_pinned(device *d) {
+    if (d->cpu < 0)
+        return -1;
+    pthread_attr_t attr;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(d->cpu, &set);
+    if (pthread_attr_init(&attr) != 0)
+        return -1;
+    int rc = pthread_attr_setaffinity_np(&attr, sizeof set, &set);
+    rc = rc ? rc : pthread_create(&d->thread, &attr, worker, d);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        loom__cpu_hold(d->cpu, true), d->holds_cpu = true;
+    return rc;
+}
+
 loom_devices *loom_devices_new(const loom_devices_config *c) {
     loom_devices_config cfg = c ? *c : (loom_devices_config){0};
     int cpus[1024], ncpu = available_cpus(cpus, 1024);
@@ -432,7 +445,7 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
         d->owner = D, d->index = i;
         d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[i % ncpu];
         d->comm = loom_group_comm(D->group, i);
-        if (pthread_create(&d->thread, NULL, worker, d) != 0) {
+        if (start_pinned(d) != 0 && pthread_create(&d->thread, NULL, worker, d) != 0) {
             loom__error(LOOM_EINTERNAL, "loom_devices_new: cannot start device %d: %s", i,
                         strerror(errno));
             loom_devices_free(D);
@@ -458,6 +471,8 @@ void loom_devices_free(loom_devices *D) {
             pthread_detach(D->dev[i].thread);
         else
             pthread_join(D->dev[i].thread, NULL);
+        if (D->dev[i].holds_cpu)
+            loom__cpu_hold(D->dev[i].cpu, false);
     }
     if (stuck) /* its memory may still be in use */
         return;
