@@ -131,7 +131,13 @@ struct loom__program {
     int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
     void *dl;          /* the loaded shared object of the generated kernels */
     uint64_t *prof_ns; /* LOOM_PROFILE: nanoseconds per exec entry summed over devices, then runs */
+    /* ... and per exec entry the times of its last LOOM_PROF_KEEP runs (ns, a ring; the count of
+     * runs recorded in prof_seen), for the median: this machine's speed has spikes that move a
+     * mean by 10% */
+    uint32_t *prof_keep;
+    uint64_t *prof_seen;
 };
+#define LOOM_PROF_KEEP 256
 
 /* Collectives of the device running a program (set by dist/; NULL on a single device, where a
  * collective over one device is the identity). */

@@ -1939,9 +1939,13 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
         }
         if (!s && p->nodes[id].check)
             s = check_finite(p, b, id);
-        if (p->prof_ns)
-            __atomic_fetch_add(&p->prof_ns[i], (uint64_t)((loom__now() - t0) * 1e9),
-                               __ATOMIC_RELAXED);
+        if (p->prof_ns) {
+            uint64_t ns = (uint64_t)((loom__now() - t0) * 1e9);
+            uint64_t slot = __atomic_fetch_add(&p->prof_seen[i], 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&p->prof_ns[i], ns, __ATOMIC_RELAXED);
+            __atomic_store_n(&p->prof_keep[i * LOOM_PROF_KEEP + (int64_t)(slot % LOOM_PROF_KEEP)],
+                             (uint32_t)(ns < UINT32_MAX ? ns : UINT32_MAX), __ATOMIC_RELAXED);
+        }
         if (s)
             return s;
     }

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 /* One kernel of the schedule: its node, op, shape and whether it is generated (with the nodes it
@@ -95,7 +96,24 @@ static void dump_schedule(const loom__program *p) {
     fclose(f);
 }
 
-/* LOOM_PROFILE: the kernels of a program that ran, slowest first, with their share of its time. */
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of exec entry e's recorded times, in ms. */
+static double median_ms(const loom__program *p, int64_t e) {
+    uint32_t t[LOOM_PROF_KEEP];
+    uint64_t n = p->prof_seen[e] < LOOM_PROF_KEEP ? p->prof_seen[e] : LOOM_PROF_KEEP;
+    if (n == 0)
+        return 0;
+    memcpy(t, p->prof_keep + e * LOOM_PROF_KEEP, sizeof(uint32_t) * n);
+    qsort(t, n, sizeof *t, cmp_u32);
+    return 1e-6 * (n % 2 ? (double)t[n / 2] : 0.5 * ((double)t[n / 2 - 1] + (double)t[n / 2]));
+}
+
+/* LOOM_PROFILE: the kernels of a program that ran, slowest first, with their share of its time,
+ * their mean time per run and their median over the last runs. */
 static void print_profile(const loom__program *p) {
     int64_t runs = p->prof_ns ? (int64_t)p->prof_ns[p->nexec] : 0;
     if (runs == 0)
@@ -110,15 +128,19 @@ static void print_profile(const loom__program *p) {
             order[k] = order[k - 1];
         order[k] = e, total += p->prof_ns[e];
     }
+    double median = 0;
+    for (int64_t e = 0; e < p->nexec; e++)
+        median += median_ms(p, e);
     fprintf(stderr,
-            "profile: program %016llx, %lld runs (all devices), %.3f ms per run in %lld kernels\n",
+            "profile: program %016llx, %lld runs (all devices), %.3f ms per run in %lld kernels "
+            "(kernels' medians over the last %d runs: %.3f ms)\n",
             (unsigned long long)p->hash, (long long)runs, 1e-6 * (double)total / (double)runs,
-            (long long)p->nexec);
+            (long long)p->nexec, LOOM_PROF_KEEP, median);
     for (int64_t k = 0; k < p->nexec; k++) {
         int64_t e = order[k];
-        fprintf(stderr, "profile: %5.1f%% %8.3f ms  #%-3lld ",
+        fprintf(stderr, "profile: %5.1f%% %8.3f ms (median %.3f)  #%-3lld ",
                 total ? 100.0 * (double)p->prof_ns[e] / (double)total : 0.0,
-                1e-6 * (double)p->prof_ns[e] / (double)runs, (long long)e);
+                1e-6 * (double)p->prof_ns[e] / (double)runs, median_ms(p, e), (long long)e);
         kernel_line(stderr, p, p->exec[e]);
     }
     loom__free(order);
@@ -192,6 +214,8 @@ static void program_free(loom__program *p) {
         return;
     print_profile(p);
     loom__free(p->prof_ns);
+    loom__free(p->prof_seen);
+    loom__free(p->prof_keep);
     if (p->dl)
         dlclose(p->dl);
     loom__free(p->fused);
@@ -295,7 +319,10 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
-    if (loom__getenv()->profile && !(p->prof_ns = loom__calloc((size_t)p->nexec + 1, 8)))
+    if (loom__getenv()->profile &&
+        (!(p->prof_ns = loom__calloc((size_t)p->nexec + 1, 8)) ||
+         !(p->prof_seen = loom__calloc((size_t)p->nexec + 1, 8)) ||
+         !(p->prof_keep = loom__calloc((size_t)(p->nexec + 1) * LOOM_PROF_KEEP, 4))))
         goto fail;
     loom__free(flags);
     loom__free(last);
