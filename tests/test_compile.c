@@ -245,25 +245,34 @@ static void *run_shared_view(loom_backend be, size_t *bytes) {
     return two_outputs(g, y, M * N, z, M, bytes, NULL);
 }
 
-/* Epilogues: relu(x w + bias) runs inside the product, block by block (37 rows: ragged tiles;
- * 300 columns: two column blocks), and a ReLU's backward of a pool gradient inside the pool
- * gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
-static void *run_epilogues(loom_backend be, size_t *bytes, loom_metrics *m) {
-    enum { M = 37, K = 50, N = 300, B = 2, C = 3, H = 8, W = 10 };
-    static float x[M * K], w[K * N], bias[N], img[B * C * H * W], dy[B * C * H / 2 * W / 2];
+/* Epilogues: relu(x w + bias) runs inside the product (37 rows: ragged tiles; 300 columns: two
+ * column blocks; with `form` 1 and 2, K = 450: three k blocks), done in registers as the product
+ * stores (form 1: relu(x w) with a NaN, an infinity and zeros in x, so NaN rows, infinite and
+ * zero products meet the ReLU; form 2: x w + bias), and a ReLU's backward of a pool gradient
+ * inside the pool gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
+static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metrics *m) {
+    enum { M = 37, KMAX = 450, N = 300, B = 2, C = 3, H = 8, W = 10 };
+    int64_t K = form ? KMAX : 50;
+    static float x[M * KMAX], w[KMAX * N], bias[N], img[B * C * H * W], dy[B * C * H / 2 * W / 2];
     test_fill(x, M * K, 40, -1, 1);
     test_fill(w, K * N, 41, -1, 1);
     test_fill(bias, N, 42, -1, 1);
     test_fill(img, B * C * H * W, 43, -1, 1);
     test_fill(dy, B * C * H / 2 * W / 2, 44, -1, 1);
+    if (form == 1) {
+        x[3 * K + 7] = NAN, x[5 * K + 1] = INFINITY, x[6 * K + 2] = -INFINITY;
+        memset(x + 9 * K, 0, sizeof(float) * (size_t)K);
+    }
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     int64_t sx[2] = {M, K}, sw[2] = {K, N}, sb[1] = {N}, si[4] = {B, C, H, W};
     int64_t sy[4] = {B, C, H / 2, W / 2}, s2[2] = {B * C, H * W};
-    loom_tensor *y = loom_relu(g, loom_add(g,
-                                           loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x),
-                                                       loom_input(g, LOOM_F32, 2, sw, w)),
-                                           loom_input(g, LOOM_F32, 1, sb, bias)));
+    loom_tensor *y =
+        loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x), loom_input(g, LOOM_F32, 2, sw, w));
+    if (form != 1)
+        y = loom_add(g, y, loom_input(g, LOOM_F32, 1, sb, bias));
+    if (form != 2)
+        y = loom_relu(g, y);
     loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
     loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
                                          (loom_window){2, 2, 2, 2, 0, 0});
@@ -276,17 +285,26 @@ static void *run_epilogues(loom_backend be, size_t *bytes, loom_metrics *m) {
 TEST(epilogues_run_inside_library_kernels_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
-    void *ref = run_epilogues(LOOM_BACKEND_INTERP, &n1, &mi);
-    void *got = run_epilogues(LOOM_BACKEND_CPU, &n2, &mc);
-    ASSERT(ref && got && n1 == n2);
-    ASSERT(same_bits(ref, got, n1, LOOM_F32));
-    /* interpreted: matmul, add, relu, pool gradient, cmpgt, where; compiled: the two library
-     * kernels, each running its epilogue (with loom's matmul; with BLAS the product's runs apart)
-     */
-    ASSERT_EQ(mi.kernels, 6);
-    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
-    free(ref);
-    free(got);
+    for (int form = 0; form < 3; form++) {
+        void *ref = run_epilogues(LOOM_BACKEND_INTERP, form, &n1, &mi);
+        void *got = run_epilogues(LOOM_BACKEND_CPU, form, &n2, &mc);
+        ASSERT(ref && got && n1 == n2);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        /* interpreted: matmul, add, relu (not both with form 1 and 2), pool gradient, cmpgt,
+         * where; compiled: the two library kernels, each running its epilogue (with loom's
+         * matmul; with BLAS the product's runs apart) */
+        ASSERT_EQ(mi.kernels, form ? 5 : 6);
+        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+        if (form == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
+            int nans = 0;
+            for (int j = 0; j < 300; j++)
+                nans += ((float *)got)[3 * 300 + j] != ((float *)got)[3 * 300 + j];
+            ASSERT_EQ(nans, 300);
+        }
+        free(ref);
+        free(got);
+    }
+    void *ref, *got;
     ref = run_shared_view(LOOM_BACKEND_INTERP, &n1);
     got = run_shared_view(LOOM_BACKEND_CPU, &n2);
     ASSERT(ref && got && n1 == n2);

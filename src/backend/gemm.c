@@ -11,6 +11,8 @@
  * BLAS. Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
  * packed straight from the image by runs of contiguous lanes, and a compound C (a fold's) is
  * gathered a block at a time and added into its places row by row (C += A B).
+ * A dense layer's epilogue (a bias row, a ReLU) may be applied in registers as the last k block
+ * stores C's final values (loom__sgemm_act), so that C is written once, already activated.
  * A product with a small C and a long K (conv1's weight gradient) is dot products along K instead
  * (skinny_gemm). Every element is summed in a fixed order (k ascending within KC blocks; on the
  * dot-product path 16 lanes of k and a fixed tree), so runs repeat bitwise.
@@ -223,6 +225,25 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
     }
 }
 
+/* The epilogue in registers on 16 final values of C from column j of the tile: the bias's
+ * element added (C + bias, as the generated ADD), then the ReLU (a <= 0 ? 0 : a, NaN kept). */
+__attribute__((target("avx512f"))) static inline __m512 act_vec(const loom__gemm_act *act,
+                                                                int64_t j, __m512 v) {
+    if (act->bias)
+        v = _mm512_add_ps(v, _mm512_loadu_ps(act->bias + j));
+    if (act->relu)
+        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LE_OQ),
+                               _mm512_setzero_ps());
+    return v;
+}
+
+/* ... on one value (ragged tiles), the same operations */
+static inline float act_one(const loom__gemm_act *act, int64_t j, float v) {
+    if (act->bias)
+        v = v + act->bias[j];
+    return act->relu && v <= 0 ? 0 : v;
+}
+
 /* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) A panel x packed B panel over kc:
  * micro2 for 32-wide panels, micro3 for 48-wide ones. A is a packed panel (A(r, k) at pa[k MR + r])
  * or, for the _d kernels, read where it is (an operand contiguous along k: A(r, k) at
@@ -230,7 +251,7 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
 #    define MICRO(NV, SUF, AS, AK)                                                             \
         __attribute__((target("avx512f"))) static void micro##NV##SUF(                         \
             int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,  \
-            bool accumulate) {                                                                 \
+            bool accumulate, const loom__gemm_act *act) {                                      \
             (void)lda;                                                                         \
             __m512 acc[MR][NV];                                                                \
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++) \
@@ -250,6 +271,8 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
                 for (int v = 0; v < NV; v++) {                                                 \
                     if (accumulate)                                                            \
                         acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));    \
+                    if (act)                                                                   \
+                        acc[r][v] = act_vec(act, 16 * v, acc[r][v]);                           \
                     _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                  \
                 }                                                                              \
             }                                                                                  \
@@ -261,11 +284,11 @@ MICRO(3, _d, lda, 1)
 
 /* lda > 0: A read in place, its rows lda apart; 0: a packed panel */
 static void micro(int64_t nr, int64_t kc, const float *pa, int64_t lda, const float *pb, float *c,
-                  int64_t ldc, bool accumulate) {
+                  int64_t ldc, bool accumulate, const loom__gemm_act *act) {
     if (nr == 48)
-        (lda ? micro3_d : micro3)(kc, pa, lda, pb, c, ldc, accumulate);
+        (lda ? micro3_d : micro3)(kc, pa, lda, pb, c, ldc, accumulate, act);
     else
-        (lda ? micro2_d : micro2)(kc, pa, lda, pb, c, ldc, accumulate);
+        (lda ? micro2_d : micro2)(kc, pa, lda, pb, c, ldc, accumulate, act);
 }
 
 /* Runs of columns contiguous in C (at most `most` each, for one masked access): the first
@@ -512,9 +535,12 @@ typedef struct {
     bool a_ready;
 } gemm_part;
 
+/* act (with a plain C, whole, no done or part): the epilogue applied to C's final values as
+ * they are stored (act_vec). */
 static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                  float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
-                 const done_fn *done, void *scratch, const gemm_part *part) {
+                 const done_fn *done, void *scratch, const gemm_part *part,
+                 const loom__gemm_act *act) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)PA;
     float *cb = pb + (size_t)KC * (NC + 2 * NR); /* a block of C, (MC + MR) x NC */
@@ -523,7 +549,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* a row-major C takes full tiles straight from the registers */
     bool plain = crow->n == 1 && ccol->n == 1 && ccol->stride[0] == 1;
     int64_t ldc = crow->stride[0];
-    if (K > 0 && !part && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
+    if (K > 0 && !part && !act && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
         gemm_t(M, N, K, a, b, c, ldc, done, scratch);
         return;
     }
@@ -532,7 +558,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             gd_offsets(crow, i, 1, roff);
             for (int64_t j = 0; j < N; j++) {
                 gd_offsets(ccol, j, 1, coff);
-                c[roff[0] + coff[0]] = 0;
+                c[roff[0] + coff[0]] = act ? act_one(act, j, 0) : 0;
             }
         }
         return;
@@ -563,6 +589,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
+            bool fin = act && pc + kc == K; /* C's final values are stored now */
             pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
@@ -579,13 +606,20 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                         int64_t ld = ir < full ? lda : 0;
                         if (ld)
                             ap = a->p + (ic + ir) * lda + pc;
+                        loom__gemm_act ta = {fin && act->bias ? act->bias + jc + jr : NULL,
+                                             fin && act->relu};
                         if (plain && m == MR && n == nr) {
-                            micro(nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc);
+                            micro(nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
+                                  fin ? &ta : NULL);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false);
+                            micro(nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
                         } else {
-                            micro(nr, kc, ap, ld, bp, tile, NR, false);
+                            micro(nr, kc, ap, ld, bp, tile, NR, false, NULL);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
+                            for (int64_t r = 0; fin && r < m; r++) /* plain: coff[j] = j */
+                                for (int64_t j = 0; j < n; j++)
+                                    c[roff[ir + r] + coff[jr + j]] =
+                                        act_one(&ta, j, c[roff[ir + r] + coff[jr + j]]);
                         }
                     }
                 if (gathered)
@@ -842,9 +876,9 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
         skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (N < 16 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
-        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL);
+        gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL, NULL);
     } else {
-        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch, NULL);
+        gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch, NULL, NULL);
     }
 }
 
@@ -853,7 +887,13 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
                         void *ctx, void *scratch) {
     done_fn d = {done, ctx};
     loom__gdim crow = gd1(M, ldc), ccol = gd1(N, 1);
-    gemm(M, N, K, a, b, c, &crow, &ccol, false, &d, scratch, NULL);
+    gemm(M, N, K, a, b, c, &crow, &ccol, false, &d, scratch, NULL, NULL);
+}
+
+void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                     float *c, int64_t ldc, const loom__gemm_act *act, void *scratch) {
+    loom__gdim crow = gd1(M, ldc), ccol = gd1(N, 1);
+    gemm(M, N, K, a, b, c, &crow, &ccol, false, NULL, scratch, NULL, act);
 }
 
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
@@ -922,7 +962,7 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
         }
         loom__gmat rb = rows_of(r + (fj - lo), K, ld, hi - fj);
         gemm(M, hi - fj, K, a, &rb, c, &crow, &ccol, true, NULL, scratch,
-             &(gemm_part){fj, N, fj > 0});
+             &(gemm_part){fj, N, fj > 0}, NULL);
     }
     put_transposed(tb, mpad, WN, K, w, ldw);
 }
@@ -1085,6 +1125,11 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
     (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)ldc, (void)done, (void)ctx;
     (void)scratch;
     LOOM_ASSERT(!"loom__sgemm_blocks without AVX-512");
+}
+void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                     float *c, int64_t ldc, const loom__gemm_act *act, void *scratch) {
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)ldc, (void)act, (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm_act without AVX-512");
 }
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch) {

@@ -520,6 +520,15 @@ static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const in
 static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
+    if (t->epi >= 0 && t->act) { /* straight into the epilogue's root, done as it stores */
+        loom__gmat ga, gb;
+        int64_t k = product_operands(p, b, id, &ga, &gb);
+        loom__gemm_act act = {t->act_bias >= 0 ? loom__addr(p, b, t->act_bias) : NULL, t->act_relu};
+        loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
+                        loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
+                        b->ws + p->gemm_scratch);
+        return LOOM_OK;
+    }
     if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
         loom__gmat ga, gb;
         int64_t k = product_operands(p, b, id, &ga, &gb);

@@ -667,3 +667,44 @@ int64_t loom__fuse_pool_quad(loom__program *p, const bool *live) {
             p->nodes[L].quad = true, n++;
     return n;
 }
+
+/* Whether leaf v of a kernel with a (rows, cols) root is a row broadcast down the rows, its
+ * elements contiguous: a bias. */
+static bool bias_row(const loom__program *p, int32_t v) {
+    const loom__pnode *b = &p->nodes[v];
+    return b->dtype == LOOM_F32 && b->ndim == 2 && b->lay.stride[0] == 0 &&
+           b->lay.stride[1] == 1 && !b->gndim;
+}
+
+int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
+    int64_t n = 0;
+    for (int32_t L = 0; L < p->n; L++) {
+        loom__pnode *t = &p->nodes[L];
+        if (!live[L] || t->op != LOOM_OP_MATMUL || t->epi < 0 || t->fused_into >= 0 || t->nsinks ||
+            t->ndim != 2)
+            continue;
+        const loom__fused *k = &p->fused[t->epi];
+        const loom__pnode *r = &p->nodes[k->root];
+        if (k->args[k->epi_arg] != L || k->out >= 0 || r->ndim != 2 ||
+            r->lay.base != LOOM_BASE_WS || r->lay.stride[0] != r->shape[1] ||
+            (r->lay.stride[1] != 1 && r->shape[1] > 1))
+            continue;
+        int32_t members = 0, add = -1, relu = -1;
+        for (int32_t m = 0; m <= k->root; m++)
+            if (m == k->root || (p->nodes[m].fused_into >= 0 && root_of(p, m) == k->root)) {
+                members++;
+                add = p->nodes[m].op == LOOM_OP_ADD ? m : add;
+                relu = p->nodes[m].op == LOOM_OP_RELU ? m : relu;
+            }
+        /* RELU(L), ADD(L, bias) or RELU(ADD(L, bias)): the product first, as act_vec adds */
+        bool ok = members == (add >= 0) + (relu >= 0) && (relu < 0 || relu == k->root) &&
+                  (add < 0 || add == (relu >= 0 ? p->nodes[relu].src[0] : k->root)) &&
+                  (relu < 0 || p->nodes[relu].src[0] == (add >= 0 ? add : L)) &&
+                  (add < 0 || (p->nodes[add].src[0] == L && bias_row(p, p->nodes[add].src[1])));
+        if (!ok)
+            continue;
+        t->act = true, t->act_relu = relu >= 0, t->act_bias = add >= 0 ? p->nodes[add].src[1] : -1;
+        n++;
+    }
+    return n;
+}

@@ -70,6 +70,9 @@ int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_
 /* Pool gradients whose sinks take their windows instead of their rows (loom__pnode.quad). Last
  * of the passes. Returns the number. */
 int64_t loom__fuse_pool_quad(loom__program *p, const bool *live);
+/* Products whose epilogue is a bias row and/or a ReLU do it in registers (loom__pnode.act).
+ * Last of the passes. Returns how many. */
+int64_t loom__fuse_product_act(loom__program *p, const bool *live);
 /* Undoes loom__fuse (when no compiler can build the kernels). */
 void loom__unfuse(loom__program *p);
 

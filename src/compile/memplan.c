@@ -409,7 +409,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             size_t es = loom__dtype_size(t->dtype);
             int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
-                size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
+                size = t->act ? 0 : t->shape[0] * LOOM_GEMM_NC * (int64_t)es; /* act: none */
             if (t->op == LOOM_OP_POOLGRAD && loom__pool_by_plane(t)) /* a plane at a time */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (t->relu >= 0) /* it writes the ReLU's buffer instead (placed below) */

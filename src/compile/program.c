@@ -55,7 +55,14 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             if (g->relu_dy >= 0)
                 fprintf(f, " and the ReLU's backward of node %d", g->relu_dy);
         }
-        if (t->epi >= 0)
+        if (t->epi >= 0 && t->act)
+            fprintf(f, ", into %s#%d as it stores (%s%s in registers)",
+                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root,
+                    t->act_bias >= 0 ? "bias" : "",
+                    t->act_bias >= 0 && t->act_relu ? ", ReLU"
+                    : t->act_relu                   ? "ReLU"
+                                                    : "");
+        else if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
         if (t->relu >= 0)
@@ -304,7 +311,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     for (int64_t i = 0; i < n; i++)
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
-        p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1;
+        p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1,
+        p->nodes[i].act = false, p->nodes[i].act_bias = -1;
     if (!(readers = loom__count_readers(p, live)))
         goto fail;
     if (use_compiler(g) && n > 0)
@@ -314,8 +322,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
     int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
     int64_t conv = loom__fuse_pool_conv(p, live, is_out, readers);
     int64_t back = loom__fuse_conv_back(p, live, is_out, readers);
-    int64_t quad = loom__fuse_pool_quad(p, live);
-    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back + quad;
+    int64_t quad = loom__fuse_pool_quad(p, live), act = loom__fuse_product_act(p, live);
+    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back + quad + act;
     if (loom__place_buffers(p, live, is_out, last))
         goto fail;
     dump_schedule(p);
