@@ -699,6 +699,22 @@ static float lane_sum(const float *l) {
     return t[0];
 }
 
+/* lane_sum() of n lane vectors (16 floats each, at l) into out: 16 at a time by a register
+ * transpose, the same pairs added in the same order, so the same bits. */
+__attribute__((target("avx512f"))) static void lane_sums(const float *l, int64_t n, float *out) {
+    for (int64_t q0 = 0; q0 < n; q0 += 16) {
+        int cnt = (int)(n - q0 < 16 ? n - q0 : 16);
+        __m512 r[16];
+        for (int t = 0; t < 16; t++)
+            r[t] = t < cnt ? _mm512_loadu_ps(l + 16 * (q0 + t)) : _mm512_setzero_ps();
+        transpose16(r); /* r[i]: lane i of each */
+        for (int w = 8; w >= 1; w /= 2)
+            for (int i = 0; i < w; i++)
+                r[i] = _mm512_add_ps(r[i], r[i + w]);
+        _mm512_mask_storeu_ps(out + q0, (__mmask16)((1u << cnt) - 1), r[0]);
+    }
+}
+
 /* A tile of MI rows of A (ar) by NJ columns of B (bc) over one block's chunks: the lanes of
  * each C element accumulated in a register from zero, then added to its lanes in memory (n
  * columns a row). B is loaded a column at a time, so that MI x NJ accumulators fit. */
@@ -855,8 +871,37 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
                 dot_tile[mi - 1][nj - 1](ar, s->bc + j, ch + q, s->bend[bl] - q, lanes + 16 * j,
                                          s->N);
         }
-        for (int64_t q = 0; q < mi * s->N; q++)
-            c[i * s->N + q] = lane_sum(lanes + 16 * q);
+        lane_sums(lanes, mi * s->N, c + i * s->N);
+    }
+}
+
+/* Products narrower than 16 columns (a classifier's logits, N = 10) whose operands both run
+ * contiguously along k: rows of dot products (loom__dot_rows) in place of panels that would be
+ * mostly padding and a transposing pack of all of A. A block of rows at a time into the scratch,
+ * then to C. */
+static bool narrow(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
+    return N < 16 && M > N && K >= 16 && K <= 16384 && a->col.n == 1 && a->col.stride[0] == 1 &&
+           a->row.n == 1 && b->row.n == 1 && b->row.stride[0] == 1 && b->col.n == 1;
+}
+
+static void narrow_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                        float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
+                        void *scratch) {
+    enum { ROWS = 48 }; /* a block (K <= 16384: its chunks fit the scratch after it) */
+    float *out = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int64_t *roff = (int64_t *)(out + ROWS * 16), coff[16];
+    loom__dot_rows s;
+    loom__dot_rows_begin(&s, b, N, K, roff + ROWS);
+    gd_offsets(ccol, 0, N, coff);
+    for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
+        int64_t rows = M - i0 < ROWS ? M - i0 : ROWS;
+        loom__dot_rows_run(&s, a->p + i0 * a->row.stride[0], a->row.stride[0], rows, out);
+        gd_offsets(crow, i0, rows, roff);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < N; j++) {
+                float *d = c + roff[i] + coff[j];
+                *d = accumulate ? *d + out[i * N + j] : out[i * N + j];
+            }
     }
 }
 
@@ -874,6 +919,8 @@ void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
      * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
     if (skinny(M, N, K, a, b)) {
         skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+    } else if (narrow(M, N, K, a, b)) {
+        narrow_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (N < 16 && M > N) {
         loom__gmat at = transposed(a), bt = transposed(b);
         gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL, NULL);
