@@ -245,18 +245,20 @@ static inline float act_one(const loom__gemm_act *act, int64_t j, float v) {
 }
 
 /* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) A panel x packed B panel over kc:
- * micro2 for 32-wide panels, micro3 for 48-wide ones. A is a packed panel (A(r, k) at pa[k MR + r])
- * or, for the _d kernels, read where it is (an operand contiguous along k: A(r, k) at
- * pa[r lda + k], its rows broadcast straight from memory, no pack). */
+ * micro2 for 32-wide panels, micro3 for 48-wide ones; micro1 (and micro2 on a 48-wide panel) for
+ * the first columns of a panel that a ragged edge of C leaves narrower (pbs: the panel's width,
+ * its k rows apart). A is a packed panel (A(r, k) at pa[k MR + r]) or, for the _d kernels, read
+ * where it is (an operand contiguous along k: A(r, k) at pa[r lda + k], its rows broadcast
+ * straight from memory, no pack). Each element is the same chain of FMAs whatever the width. */
 #    define MICRO(NV, SUF, AS, AK)                                                             \
         __attribute__((target("avx512f"))) static void micro##NV##SUF(                         \
-            int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,  \
-            bool accumulate, const loom__gemm_act *act) {                                      \
+            int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t pbs, float *c,  \
+            int64_t ldc, bool accumulate, const loom__gemm_act *act) {                         \
             (void)lda;                                                                         \
             __m512 acc[MR][NV];                                                                \
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++) \
                 acc[r][v] = _mm512_setzero_ps();                                               \
-            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += 16 * NV) {          \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += pbs) {              \
                 __m512 bv[NV];                                                                 \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) bv[v] =                   \
                     _mm512_loadu_ps(pb + 16 * v);                                              \
@@ -277,18 +279,22 @@ static inline float act_one(const loom__gemm_act *act, int64_t j, float v) {
                 }                                                                              \
             }                                                                                  \
         }
+MICRO(1, , 1, MR)
 MICRO(2, , 1, MR)
 MICRO(3, , 1, MR)
+MICRO(1, _d, lda, 1)
 MICRO(2, _d, lda, 1)
 MICRO(3, _d, lda, 1)
 
-/* lda > 0: A read in place, its rows lda apart; 0: a packed panel */
-static void micro(int64_t nr, int64_t kc, const float *pa, int64_t lda, const float *pb, float *c,
-                  int64_t ldc, bool accumulate, const loom__gemm_act *act) {
-    if (nr == 48)
-        (lda ? micro3_d : micro3)(kc, pa, lda, pb, c, ldc, accumulate, act);
-    else
-        (lda ? micro2_d : micro2)(kc, pa, lda, pb, c, ldc, accumulate, act);
+typedef void micro_fn(int64_t, const float *, int64_t, const float *, int64_t, float *, int64_t,
+                      bool, const loom__gemm_act *);
+static micro_fn *const micros[2][3] = {{micro1, micro2, micro3}, {micro1_d, micro2_d, micro3_d}};
+
+/* The first n (<= nr) columns of a tile from a panel nr wide, 16 at a time. lda > 0: A read in
+ * place, its rows lda apart; 0: a packed panel. */
+static void micro(int64_t nr, int64_t n, int64_t kc, const float *pa, int64_t lda, const float *pb,
+                  float *c, int64_t ldc, bool accumulate, const loom__gemm_act *act) {
+    micros[lda != 0][(n + 15) / 16 - 1](kc, pa, lda, pb, nr, c, ldc, accumulate, act);
 }
 
 /* Runs of columns contiguous in C (at most `most` each, for one masked access): the first
@@ -609,12 +615,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                         loom__gemm_act ta = {fin && act->bias ? act->bias + jc + jr : NULL,
                                              fin && act->relu};
                         if (plain && m == MR && n == nr) {
-                            micro(nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
+                            micro(nr, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
-                        } else {
-                            micro(nr, kc, ap, ld, bp, tile, NR, false, NULL);
+                            micro(nr, nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
+                        } else { /* only the vectors that hold C's columns */
+                            micro(nr, n, kc, ap, ld, bp, tile, NR, false, NULL);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                             for (int64_t r = 0; fin && r < m; r++) /* plain: coff[j] = j */
                                 for (int64_t j = 0; j < n; j++)
