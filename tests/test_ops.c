@@ -331,10 +331,12 @@ static void check_matmul(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int 
 TEST(matmul_matches_naive_loop) {
     /* {37, 1000, 50}: A read in place but for a ragged last panel; {7, 2000, 5}: dot products;
      * {130, 300, 10} and {100, 1100, 3} with B transposed: rows of dot products (narrow: ragged
-     * blocks of rows, a ragged last chunk of k, two k blocks) */
+     * blocks of rows, a ragged last chunk of k, two k blocks); {10, 300, 100}: few rows, B's full
+     * panels read in place over two k blocks, its ragged last one packed */
     const int64_t shapes[][3] = {{37, 53, 29},   {1, 1, 1},     {12, 256, 32},  {13, 257, 33},
                                  {25, 600, 270}, {150, 7, 300}, {37, 1000, 50}, {7, 2000, 5},
-                                 {3, 0, 5},      {0, 4, 4},     {130, 300, 10}, {100, 1100, 3}};
+                                 {3, 0, 5},      {0, 4, 4},     {130, 300, 10}, {100, 1100, 3},
+                                 {10, 300, 100}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 4; t++) {
             int bad = 0;

@@ -290,11 +290,11 @@ typedef void micro_fn(int64_t, const float *, int64_t, const float *, int64_t, f
                       bool, const loom__gemm_act *);
 static micro_fn *const micros[2][3] = {{micro1, micro2, micro3}, {micro1_d, micro2_d, micro3_d}};
 
-/* The first n (<= nr) columns of a tile from a panel nr wide, 16 at a time. lda > 0: A read in
- * place, its rows lda apart; 0: a packed panel. */
-static void micro(int64_t nr, int64_t n, int64_t kc, const float *pa, int64_t lda, const float *pb,
+/* The first n (<= 48) columns of a tile from B's rows pbs apart (a packed panel: its width), 16
+ * at a time. lda > 0: A read in place, its rows lda apart; 0: a packed panel. */
+static void micro(int64_t pbs, int64_t n, int64_t kc, const float *pa, int64_t lda, const float *pb,
                   float *c, int64_t ldc, bool accumulate, const loom__gemm_act *act) {
-    micros[lda != 0][(n + 15) / 16 - 1](kc, pa, lda, pb, nr, c, ldc, accumulate, act);
+    micros[lda != 0][(n + 15) / 16 - 1](kc, pa, lda, pb, pbs, c, ldc, accumulate, act);
 }
 
 /* Runs of columns contiguous in C (at most `most` each, for one masked access): the first
@@ -582,6 +582,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * contiguous along k, read in place (its full panels; a ragged last one is packed); else
      * packed a block at a time */
     int64_t mpad = (M + MR - 1) / MR * MR, lda = a->row.stride[0];
+    /* B's rows read in place (its full panels) where few row tiles would reuse a packed panel:
+     * the pack would cost more than it saves (a classifier's weight gradient, M = 10) */
+    bool b_rows = M <= 2 * MR && b->row.n == 1 && b->col.n == 1 && b->col.stride[0] == 1;
     bool a_once = mpad * K <= (int64_t)PA;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
     for (int64_t pc = 0; a_once && !(part && part->a_ready) && pc < K; pc += kstep)
@@ -596,7 +599,11 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
             bool fin = act && pc + kc == K; /* C's final values are stored now */
-            pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
+            if (!b_rows) /* (read in place: only a ragged last panel is packed) */
+                pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
+            else if (nc % nr)
+                pack_g(b->p, &b->col, jc + nc / nr * nr, nc % nr, &b->row, pc, kc, nr, pb, koff,
+                       loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 const float *pap = a_once ? pa + mpad * pc + ic * kc : pa;
@@ -608,19 +615,21 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                 for (int64_t jr = 0; jr < nc; jr += nr)
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < nr ? nc - jr : nr;
-                        const float *bp = pb + jr * kc, *ap = pap + (ir - full) * kc;
-                        int64_t ld = ir < full ? lda : 0;
+                        const float *bp = pb + (b_rows ? 0 : jr * kc), *ap = pap + (ir - full) * kc;
+                        int64_t ld = ir < full ? lda : 0, pbs = nr;
+                        if (b_rows && n == nr)
+                            bp = b->p + pc * b->row.stride[0] + jc + jr, pbs = b->row.stride[0];
                         if (ld)
                             ap = a->p + (ic + ir) * lda + pc;
                         loom__gemm_act ta = {fin && act->bias ? act->bias + jc + jr : NULL,
                                              fin && act->relu};
                         if (plain && m == MR && n == nr) {
-                            micro(nr, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
+                            micro(pbs, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(nr, nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
+                            micro(pbs, nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
                         } else { /* only the vectors that hold C's columns */
-                            micro(nr, n, kc, ap, ld, bp, tile, NR, false, NULL);
+                            micro(pbs, n, kc, ap, ld, bp, tile, NR, false, NULL);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                             for (int64_t r = 0; fin && r < m; r++) /* plain: coff[j] = j */
                                 for (int64_t j = 0; j < n; j++)
