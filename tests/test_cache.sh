@@ -50,16 +50,18 @@ if "$loom" info | grep -q "matmul: loom's"; then
     # its output gradient is never made; conv2's is made a block at a time inside its fold,
     # which computes conv2's weight and bias gradients from each block as well, so that it is
     # never written; each pooling computes its convolution, whose output is never written; fc1
-    # adds its bias and applies its ReLU as it stores its values
+    # adds its bias and applies its ReLU as it stores its values, and fc2's input gradient the
+    # ReLU's backward
     if [ "$(grep -c "argmax codes of POOLMAX" $train)" = 2 ] &&
         grep -q "MATMUL (128,128) .*into RELU#[0-9]* as it stores (bias, ReLU in registers)" $train &&
+        grep -q "MATMUL (128,128) .*into WHERE#[0-9]* as it stores (where node [0-9]* > 0 in registers)" $train &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
         [ "$(grep -c "the ReLU's backward" $train)" = 2 ] &&
         grep -q "POOLGRAD (32,128,26,26).*windows into SUM#[0-9]* MATMUL#" $train &&
         grep -q "FOLD (128,32,13,13).*computing POOLGRAD#[0-9]*, computing SUM#[0-9]*, computing MATMUL#[0-9]*, computing MATMUL#[0-9]*, making POOLGRAD#[0-9]*'s rows a block at a time" $train &&
         grep -q "POOLMAX (32,128,13,13).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]* plane by plane" $train &&
         grep -q "POOLMAX (64,128,5,5).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]*" $train; then
-        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients; conv2's backward runs in its fold; conv2's pooling computes conv2; fc1's bias and ReLU in registers"
+        echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients; conv2's backward runs in its fold; conv2's pooling computes conv2; fc1's bias and ReLU and their backward in registers"
     else
         fail "cnn schedule: $(grep -h "POOL\|FOLD" $train)"
     fi

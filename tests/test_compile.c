@@ -246,10 +246,11 @@ static void *run_shared_view(loom_backend be, size_t *bytes) {
 }
 
 /* Epilogues: relu(x w + bias) runs inside the product (37 rows: ragged tiles; 300 columns: two
- * column blocks; with `form` 1 and 2, K = 450: three k blocks), done in registers as the product
+ * column blocks; with `form` 1 to 3, K = 450: three k blocks), done in registers as the product
  * stores (form 1: relu(x w) with a NaN, an infinity and zeros in x, so NaN rows, infinite and
- * zero products meet the ReLU; form 2: x w + bias), and a ReLU's backward of a pool gradient
- * inside the pool gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
+ * zero products meet the ReLU; form 2: x w + bias; form 3: where(h > 0, x w, 0), h with a NaN,
+ * zeros of both signs and an infinity), and a ReLU's backward of a pool gradient inside the pool
+ * gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
 static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metrics *m) {
     enum { M = 37, KMAX = 450, N = 300, B = 2, C = 3, H = 8, W = 10 };
     int64_t K = form ? KMAX : 50;
@@ -269,9 +270,17 @@ static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metric
     int64_t sy[4] = {B, C, H / 2, W / 2}, s2[2] = {B * C, H * W};
     loom_tensor *y =
         loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x), loom_input(g, LOOM_F32, 2, sw, w));
-    if (form != 1)
+    static float h[M * N]; /* form 3: a ReLU's backward, where(h > 0, x w, 0) */
+    test_fill(h, M * N, 47, -1, 1);
+    h[5] = NAN, h[6] = 0, h[7] = -0.0f, h[M * N - 1] = INFINITY;
+    int64_t sh[2] = {M, N};
+    if (form == 3)
+        y = loom_where(
+            g, loom_cmpgt(g, loom_input(g, LOOM_F32, 2, sh, h), loom_scalar(g, 0.0, LOOM_F32)), y,
+            loom_scalar(g, 0.0, LOOM_F32));
+    if (form != 1 && form != 3)
         y = loom_add(g, y, loom_input(g, LOOM_F32, 1, sb, bias));
-    if (form != 2)
+    if (form != 2 && form != 3)
         y = loom_relu(g, y);
     loom_tensor *ti = loom_input(g, LOOM_F32, 4, si, img);
     loom_tensor *pg = loom_pool_max_grad(g, ti, loom_input(g, LOOM_F32, 4, sy, dy),
@@ -285,15 +294,16 @@ static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metric
 TEST(epilogues_run_inside_library_kernels_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
-    for (int form = 0; form < 3; form++) {
+    for (int form = 0; form < 4; form++) {
         void *ref = run_epilogues(LOOM_BACKEND_INTERP, form, &n1, &mi);
         void *got = run_epilogues(LOOM_BACKEND_CPU, form, &n2, &mc);
         ASSERT(ref && got && n1 == n2);
         ASSERT(same_bits(ref, got, n1, LOOM_F32));
-        /* interpreted: matmul, add, relu (not both with form 1 and 2), pool gradient, cmpgt,
-         * where; compiled: the two library kernels, each running its epilogue (with loom's
-         * matmul; with BLAS the product's runs apart) */
-        ASSERT_EQ(mi.kernels, form ? 5 : 6);
+        /* interpreted: matmul, add, relu (not both with form 1 and 2; with form 3 a second
+         * cmpgt and where in place of add and relu), pool gradient, cmpgt, where; compiled: the two
+         * library kernels, each running its epilogue (with loom's matmul; with BLAS the product's
+         * runs apart) */
+        ASSERT_EQ(mi.kernels, form == 1 || form == 2 ? 5 : 6);
         ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
         if (form == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
             int nans = 0;

@@ -228,7 +228,11 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
 /* The epilogue in registers on 16 final values of C from column j of the tile: the bias's
  * element added (C + bias, as the generated ADD), then the ReLU (a <= 0 ? 0 : a, NaN kept). */
 __attribute__((target("avx512f"))) static inline __m512 act_vec(const loom__gemm_act *act,
-                                                                int64_t j, __m512 v) {
+                                                                int64_t i, int64_t j, __m512 v) {
+    if (act->mask)
+        return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(act->mask + i * act->ldm + j),
+                                                      _mm512_setzero_ps(), _CMP_GT_OQ),
+                                   v);
     if (act->bias)
         v = _mm512_add_ps(v, _mm512_loadu_ps(act->bias + j));
     if (act->relu)
@@ -238,7 +242,9 @@ __attribute__((target("avx512f"))) static inline __m512 act_vec(const loom__gemm
 }
 
 /* ... on one value (ragged tiles), the same operations */
-static inline float act_one(const loom__gemm_act *act, int64_t j, float v) {
+static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, float v) {
+    if (act->mask)
+        return act->mask[i * act->ldm + j] > 0 ? v : 0;
     if (act->bias)
         v = v + act->bias[j];
     return act->relu && v <= 0 ? 0 : v;
@@ -274,7 +280,7 @@ static inline float act_one(const loom__gemm_act *act, int64_t j, float v) {
                     if (accumulate)                                                            \
                         acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));    \
                     if (act)                                                                   \
-                        acc[r][v] = act_vec(act, 16 * v, acc[r][v]);                           \
+                        acc[r][v] = act_vec(act, r, 16 * v, acc[r][v]);                        \
                     _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                  \
                 }                                                                              \
             }                                                                                  \
@@ -564,7 +570,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             gd_offsets(crow, i, 1, roff);
             for (int64_t j = 0; j < N; j++) {
                 gd_offsets(ccol, j, 1, coff);
-                c[roff[0] + coff[0]] = act ? act_one(act, j, 0) : 0;
+                c[roff[0] + coff[0]] = act ? act_one(act, i, j, 0) : 0;
             }
         }
         return;
@@ -621,8 +627,10 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                             bp = b->p + pc * b->row.stride[0] + jc + jr, pbs = b->row.stride[0];
                         if (ld)
                             ap = a->p + (ic + ir) * lda + pc;
-                        loom__gemm_act ta = {fin && act->bias ? act->bias + jc + jr : NULL,
-                                             fin && act->relu};
+                        loom__gemm_act ta = {
+                            fin && act->bias ? act->bias + jc + jr : NULL, fin && act->relu,
+                            fin && act->mask ? act->mask + (ic + ir) * act->ldm + jc + jr : NULL,
+                            fin ? act->ldm : 0};
                         if (plain && m == MR && n == nr) {
                             micro(pbs, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);
@@ -634,7 +642,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                             for (int64_t r = 0; fin && r < m; r++) /* plain: coff[j] = j */
                                 for (int64_t j = 0; j < n; j++)
                                     c[roff[ir + r] + coff[jr + j]] =
-                                        act_one(&ta, j, c[roff[ir + r] + coff[jr + j]]);
+                                        act_one(&ta, r, j, c[roff[ir + r] + coff[jr + j]]);
                         }
                     }
                 if (gathered)

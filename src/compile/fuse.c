@@ -298,7 +298,11 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
             contiguous = contiguous && (vn->shape[d] == 1 || vn->lay.stride[d] == s);
             s *= vn->shape[d];
         }
-        if (!contiguous || slab_touched_between(p, live, L, k->root, false, NULL, 0))
+        bool reads_slab = false; /* a slab written in between would change what it reads */
+        for (int b = 1; b < k->nargs; b++)
+            reads_slab = reads_slab || p->nodes[k->args[b]].lay.base == LOOM_BASE_PERSIST;
+        if (!contiguous ||
+            (reads_slab && slab_touched_between(p, live, L, k->root, false, NULL, 0)))
             continue;
         bool ready = true; /* every other leaf is computed before the library kernel runs */
         for (int b = 1; b < k->nargs && ready; b++)
@@ -672,8 +676,40 @@ int64_t loom__fuse_pool_quad(loom__program *p, const bool *live) {
  * elements contiguous: a bias. */
 static bool bias_row(const loom__program *p, int32_t v) {
     const loom__pnode *b = &p->nodes[v];
-    return b->dtype == LOOM_F32 && b->ndim == 2 && b->lay.stride[0] == 0 &&
-           b->lay.stride[1] == 1 && !b->gndim;
+    return b->dtype == LOOM_F32 && b->ndim == 2 && b->lay.stride[0] == 0 && b->lay.stride[1] == 1 &&
+           !b->gndim;
+}
+
+/* Whether leaf v is the constant +0.0, broadcast (as loom_scalar(g, 0.0) reads). */
+static bool zero_const(const loom__program *p, int32_t v) {
+    const loom__pnode *z = &p->nodes[v];
+    float f = 1;
+    if (z->dtype != LOOM_F32 || z->lay.base != LOOM_BASE_CONST)
+        return false;
+    for (int d = 0; d < z->ndim; d++)
+        if (z->shape[d] != 1 && z->lay.stride[d] != 0)
+            return false;
+    memcpy(&f, &p->consts[z->lay.index], sizeof f);
+    return f == 0 && !signbit(f);
+}
+
+/* Whether kernel k (root r) is where(h > 0, L, 0) with h a matrix of L's shape, its rows
+ * contiguous: the mask leaf h, or -1. */
+static int32_t relu_backward(const loom__program *p, const loom__fused *k, int32_t L) {
+    const loom__pnode *r = &p->nodes[k->root];
+    if (r->op != LOOM_OP_WHERE || r->src[1] != L || !zero_const(p, r->src[2]))
+        return -1;
+    const loom__pnode *c = &p->nodes[r->src[0]];
+    if (c->op != LOOM_OP_CMPGT || c->fused_into != k->root || !zero_const(p, c->src[1]))
+        return -1;
+    int32_t h = c->src[0];
+    const loom__pnode *m = &p->nodes[h];
+    bool member = m->fused_into >= 0; /* a leaf, not computed in the kernel */
+    return !member && m->dtype == LOOM_F32 && m->ndim == 2 && m->shape[0] == r->shape[0] &&
+                   m->shape[1] == r->shape[1] && m->lay.stride[1] == 1 &&
+                   m->lay.stride[0] >= m->shape[1] && !m->gndim
+               ? h
+               : -1;
 }
 
 int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
@@ -689,7 +725,7 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
             r->lay.base != LOOM_BASE_WS || r->lay.stride[0] != r->shape[1] ||
             (r->lay.stride[1] != 1 && r->shape[1] > 1))
             continue;
-        int32_t members = 0, add = -1, relu = -1;
+        int32_t mask = relu_backward(p, k, L), members = 0, add = -1, relu = -1;
         for (int32_t m = 0; m <= k->root; m++)
             if (m == k->root || (p->nodes[m].fused_into >= 0 && root_of(p, m) == k->root)) {
                 members++;
@@ -701,6 +737,11 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
                   (add < 0 || add == (relu >= 0 ? p->nodes[relu].src[0] : k->root)) &&
                   (relu < 0 || p->nodes[relu].src[0] == (add >= 0 ? add : L)) &&
                   (add < 0 || (p->nodes[add].src[0] == L && bias_row(p, p->nodes[add].src[1])));
+        if (mask >= 0 && members == 2) { /* the WHERE and its CMPGT */
+            t->act = true, t->act_mask = mask;
+            n++;
+            continue;
+        }
         if (!ok)
             continue;
         t->act = true, t->act_relu = relu >= 0, t->act_bias = add >= 0 ? p->nodes[add].src[1] : -1;

@@ -55,14 +55,18 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             if (g->relu_dy >= 0)
                 fprintf(f, " and the ReLU's backward of node %d", g->relu_dy);
         }
-        if (t->epi >= 0 && t->act)
-            fprintf(f, ", into %s#%d as it stores (%s%s in registers)",
-                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root,
-                    t->act_bias >= 0 ? "bias" : "",
-                    t->act_bias >= 0 && t->act_relu ? ", ReLU"
-                    : t->act_relu                   ? "ReLU"
-                                                    : "");
-        else if (t->epi >= 0)
+        if (t->epi >= 0 && t->act) {
+            fprintf(f, ", into %s#%d as it stores (",
+                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
+            if (t->act_mask >= 0)
+                fprintf(f, "where node %d > 0", t->act_mask);
+            else
+                fprintf(f, "%s%s", t->act_bias >= 0 ? "bias" : "",
+                        t->act_bias >= 0 && t->act_relu ? ", ReLU"
+                        : t->act_relu                   ? "ReLU"
+                                                        : "");
+            fprintf(f, " in registers)");
+        } else if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
         if (t->relu >= 0)
@@ -312,7 +316,7 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
         p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1,
-        p->nodes[i].act = false, p->nodes[i].act_bias = -1;
+        p->nodes[i].act = false, p->nodes[i].act_bias = p->nodes[i].act_mask = -1;
     if (!(readers = loom__count_readers(p, live)))
         goto fail;
     if (use_compiler(g) && n > 0)
