@@ -51,10 +51,10 @@ if "$loom" info | grep -q "matmul: loom's"; then
     # which computes conv2's weight and bias gradients from each block as well, so that it is
     # never written; each pooling computes its convolution, whose output is never written; fc1
     # adds its bias and applies its ReLU as it stores its values, and fc2's input gradient the
-    # ReLU's backward
+    # ReLU's backward, summing it into fc1's bias gradient
     if [ "$(grep -c "argmax codes of POOLMAX" $train)" = 2 ] &&
         grep -q "MATMUL (128,128) .*into RELU#[0-9]* as it stores (bias, ReLU in registers)" $train &&
-        grep -q "MATMUL (128,128) .*into WHERE#[0-9]* as it stores (where node [0-9]* > 0 in registers)" $train &&
+        grep -q "MATMUL (128,128) .*into WHERE#[0-9]* as it stores (where node [0-9]* > 0 in registers), summing its columns into SUM#" $train &&
         [ "$(grep -c "POOLMAX.*computing RELU" $train)" = 2 ] &&
         [ "$(grep -c "the ReLU's backward" $train)" = 2 ] &&
         grep -q "POOLGRAD (32,128,26,26).*windows into SUM#[0-9]* MATMUL#" $train &&

@@ -323,6 +323,47 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
     free(got);
 }
 
+/* A bias gradient made as its product stores: sum(y, 0) of y = where(h > 0, x w, 0) (`relu`
+ * false) or relu(x w + bias): 37 rows (ragged tiles, summed in row order), 300 columns (two
+ * column blocks, a ragged panel), K = 450 (three k blocks); h and x with a NaN. Returns y and
+ * the sum. */
+static void *run_column_sum(loom_backend be, bool relu, size_t *bytes, loom_metrics *m) {
+    enum { M = 37, K = 450, N = 300 };
+    static float x[M * K], w[K * N], bias[N], h[M * N];
+    test_fill(x, M * K, 60, -1, 1);
+    test_fill(w, K * N, 61, -1, 1);
+    test_fill(bias, N, 62, -1, 1);
+    test_fill(h, M * N, 63, -1, 1);
+    h[9] = NAN, x[4 * K + 3] = NAN;
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t sx[2] = {M, K}, sw[2] = {K, N}, sb[1] = {N}, sh[2] = {M, N};
+    loom_tensor *y =
+        loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x), loom_input(g, LOOM_F32, 2, sw, w));
+    if (relu)
+        y = loom_relu(g, loom_add(g, y, loom_input(g, LOOM_F32, 1, sb, bias)));
+    else
+        y = loom_where(
+            g, loom_cmpgt(g, loom_input(g, LOOM_F32, 2, sh, h), loom_scalar(g, 0.0, LOOM_F32)), y,
+            loom_scalar(g, 0.0, LOOM_F32));
+    return two_outputs(g, y, M * N, loom_sum(g, y, 0), N, bytes, m);
+}
+
+TEST(products_sum_their_columns_as_they_store_bitwise) {
+    for (int relu = 0; relu < 2; relu++) {
+        size_t n1 = 0, n2 = 0;
+        loom_metrics mi, mc;
+        void *ref = run_column_sum(LOOM_BACKEND_INTERP, relu, &n1, &mi);
+        void *got = run_column_sum(LOOM_BACKEND_CPU, relu, &n2, &mc);
+        ASSERT(ref && got && n1 == n2);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        if (!getenv("LOOM_MATMUL")) /* one kernel: the product, its epilogue and the sum */
+            ASSERT_EQ(mc.kernels, 1);
+        free(ref);
+        free(got);
+    }
+}
+
 /* Sinks: a pool gradient's rows (its epilogue's, a ReLU's backward, with `where`; else its own
  * through a 2-D reshape) read only by a sum along them and a product on the dot-product path are
  * kept two at a time, each going into both (unless `keep` makes them an output). B is a transposed
@@ -795,6 +836,7 @@ int main(void) {
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
+    RUN(products_sum_their_columns_as_they_store_bitwise);
     RUN(epilogue_rows_go_into_sinks_bitwise);
     RUN(a_sum_takes_rows_others_read_too);
     RUN(pooling_computes_its_convolution_bitwise);

@@ -284,6 +284,12 @@ static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, flo
                     _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                  \
                 }                                                                              \
             }                                                                                  \
+            for (int v = 0; act && act->colsum && v < NV; v++) { /* rows in order */           \
+                __m512 sum = _mm512_loadu_ps(act->colsum + 16 * v);                            \
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) sum =                    \
+                    _mm512_add_ps(sum, acc[r][v]);                                             \
+                _mm512_storeu_ps(act->colsum + 16 * v, sum);                                   \
+            }                                                                                  \
         }
 MICRO(1, , 1, MR)
 MICRO(2, , 1, MR)
@@ -565,12 +571,16 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         gemm_t(M, N, K, a, b, c, ldc, done, scratch);
         return;
     }
+    for (int64_t j = 0; act && act->colsum && j < N; j++) /* a sum starts from 0 */
+        act->colsum[j] = 0;
     if (K == 0) {
         for (int64_t i = 0; i < M && !accumulate; i++) {
             gd_offsets(crow, i, 1, roff);
             for (int64_t j = 0; j < N; j++) {
                 gd_offsets(ccol, j, 1, coff);
                 c[roff[0] + coff[0]] = act ? act_one(act, i, j, 0) : 0;
+                if (act && act->colsum)
+                    act->colsum[j] = act->colsum[j] + c[roff[0] + coff[0]];
             }
         }
         return;
@@ -630,7 +640,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                         loom__gemm_act ta = {
                             fin && act->bias ? act->bias + jc + jr : NULL, fin && act->relu,
                             fin && act->mask ? act->mask + (ic + ir) * act->ldm + jc + jr : NULL,
-                            fin ? act->ldm : 0};
+                            fin ? act->ldm : 0, fin && act->colsum ? act->colsum + jc + jr : NULL};
                         if (plain && m == MR && n == nr) {
                             micro(pbs, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);
@@ -640,9 +650,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                             micro(pbs, n, kc, ap, ld, bp, tile, NR, false, NULL);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
                             for (int64_t r = 0; fin && r < m; r++) /* plain: coff[j] = j */
-                                for (int64_t j = 0; j < n; j++)
-                                    c[roff[ir + r] + coff[jr + j]] =
-                                        act_one(&ta, r, j, c[roff[ir + r] + coff[jr + j]]);
+                                for (int64_t j = 0; j < n; j++) {
+                                    float *d = c + roff[ir + r] + coff[jr + j];
+                                    *d = act_one(&ta, r, j, *d);
+                                    if (ta.colsum)
+                                        ta.colsum[j] = ta.colsum[j] + *d;
+                                }
                         }
                     }
                 if (gathered)

@@ -56,6 +56,7 @@ typedef struct {
      * the bias leaf (a row broadcast down), -1 for none. */
     bool act, act_relu;
     int32_t act_bias, act_mask; /* act_mask: where(act_mask > 0, product, 0), or -1 */
+    int32_t act_sum;            /* a SUM over axis 0 of the epilogue's root made too, or -1 */
     int64_t ws_off;             /* bytes: where this node's own workspace buffer starts */
     int32_t fused_into;         /* the consumer computing this node in its kernel, -1 for none */
     /* A pool gradient whose rows (its epilogue's 2-D root, or a 2-D view of its output) only
@@ -205,6 +206,8 @@ typedef struct {
     bool relu;
     const float *mask;
     int64_t ldm;
+    float *colsum; /* or NULL: C's final columns summed down its rows, in row order from 0 (a
+                    * bias gradient, as the SUM over axis 0 adds them), into N floats */
 } loom__gemm_act;
 void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                      float *c, int64_t ldc, const loom__gemm_act *act, void *scratch);

@@ -525,7 +525,8 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
         int64_t k = product_operands(p, b, id, &ga, &gb);
         loom__gemm_act act = {t->act_bias >= 0 ? loom__addr(p, b, t->act_bias) : NULL, t->act_relu,
                               t->act_mask >= 0 ? loom__addr(p, b, t->act_mask) : NULL,
-                              t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0] : 0};
+                              t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0] : 0,
+                              t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL};
         loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
                         loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
                         b->ws + p->gemm_scratch);

@@ -712,6 +712,66 @@ static int32_t relu_backward(const loom__program *p, const loom__fused *k, int32
                : -1;
 }
 
+/* Whether layout l of a node of shape (nd, shape) lies in slab `slab` over [a, b). */
+static bool in_range(const loom__layout *l, int nd, const int64_t *shape, int32_t slab, int64_t a,
+                     int64_t b) {
+    if (l->base != LOOM_BASE_PERSIST || l->index != slab)
+        return false;
+    int64_t last = l->offset;
+    for (int d = 0; d < nd; d++)
+        last += (shape[d] - 1) * l->stride[d];
+    return l->offset < b && last >= a;
+}
+
+/* Whether a live node in (lo, hi) writes or reads slab `slab` over [a, b) (a store, a sync, a
+ * kernel's output in its slab place, or an operand). */
+static bool range_touched(const loom__program *p, const bool *live, int64_t lo, int64_t hi,
+                          int32_t slab, int64_t a, int64_t b) {
+    for (int64_t c = lo + 1; c < hi; c++) {
+        const loom__pnode *t = &p->nodes[c];
+        if (!live[c])
+            continue;
+        if ((t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC) && t->attr.persist.slab == slab) {
+            int64_t n = t->op == LOOM_OP_SYNC ? t->shape[0] : loom__numel(t->ndim, t->shape);
+            if (t->attr.persist.offset < b && t->attr.persist.offset + n > a)
+                return true;
+        }
+        if (!loom__runs_kernel(t))
+            continue;
+        if (in_range(&t->lay, t->ndim, t->shape, slab, a, b))
+            return true;
+        for (int k = 0; k < 3; k++) {
+            const loom__pnode *in = t->src[k] >= 0 ? &p->nodes[t->src[k]] : NULL;
+            if (in && (in->gndim ? in->lay.base == LOOM_BASE_PERSIST && in->lay.index == slab
+                                 : in_range(&in->lay, in->ndim, in->shape, slab, a, b)))
+                return true;
+        }
+        if (t->copy && in_range(&t->src_lay, t->copy_ndim, t->copy_shape, slab, a, b))
+            return true;
+    }
+    return false;
+}
+
+/* A SUM over axis 0 of root r (rows, cols) that product L's epilogue makes, which can be summed
+ * as the product stores its final rows (nothing between L and it touching its output): the SUM,
+ * or -1. */
+static int32_t column_sum(const loom__program *p, const bool *live, int32_t L, int32_t r) {
+    int64_t cols = p->nodes[r].shape[1];
+    for (int32_t s = r + 1; s < p->n; s++) {
+        const loom__pnode *t = &p->nodes[s];
+        if (!live[s] || t->op != LOOM_OP_SUM || t->src[0] != r || t->attr.axis != 0 ||
+            t->dtype != LOOM_F32 || t->check || t->copy || t->fused_into >= 0 || t->sink_of >= 0 ||
+            loom__numel(t->ndim, t->shape) != cols || t->lay.stride[t->ndim - 1] != 1 ||
+            (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
+            continue;
+        if (t->lay.base == LOOM_BASE_PERSIST &&
+            range_touched(p, live, L, s, t->lay.index, t->lay.offset, t->lay.offset + cols))
+            continue;
+        return s;
+    }
+    return -1;
+}
+
 int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++) {
@@ -739,12 +799,15 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
                   (add < 0 || (p->nodes[add].src[0] == L && bias_row(p, p->nodes[add].src[1])));
         if (mask >= 0 && members == 2) { /* the WHERE and its CMPGT */
             t->act = true, t->act_mask = mask;
-            n++;
+        } else if (ok) {
+            t->act = true, t->act_relu = relu >= 0;
+            t->act_bias = add >= 0 ? p->nodes[add].src[1] : -1;
+        } else {
             continue;
         }
-        if (!ok)
-            continue;
-        t->act = true, t->act_relu = relu >= 0, t->act_bias = add >= 0 ? p->nodes[add].src[1] : -1;
+        t->act_sum = column_sum(p, live, L, k->root);
+        if (t->act_sum >= 0) /* it runs no kernel of its own */
+            p->nodes[t->act_sum].sink_of = L, n++;
         n++;
     }
     return n;

@@ -432,6 +432,9 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 loom__pnode *r = &p->nodes[k->root];
                 r->ws_off = place(blocks, &nblocks, &end, t->nsinks ? rows : bytes_of(r), k->root);
             }
+            if (t->act && t->act_sum >= 0 && p->nodes[t->act_sum].lay.base == LOOM_BASE_WS)
+                p->nodes[t->act_sum].ws_off =
+                    place(blocks, &nblocks, &end, bytes_of(&p->nodes[t->act_sum]), t->act_sum);
             if (t->relu >= 0) { /* the ReLU it computes */
                 loom__pnode *r = &p->nodes[t->relu];
                 r->ws_off = place(blocks, &nblocks, &end, bytes_of(r), t->relu);

@@ -66,6 +66,8 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
                         : t->act_relu                   ? "ReLU"
                                                         : "");
             fprintf(f, " in registers)");
+            if (t->act_sum >= 0)
+                fprintf(f, ", summing its columns into SUM#%d", t->act_sum);
         } else if (t->epi >= 0)
             fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
@@ -316,7 +318,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
         p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1,
-        p->nodes[i].act = false, p->nodes[i].act_bias = p->nodes[i].act_mask = -1;
+        p->nodes[i].act = false,
+        p->nodes[i].act_bias = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
     if (!(readers = loom__count_readers(p, live)))
         goto fail;
     if (use_compiler(g) && n > 0)
