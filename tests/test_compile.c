@@ -120,7 +120,8 @@ static loom_tensor *reduce(loom_graph *g, const char *op, loom_tensor *x, int ax
 /* Reduction patterns the scheduler fuses, on an (R x C) input (C = 100: the 16-lane path along
  * memory; C = 9: sequential): a chain reduced along memory and across it (strided), followed by
  * an elementwise consumer; a leaf reduced with a consumer only (a permuted leaf: strided); two
- * reductions under one consumer (one is fused, the other runs alone). Returns the outputs. */
+ * reductions under one consumer (one is fused, the other runs alone: a small reduction alone is
+ * a generated kernel too). Returns the outputs. */
 static void *run_red(const char *op, int64_t C, loom_dtype dt, loom_backend be, size_t *bytes,
                      loom_metrics *m) {
     enum { R = 6 };

@@ -160,7 +160,12 @@ restart:
         bool members = false;
         for (int64_t m = 0; m < i && !members && is_red(t); m++)
             members = p->nodes[m].fused_into == i;
-        if (!live[i] || !(is_ew(t) || (is_red(t) && members)) || t->fused_into >= 0 ||
+        /* a reduction alone: generated when small (the interpreter's generic loop costs more
+         * than the arithmetic there: a softmax's max over 10 logits); a large one is left to the
+         * interpreter's lanes, where a library kernel may take it as a sink */
+        bool small = is_red(t) && !members &&
+                     loom__numel(p->nodes[t->src[0]].ndim, p->nodes[t->src[0]].shape) <= 4096;
+        if (!live[i] || !(is_ew(t) || (is_red(t) && (members || small))) || t->fused_into >= 0 ||
             (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
             continue;
         loom__fused *k = &p->fused[p->nfused];
