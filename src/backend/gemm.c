@@ -601,6 +601,10 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     /* B's rows read in place (its full panels) where few row tiles would reuse a packed panel:
      * the pack would cost more than it saves (a classifier's weight gradient, M = 10) */
     bool b_rows = M <= 2 * MR && b->row.n == 1 && b->col.n == 1 && b->col.stride[0] == 1;
+    /* With one block of rows, B is packed a panel at a time just before its tiles use it: the
+     * panel (kc x nr, <= 36 KB) is made and read in L1, where a whole block of panels went out to
+     * L2 and came back (the transposing pack of a weight was bound by that traffic) */
+    bool by_panel = !b_rows && M <= MC && !(!plain && kb == 1);
     bool a_once = mpad * K <= (int64_t)PA;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
     for (int64_t pc = 0; a_once && !(part && part->a_ready) && pc < K; pc += kstep)
@@ -615,9 +619,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
             bool fin = act && pc + kc == K; /* C's final values are stored now */
-            if (!b_rows) /* (read in place: only a ragged last panel is packed) */
+            if (!b_rows && !by_panel) /* (read in place: only a ragged last panel is packed) */
                 pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
-            else if (nc % nr)
+            else if (b_rows && nc % nr)
                 pack_g(b->p, &b->col, jc + nc / nr * nr, nc % nr, &b->row, pc, kc, nr, pb, koff,
                        loff);
             for (int64_t ic = 0; ic < M; ic += MC) {
@@ -628,10 +632,14 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                     pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa, koff,
                            loff);
                 gd_offsets(crow, ic, mc, roff);
-                for (int64_t jr = 0; jr < nc; jr += nr)
+                for (int64_t jr = 0; jr < nc; jr += nr) {
+                    if (by_panel) /* into the panel buffer, just before its tiles read it */
+                        pack_g(b->p, &b->col, jc + jr, nc - jr < nr ? nc - jr : nr, &b->row, pc, kc,
+                               nr, pb, koff, loff);
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < nr ? nc - jr : nr;
-                        const float *bp = pb + (b_rows ? 0 : jr * kc), *ap = pap + (ir - full) * kc;
+                        const float *bp = pb + (b_rows || by_panel ? 0 : jr * kc),
+                                    *ap = pap + (ir - full) * kc;
                         int64_t ld = ir < full ? lda : 0, pbs = nr;
                         if (b_rows && n == nr)
                             bp = b->p + pc * b->row.stride[0] + jc + jr, pbs = b->row.stride[0];
@@ -658,6 +666,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                                 }
                         }
                     }
+                }
                 if (gathered)
                     put_block(cb, c, roff, coff, mc, nc, acc);
             }
