@@ -717,41 +717,15 @@ static int32_t relu_backward(const loom__program *p, const loom__fused *k, int32
                : -1;
 }
 
-/* Whether layout l of a node of shape (nd, shape) lies in slab `slab` over [a, b). */
-static bool in_range(const loom__layout *l, int nd, const int64_t *shape, int32_t slab, int64_t a,
-                     int64_t b) {
-    if (l->base != LOOM_BASE_PERSIST || l->index != slab)
-        return false;
-    int64_t last = l->offset;
-    for (int d = 0; d < nd; d++)
-        last += (shape[d] - 1) * l->stride[d];
-    return l->offset < b && last >= a;
-}
-
-/* Whether a live node in (lo, hi) writes or reads slab `slab` over [a, b) (a store, a sync, a
- * kernel's output in its slab place, or an operand). */
+/* Whether a live node in (lo, hi) writes or reads slab `slab` over [a, b) (a store, a sync, an
+ * operand, or a kernel's output in its slab place). */
 static bool range_touched(const loom__program *p, const bool *live, int64_t lo, int64_t hi,
                           int32_t slab, int64_t a, int64_t b) {
     for (int64_t c = lo + 1; c < hi; c++) {
         const loom__pnode *t = &p->nodes[c];
-        if (!live[c])
-            continue;
-        if ((t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC) && t->attr.persist.slab == slab) {
-            int64_t n = t->op == LOOM_OP_SYNC ? t->shape[0] : loom__numel(t->ndim, t->shape);
-            if (t->attr.persist.offset < b && t->attr.persist.offset + n > a)
-                return true;
-        }
-        if (!loom__runs_kernel(t))
-            continue;
-        if (in_range(&t->lay, t->ndim, t->shape, slab, a, b))
-            return true;
-        for (int k = 0; k < 3; k++) {
-            const loom__pnode *in = t->src[k] >= 0 ? &p->nodes[t->src[k]] : NULL;
-            if (in && (in->gndim ? in->lay.base == LOOM_BASE_PERSIST && in->lay.index == slab
-                                 : in_range(&in->lay, in->ndim, in->shape, slab, a, b)))
-                return true;
-        }
-        if (t->copy && in_range(&t->src_lay, t->copy_ndim, t->copy_shape, slab, a, b))
+        if (live[c] &&
+            (loom__slab_accesses(p, t, slab, a, b) ||
+             (loom__runs_kernel(t) && loom__slab_touches(&t->lay, t->ndim, t->shape, slab, a, b))))
             return true;
     }
     return false;

@@ -14,6 +14,12 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
 void loom__store_in_place(loom__program *p, const bool *live, const bool *is_out);
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
                                 int64_t *last);
+/* Whether layout l (of a node of shape nd, shape) touches elements [lo, hi) of slab `slab`; whether
+ * node c reads them, or writes them as a store or a sync (not as a kernel's own output). */
+bool loom__slab_touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab,
+                        int64_t lo, int64_t hi);
+bool loom__slab_accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
+                         int64_t hi);
 
 /* Marks elementwise nodes computed inside their single consumer's kernel (pnode.fused_into, -1
  * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the

@@ -206,9 +206,8 @@ static const loom__layout *read_layout(const loom__program *p, const loom__pnode
                             : NULL;
 }
 
-/* Whether layout l (shape of its node) touches slab elements [lo, hi). */
-static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab, int64_t lo,
-                    int64_t hi) {
+bool loom__slab_touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab,
+                        int64_t lo, int64_t hi) {
     if (!l || l->base != LOOM_BASE_PERSIST || l->index != slab)
         return false;
     int64_t last = l->offset;
@@ -217,9 +216,8 @@ static bool touches(const loom__layout *l, int nd, const int64_t *shape, int32_t
     return l->offset < hi && last >= lo;
 }
 
-/* Whether node c reads or writes slab range [lo, hi). */
-static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
-                     int64_t hi) {
+bool loom__slab_accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
+                         int64_t hi) {
     if ((c->op == LOOM_OP_STORE || c->op == LOOM_OP_SYNC) && c->attr.persist.slab == slab) {
         int64_t n = c->op == LOOM_OP_SYNC ? c->shape[0] : loom__numel(c->ndim, c->shape);
         if (c->attr.persist.offset < hi && c->attr.persist.offset + n > lo)
@@ -229,14 +227,14 @@ static bool accesses(const loom__program *p, const loom__pnode *c, int32_t slab,
         const loom__layout *l = read_layout(p, c, k);
         const loom__pnode *s = c->src[k] >= 0 ? &p->nodes[c->src[k]] : NULL;
         if (l && s &&
-            touches(l,
-                    c->copy    ? c->copy_ndim
-                    : s->gndim ? s->gndim
-                               : s->ndim,
-                    c->copy    ? c->copy_shape
-                    : s->gndim ? s->gshape
-                               : s->shape,
-                    slab, lo, hi))
+            loom__slab_touches(l,
+                               c->copy    ? c->copy_ndim
+                               : s->gndim ? s->gndim
+                                          : s->ndim,
+                               c->copy    ? c->copy_shape
+                               : s->gndim ? s->gshape
+                                          : s->shape,
+                               slab, lo, hi))
             return true;
     }
     return false;
@@ -259,8 +257,8 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
         const loom__pnode *in = &p->nodes[s->src[k]];
         bool same = l->offset == lo && !memcmp(l->stride, s->lay.stride, sizeof l->stride) &&
                     !memcmp(in->shape, s->shape, sizeof in->shape);
-        if (touches(l, in->gndim ? in->gndim : in->ndim, in->gndim ? in->gshape : in->shape, slab,
-                    lo, hi) &&
+        if (loom__slab_touches(l, in->gndim ? in->gndim : in->ndim,
+                               in->gndim ? in->gshape : in->shape, slab, lo, hi) &&
             (loom__ops[s->op].kind != LOOM_KIND_EW || !same))
             return false;
     }
@@ -269,10 +267,10 @@ static bool can_store_in_place(const loom__program *p, const bool *live, const b
         const loom__pnode *n = &p->nodes[c];
         if (!live[c] || c == ti || !loom__runs_kernel(n))
             continue;
-        if (c < ti && accesses(p, n, slab, lo, hi))
+        if (c < ti && loom__slab_accesses(p, n, slab, lo, hi))
             return false;
         if (c > ti && (n->op == LOOM_OP_STORE || n->op == LOOM_OP_SYNC) &&
-            accesses(p, n, slab, lo, hi) && c < next_write)
+            loom__slab_accesses(p, n, slab, lo, hi) && c < next_write)
             next_write = c;
     }
     for (int64_t c = si; c < p->n; c++) { /* readers of s (or of its views) */
