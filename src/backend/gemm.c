@@ -21,6 +21,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <tgmath.h>
 
 #define MR 8
 #define NR 48  /* the widest panel; a product uses 48 or 32 (panel_width) */
@@ -241,13 +242,22 @@ __attribute__((target("avx512f"))) static inline __m512 act_vec(const loom__gemm
     return v;
 }
 
-/* ... on one value (ragged tiles), the same operations */
+/* The op table's scalar expressions in float (op_ADD, op_RELU, ...), as the interpreter and the
+ * generated kernels compute them. */
+#    define LOOM_EW(NAME, ARITY, EXPR)                             \
+        static inline float op_##NAME(float a, float b, float c) { \
+            (void)a, (void)b, (void)c;                             \
+            return (float)(EXPR);                                  \
+        }
+#    include "../graph/ops.def"
+
+/* ... on one value (ragged tiles), by the op table's expressions */
 static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, float v) {
     if (act->mask)
-        return act->mask[i * act->ldm + j] > 0 ? v : 0;
+        return op_WHERE(op_CMPGT(act->mask[i * act->ldm + j], 0, 0), v, 0);
     if (act->bias)
-        v = v + act->bias[j];
-    return act->relu && v <= 0 ? 0 : v;
+        v = op_ADD(v, act->bias[j], 0);
+    return act->relu ? op_RELU(v, 0, 0) : v;
 }
 
 /* A full MR x (16 NV) tile of a row-major C (ldc apart) = (or +=) A panel x packed B panel over kc:
