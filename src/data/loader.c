@@ -50,7 +50,6 @@ static void fill(loom_loader *l, int buf, int64_t pos, int64_t take) {
 
 static void *assembler(void *arg) {
     loom_loader *l = arg;
-    pthread_setname_np(pthread_self(), "loom-loader"); /* as top -H and the tests see it */
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->pending && !l->quit)
@@ -126,6 +125,8 @@ loom_loader *loom_loader_new(const loom_dataset *d, const loom_loader_config *c)
         return NULL;
     }
     l->threaded = pthread_create(&l->thread, NULL, assembler, l) == 0; /* else: when asked */
+    if (l->threaded) /* named here, so that it has its name before this returns */
+        pthread_setname_np(l->thread, "loom-loader");
     loom_loader_start_epoch(l, 0);
     return l;
 }

@@ -164,9 +164,6 @@ static void run_job(loom_devices *D, device *d) {
 static void *worker(void *arg) {
     device *d = arg;
     loom_devices *D = d->owner;
-    char name[16];
-    snprintf(name, sizeof name, "loom-device%d", d->index % 1000);
-    pthread_setname_np(pthread_self(), name);
     loom__blas_init();
     uint64_t seen = 0;
     for (;;) {
@@ -452,6 +449,9 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
             return NULL;
         }
         d->started = true;
+        char name[16]; /* as top -H and the tests see it, from the moment this returns */
+        snprintf(name, sizeof name, "loom-device%d", i % 1000);
+        pthread_setname_np(d->thread, name);
     }
     return D;
 }
