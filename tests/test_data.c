@@ -359,6 +359,32 @@ TEST(loader_thread_keeps_off_a_devices_cpu) {
     loom_dataset_free(d);
 }
 
+/* So does the thread that runs the devices' steps (it polls for their end): woken onto a
+ * device's CPU it waited there for the device's own polling to end. Its CPUs come back when the
+ * devices are freed. */
+TEST(stepping_thread_keeps_off_a_devices_cpu) {
+    uint64_t all = thread_cpus("");
+    if (__builtin_popcountll(all) < 2 || all == ~0ull) {
+        fprintf(stderr, "skip %s: needs 2 to 64 CPUs and /proc\n", harness_current);
+        return;
+    }
+    loom_devices *devs = loom_devices_new(&(loom_devices_config){.count = 1});
+    loom_graph *g = loom_graph_new(NULL);
+    ASSERT(devs && g && loom_graph_set_devices(g, devs) == LOOM_OK);
+    ASSERT_EQ(thread_cpus(""), all); /* nothing taken before a step */
+    float x[4] = {-1, 2, -3, 4};
+    loom_tensor *y = loom_relu(g, loom_input(g, LOOM_F32, 1, (int64_t[]){4}, x));
+    loom_output(y);
+    ASSERT(loom_graph_run(g) == LOOM_OK);
+    ASSERT_EQ(((const float *)loom_tensor_data(y))[1], 2.0f);
+    uint64_t dev = thread_cpus("loom-device0");
+    ASSERT_EQ(dev, all & -all);
+    ASSERT_EQ(thread_cpus(""), all & ~dev);
+    loom_graph_free(g);
+    loom_devices_free(devs);
+    ASSERT_EQ(thread_cpus(""), all);
+}
+
 int main(void) {
     RUN(idx_reads_plain_and_gzip);
     RUN(idx_errors_name_file_offset_and_expectation);
@@ -367,5 +393,6 @@ int main(void) {
     RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
     RUN(loader_assembles_ahead_without_touching_the_batch_in_hand);
     RUN(loader_thread_keeps_off_a_devices_cpu);
+    RUN(stepping_thread_keeps_off_a_devices_cpu);
     return HARNESS_EXIT();
 }

@@ -70,8 +70,9 @@ const loom__env *loom__getenv(void);
 double loom__now(void); /* monotonic seconds */
 
 /* cpus.c: a device thread pinned to `cpu` holds it (hold) and lets it go (!hold); a helper
- * thread calls loom__keep_off_held_cpus() before each job to keep to the CPUs no device holds,
- * where any of its own are left (else it keeps all of its own). */
+ * thread (and the thread that runs the devices' steps) calls loom__keep_off_held_cpus() before
+ * each job to keep to the CPUs no device holds, where any of its own are left (else it keeps all
+ * of its own); called once none are held, it gives the thread back all of its own. */
 void loom__cpu_hold(int cpu, bool hold);
 void loom__keep_off_held_cpus(void);
 

@@ -227,6 +227,12 @@ static loom_status collect(loom_devices *D) {
 
 /* Runs the current job on every device and waits, within the deadline. */
 static loom_status dispatch(loom_devices *D) {
+    /* The thread that runs steps (it polls below) keeps to the CPUs no device holds, as the
+     * loader's does, until the devices are freed. Left free, a wake-up from the condition
+     * variable placed it on the device's CPU now and then (the waker's), where it waited out the
+     * device's poll for its next step: 0.5 ms lost in 1-8% of the MLP's steps. */
+    if (D->spare_cpu)
+        loom__keep_off_held_cpus();
     pthread_mutex_lock(&D->mu);
     __atomic_store_n(&D->ndone, 0, __ATOMIC_RELEASE);
     for (int i = 0; i < D->n; i++)
@@ -474,7 +480,8 @@ void loom_devices_free(loom_devices *D) {
         if (D->dev[i].holds_cpu)
             loom__cpu_hold(D->dev[i].cpu, false);
     }
-    if (stuck) /* its memory may still be in use */
+    loom__keep_off_held_cpus(); /* this thread has its CPUs back, if dispatch() took them */
+    if (stuck)                  /* its memory may still be in use */
         return;
     for (int i = 0; D->dev && i < D->n; i++) {
         loom__free(D->dev[i].ws);
