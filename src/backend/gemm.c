@@ -1,21 +1,22 @@
 /*
  * gemm.c - loom's own float32 matrix multiply for CPUs with AVX-512: C = A B, BLIS-style. B is
- * packed in panels of KC x 48 (or 32) columns, A in panels of MR x KC, both in the caller's
- * scratch, and an 8 x 48 register-blocked microkernel (24 accumulators, three loads and eight
- * broadcasts per k; 8 x 32 where 48-wide panels would pad N by more than 5%) does the arithmetic
- * with FMA. 8 rows: every M of the recipes (32, 64, 128, 256, 288) is a multiple of 8, so no tile
- * computes padding (12 x 32 computed 72 rows for 64); 48 columns: 24 FMAs per 11 loads
- * (bench/gemm.c: the conv2 products 130-145 -> 137-161 GFLOP/s). Measured on this project's shapes
- * it beats the OpenBLAS kernel that runs under OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The
- * default where AVX-512 exists (LOOM_MATMUL=blas selects OpenBLAS); without it the caller uses
- * BLAS. Operands may be compound views (internal.h: an unfold read as a matrix): their panels are
- * packed straight from the image by runs of contiguous lanes, and a compound C (a fold's) is
- * gathered a block at a time and added into its places row by row (C += A B).
- * A dense layer's epilogue (a bias row, a ReLU) may be applied in registers as the last k block
- * stores C's final values (loom__sgemm_act), so that C is written once, already activated.
- * A product with a small C and a long K (conv1's weight gradient) is dot products along K instead
- * (skinny_gemm). Every element is summed in a fixed order (k ascending within KC blocks; on the
- * dot-product path 16 lanes of k and a fixed tree), so runs repeat bitwise.
+ * packed in panels of KC x 48 columns (32 for the last two where 48 + 16 would be left, 16 or 32
+ * for a last narrow one: panel_at), A in panels of MR x KC, both in the caller's scratch, and an
+ * 8 x 48 register-blocked microkernel (24 accumulators, three loads and eight broadcasts per k;
+ * 8 x 32 and 8 x 16 on narrower panels) does the arithmetic with FMA. 8 rows: every M of the
+ * recipes (32, 64, 128, 256, 288) is a multiple of 8, so no tile computes padding (12 x 32 computed
+ * 72 rows for 64); 48 columns: 24 FMAs per 11 loads (bench/gemm.c: the conv2 products 130-145 ->
+ * 137-161 GFLOP/s). Measured on this project's shapes it beats the OpenBLAS kernel that runs under
+ * OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists (LOOM_MATMUL=blas
+ * selects OpenBLAS); without it the caller uses BLAS. Operands may be compound views (internal.h:
+ * an unfold read as a matrix): their panels are packed straight from the image by runs of
+ * contiguous lanes, and a compound C (a fold's) is gathered a block at a time and added into its
+ * places row by row (C += A B). A dense layer's epilogue (a bias row, a ReLU) may be applied in
+ * registers as the last k block stores C's final values (loom__sgemm_act), so that C is written
+ * once, already activated. A product with a small C and a long K (conv1's weight gradient) is dot
+ * products along K instead (skinny_gemm). Every element is summed in a fixed order (k ascending
+ * within KC blocks; on the dot-product path 16 lanes of k and a fixed tree), so runs repeat
+ * bitwise.
  */
 #include "internal.h"
 
@@ -24,7 +25,7 @@
 #include <tgmath.h>
 
 #define MR 8
-#define NR 48  /* the widest panel; a product uses 48 or 32 (panel_width) */
+#define NR 48  /* the widest panel (panel_at) */
 #define KC 192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
 #define MC 144
 #define NC LOOM_GEMM_NC
@@ -424,12 +425,16 @@ typedef struct {
     void *ctx;
 } done_fn;
 
-/* 48-wide panels (24 FMAs per 11 loads, against 16 per 10) unless they pad N by more than 5%
- * beyond 32-wide ones (N = 256: 288 columns computed against 256; N = 784: 816 against 800 is
- * still faster with 48, bench/gemm.c). */
-static int64_t panel_width(int64_t N) {
-    int64_t p48 = (N + 47) / 48 * 48, p32 = (N + 31) / 32 * 32;
-    return p48 * 100 <= p32 * 105 ? 48 : 32;
+/* The width of the panel at column jr of a column block of nc: 48 (24 FMAs per 11 loads, against
+ * 16 per 10 at 32: 198 against 189 GFLOP/s in L1 here), the last one only as wide as the vectors
+ * left, and the last 64 columns two 32-wide panels rather than 48 + 16 (8 FMAs per 9 loads):
+ * N = 256 is 4 x 48 + 2 x 32, N = 128 2 x 48 + 32. Every element is the same chain of FMAs
+ * whatever its panel, so the widths never change a bit of C. */
+static int64_t panel_at(int64_t nc, int64_t jr) {
+    int64_t v = (nc + 15) / 16, left = (nc - jr + 15) / 16 * 16;
+    if (v % 3 == 1 && v > 3 && left <= 64)
+        return 32;
+    return left < NR ? left : NR;
 }
 
 /* ---- products whose B is an image read through an unfold (a convolution's forward and weight
@@ -549,7 +554,7 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
     }
 }
 
-/* N in equal NR-aligned blocks of about NC (300 = 192 + 108, not 288 + 12), of panels nr wide. */
+/* N in equal blocks of about NC, multiples of nr (300 = 192 + 108, not 288 + 12). */
 static int64_t column_step(int64_t N, int64_t nr) {
     int64_t nb = (N + NC - 1) / NC;
     return ((N + nb - 1) / nb + nr - 1) / nr * nr;
@@ -599,7 +604,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * full pass over C for little arithmetic). */
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
     int64_t nfull = part ? part->nfull : N, j0 = part ? part->j0 : 0;
-    int64_t nr = panel_width(nfull), nstep = column_step(nfull, nr);
+    int64_t nstep = column_step(nfull, NR);
     float tile[MR * NR];
     /* A compound C computed in one k block (a fold's) is gathered a block at a time and written
      * out row by row (measured faster than tile by tile: a fold's rows overlap in C). */
@@ -612,8 +617,8 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * the pack would cost more than it saves (a classifier's weight gradient, M = 10) */
     bool b_rows = M <= 2 * MR && b->row.n == 1 && b->col.n == 1 && b->col.stride[0] == 1;
     /* With one block of rows, B is packed a panel at a time just before its tiles use it: the
-     * panel (kc x nr, <= 36 KB) is made and read in L1, where a whole block of panels went out to
-     * L2 and came back (the transposing pack of a weight was bound by that traffic) */
+     * panel (kc x 48 at most, 36 KB) is made and read in L1, where a whole block of panels went out
+     * to L2 and came back (the transposing pack of a weight was bound by that traffic) */
     bool by_panel = !b_rows && M <= MC && !(!plain && kb == 1);
     bool a_once = mpad * K <= (int64_t)PA;
     bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
@@ -629,11 +634,11 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             bool acc = accumulate || pc > 0;
             bool fin = act && pc + kc == K; /* C's final values are stored now */
-            if (!b_rows && !by_panel) /* (read in place: only a ragged last panel is packed) */
-                pack_g(b->p, &b->col, jc, nc, &b->row, pc, kc, nr, pb, koff, loff);
-            else if (b_rows && nc % nr)
-                pack_g(b->p, &b->col, jc + nc / nr * nr, nc % nr, &b->row, pc, kc, nr, pb, koff,
-                       loff);
+            for (int64_t jr = 0, w; !b_rows && !by_panel && jr < nc; jr += w) {
+                w = panel_at(nc, jr); /* the block's panels, one after another */
+                pack_g(b->p, &b->col, jc + jr, nc - jr < w ? nc - jr : w, &b->row, pc, kc, w,
+                       pb + jr * kc, koff, loff);
+            }
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 const float *pap = a_once ? pa + mpad * pc + ic * kc : pa;
@@ -642,16 +647,19 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                     pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa, koff,
                            loff);
                 gd_offsets(crow, ic, mc, roff);
-                for (int64_t jr = 0; jr < nc; jr += nr) {
-                    if (by_panel) /* into the panel buffer, just before its tiles read it */
-                        pack_g(b->p, &b->col, jc + jr, nc - jr < nr ? nc - jr : nr, &b->row, pc, kc,
-                               nr, pb, koff, loff);
+                for (int64_t jr = 0, w; jr < nc; jr += w) {
+                    w = panel_at(nc, jr);
+                    int64_t n = nc - jr < w ? nc - jr : w;
+                    /* into the panel buffer, just before its tiles read it (read in place: only
+                     * a ragged last panel is packed) */
+                    if (by_panel || (b_rows && n < w))
+                        pack_g(b->p, &b->col, jc + jr, n, &b->row, pc, kc, w, pb, koff, loff);
                     for (int64_t ir = 0; ir < mc; ir += MR) {
-                        int64_t m = mc - ir < MR ? mc - ir : MR, n = nc - jr < nr ? nc - jr : nr;
+                        int64_t m = mc - ir < MR ? mc - ir : MR;
                         const float *bp = pb + (b_rows || by_panel ? 0 : jr * kc),
                                     *ap = pap + (ir - full) * kc;
-                        int64_t ld = ir < full ? lda : 0, pbs = nr;
-                        if (b_rows && n == nr)
+                        int64_t ld = ir < full ? lda : 0, pbs = w;
+                        if (b_rows && n == w)
                             bp = b->p + pc * b->row.stride[0] + jc + jr, pbs = b->row.stride[0];
                         if (ld)
                             ap = a->p + (ic + ir) * lda + pc;
@@ -659,11 +667,11 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                             fin && act->bias ? act->bias + jc + jr : NULL, fin && act->relu,
                             fin && act->mask ? act->mask + (ic + ir) * act->ldm + jc + jr : NULL,
                             fin ? act->ldm : 0, fin && act->colsum ? act->colsum + jc + jr : NULL};
-                        if (plain && m == MR && n == nr) {
-                            micro(pbs, nr, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
+                        if (plain && m == MR && n == w) {
+                            micro(pbs, w, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);
                         } else if (gathered) { /* into the block, written out below */
-                            micro(pbs, nr, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
+                            micro(pbs, w, kc, ap, ld, bp, cb + ir * NC + jr, NC, false, NULL);
                         } else { /* only the vectors that hold C's columns */
                             micro(pbs, n, kc, ap, ld, bp, tile, NR, false, NULL);
                             put_tile(tile, c, roff + ir, coff + jr, m, n, acc, plain);
@@ -1013,7 +1021,7 @@ static loom__gmat rows_of(const float *r, int64_t K, int64_t ld, int64_t n) {
 
 /* The fold's column blocks taken a span at a time: whole blocks, at least 512 columns. */
 static int64_t back_span(int64_t N) {
-    int64_t nstep = column_step(N, panel_width(N)), span = nstep;
+    int64_t nstep = column_step(N, NR), span = nstep; /* as gemm() takes them */
     while (span < 512)
         span += nstep;
     return span;
