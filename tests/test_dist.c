@@ -1,8 +1,8 @@
 /*
  * test_dist.c - the local process group: all-reduce (sum, mean), broadcast, all-gather and
- * barrier for sizes 0, 1, odd and large on 1 to 8 ranks (more threads than cores), checked against
- * a naive reduction in the same rank order (so bitwise); an abort wakes every rank; the watchdog
- * names the rank that never arrived, well inside its deadline.
+ * barrier for sizes 0, 1, odd, 16, 33 and large on 1 to 8 ranks (more threads than cores), checked
+ * against a naive reduction in the same rank order (so bitwise); an abort wakes every rank; the
+ * watchdog names the rank that never arrived, well inside its deadline.
  */
 #include "harness.h"
 
@@ -80,7 +80,7 @@ static void run_world(int world, int64_t n, int *bad) {
 }
 
 TEST(collectives_match_naive_reduction) {
-    const int64_t sizes[] = {0, 1, 7, 1000003};
+    const int64_t sizes[] = {0, 1, 7, 16, 33, 1000003}; /* whole and ragged 16-element chunks */
     for (int world = 1; world <= 8; world++)
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
             int bad = 0;

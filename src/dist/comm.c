@@ -175,6 +175,57 @@ static void slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi) {
     *hi = *lo + per + (rank < extra ? 1 : 0);
 }
 
+/* Elements [lo, hi) of every rank's buffer p[0..w) set to their sum over ranks 0..w-1 in order
+ * (then divided by w: mean), CH at a time in loops of a fixed length that the compiler turns into
+ * vector instructions (an element at a time, the MLP's 800 KB took 0.16 ms on 2 devices; 0.11 with
+ * SSE, 0.095 with AVX-512, where the CPU has it). The same operations on each element either way.
+ */
+#define REDUCE_SLICE(NAME, ATTR)                                                       \
+    ATTR static void NAME(float *const *p, int w, int64_t lo, int64_t hi, bool mean) { \
+        enum { CH = 16 };                                                              \
+        for (int64_t i = lo; i < hi; i += CH) {                                        \
+            int64_t m = hi - i < CH ? hi - i : CH;                                     \
+            float v[CH];                                                               \
+            if (m < CH) { /* the slice's ragged end */                                 \
+                for (int64_t l = 0; l < m; l++) {                                      \
+                    v[l] = p[0][i + l];                                                \
+                    for (int r = 1; r < w; r++)                                        \
+                        v[l] += p[r][i + l];                                           \
+                    if (mean)                                                          \
+                        v[l] /= (float)w;                                              \
+                    for (int r = 0; r < w; r++)                                        \
+                        p[r][i + l] = v[l];                                            \
+                }                                                                      \
+                break;                                                                 \
+            }                                                                          \
+            for (int l = 0; l < CH; l++)                                               \
+                v[l] = p[0][i + l];                                                    \
+            for (int r = 1; r < w; r++)                                                \
+                for (int l = 0; l < CH; l++)                                           \
+                    v[l] += p[r][i + l];                                               \
+            if (mean)                                                                  \
+                for (int l = 0; l < CH; l++)                                           \
+                    v[l] /= (float)w;                                                  \
+            for (int r = 0; r < w; r++)                                                \
+                for (int l = 0; l < CH; l++)                                           \
+                    p[r][i + l] = v[l];                                                \
+        }                                                                              \
+    }
+REDUCE_SLICE(reduce_slice, )
+#if defined(__x86_64__) && defined(__GNUC__)
+REDUCE_SLICE(reduce_slice512, __attribute__((target("avx512f"))))
+#endif
+
+static void reduce(float *const *p, int w, int64_t lo, int64_t hi, bool mean) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) {
+        reduce_slice512(p, w, lo, hi, mean);
+        return;
+    }
+#endif
+    reduce_slice(p, w, lo, hi, mean);
+}
+
 loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
     loom_status s = enter(c, buf);
     if (s)
@@ -183,16 +234,7 @@ loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce
     int w = g->world;
     int64_t lo, hi;
     slice(n, w, c->rank, &lo, &hi);
-    float *const *p = (float *const *)(uintptr_t)g->ptr;
-    for (int64_t i = lo; i < hi; i++) {
-        float v = p[0][i];
-        for (int r = 1; r < w; r++)
-            v += p[r][i];
-        if (op == LOOM_REDUCE_MEAN)
-            v /= (float)w;
-        for (int r = 0; r < w; r++)
-            p[r][i] = v;
-    }
+    reduce((float *const *)(uintptr_t)g->ptr, w, lo, hi, op == LOOM_REDUCE_MEAN);
     return barrier(c);
 }
 
