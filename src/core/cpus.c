@@ -52,3 +52,8 @@ void loom__keep_off_held_cpus(void) {
         want = self.own;
     pthread_setaffinity_np(pthread_self(), sizeof want, &want); /* best effort */
 }
+
+void loom__cpus_follow_holds(void) {
+    if (self.known) /* a thread this file never moved is left as it is */
+        loom__keep_off_held_cpus();
+}

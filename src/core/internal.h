@@ -75,6 +75,7 @@ double loom__now(void); /* monotonic seconds */
  * of its own); called once none are held, it gives the thread back all of its own. */
 void loom__cpu_hold(int cpu, bool hold);
 void loom__keep_off_held_cpus(void);
+void loom__cpus_follow_holds(void); /* the same, only for a thread that has called it before */
 
 /* fs.c: $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>) into out, created with its parents;
  * false if it cannot be had. */

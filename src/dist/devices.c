@@ -480,8 +480,8 @@ void loom_devices_free(loom_devices *D) {
         if (D->dev[i].holds_cpu)
             loom__cpu_hold(D->dev[i].cpu, false);
     }
-    loom__keep_off_held_cpus(); /* this thread has its CPUs back, if dispatch() took them */
-    if (stuck)                  /* its memory may still be in use */
+    loom__cpus_follow_holds(); /* this thread has its CPUs back, if dispatch() took them */
+    if (stuck)                 /* its memory may still be in use */
         return;
     for (int i = 0; D->dev && i < D->n; i++) {
         loom__free(D->dev[i].ws);
