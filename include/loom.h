@@ -436,7 +436,8 @@ LOOM_API void loom_loader_free(loom_loader *l);
 /* Starts epoch e (0-based): the order is a permutation drawn from Philox stream (2, e) of the seed,
  * or file order with no_shuffle. */
 LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
-/* The next batch of the epoch into *b (buffers owned by the loader, valid until the next call);
+/* The next batch of the epoch into *b (buffers owned by the loader, valid until the second call
+ * after this one: a step submitted on a batch may still read it while the next one is taken);
  * false at the end of the epoch, after which the loader is at the start of the next epoch (its
  * permutation drawn from (seed, epoch + 1)): loops over epochs need no call in between. */
 LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);

@@ -242,7 +242,7 @@ TEST(loader_shuffles_per_epoch_and_covers_each_sample_once) {
 /* Batches are assembled one ahead by the loader's thread: the batch in hand is never written
  * while it is held, labels travel with their samples, and restarting an epoch in the middle (with
  * a batch being assembled) starts it from its first batch. */
-TEST(loader_assembles_ahead_without_touching_the_batch_in_hand) {
+TEST(loader_assembles_ahead_without_touching_the_batches_in_hand) {
     enum { N = 1000, B = 64 };
     float *x = malloc(sizeof(float) * N * 8);
     int32_t y[N];
@@ -255,16 +255,19 @@ TEST(loader_assembles_ahead_without_touching_the_batch_in_hand) {
     loom_dataset *d = loom_dataset_from_arrays(N, 1, s, x, y);
     loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = B, .seed = 3});
     loom_loader *ref = loom_loader_new(d, &(loom_loader_config){.batch_size = B, .seed = 3});
-    loom_batch b, r;
-    static float held[B * 8];
+    loom_batch b, r, prev = {0};
+    static float held[2][B * 8]; /* this batch and the one before it (a submitted step's) */
     for (int step = 0; step < 5; step++) {
         ASSERT(loom_loader_next(l, &b));
-        memcpy(held, b.x, sizeof(float) * (size_t)(b.n * 8));
+        memcpy(held[step % 2], b.x, sizeof(float) * (size_t)(b.n * 8));
         struct timespec ts = {0, 2000000}; /* the next batch is being assembled meanwhile */
         nanosleep(&ts, NULL);
-        ASSERT(!memcmp(held, b.x, sizeof(float) * (size_t)(b.n * 8)));
+        ASSERT(!memcmp(held[step % 2], b.x, sizeof(float) * (size_t)(b.n * 8)));
+        ASSERT(step == 0 || !memcmp(held[(step + 1) % 2], prev.x, sizeof(float) * (size_t)(B * 8)));
+        ASSERT(step == 0 || prev.x != b.x);
         for (int64_t i = 0; i < b.n; i++)
             ASSERT_EQ(b.y[i], (int32_t)b.x[i * 8] % 7);
+        prev = b;
     }
     loom_loader_start_epoch(l, 0); /* mid-epoch, with a batch in flight */
     for (int step = 0; step < 3; step++) {
@@ -391,7 +394,7 @@ int main(void) {
     RUN(large_idx_files_are_cached_decompressed);
     RUN(missing_dataset_says_what_to_do);
     RUN(loader_shuffles_per_epoch_and_covers_each_sample_once);
-    RUN(loader_assembles_ahead_without_touching_the_batch_in_hand);
+    RUN(loader_assembles_ahead_without_touching_the_batches_in_hand);
     RUN(loader_thread_keeps_off_a_devices_cpu);
     RUN(stepping_thread_keeps_off_a_devices_cpu);
     return HARNESS_EXIT();

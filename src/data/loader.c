@@ -4,9 +4,11 @@
  * recomputed without replaying earlier ones (a resumed run gets the same batches). The end of an
  * epoch starts the next one, so no call is needed between epochs. The final short batch is kept
  * (a smaller batch) unless drop_last.
- * Batches are assembled one ahead by a thread of the loader's own, into the buffer the caller is
+ * Batches are assembled one ahead by a thread of the loader's own, into a buffer the caller is
  * not holding, while the caller trains on the current one (the samples and their order are the
- * same as without it; without the thread the loader assembles each batch when asked).
+ * same as without it; without the thread the loader assembles each batch when asked). Three
+ * buffers: the batch handed out, the one before it (a step submitted with loom_graph_submit may
+ * still be reading it while the next is recorded) and the one being assembled.
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include "internal.h"
@@ -14,17 +16,22 @@
 #include <pthread.h>
 #include <string.h>
 
+enum { NBUF = 3 };
+static int after(int buf) {
+    return (buf + 1) % NBUF;
+}
+
 struct loom_loader {
     const loom_dataset *d;
     loom_loader_config c;
     int64_t epoch;
     int64_t *order;
     int64_t pos;
-    float *x[2];
-    int32_t *y[2];
+    float *x[NBUF];
+    int32_t *y[NBUF];
     int cur; /* the buffer last handed out */
     /* the batch being assembled ahead: rows [job_pos, job_pos + job_take) of epoch job_epoch into
-     * buffer !cur; under mu */
+     * buffer after(cur); under mu */
     pthread_t thread;
     bool threaded, pending, ready, quit;
     int64_t job_epoch, job_pos, job_take;
@@ -90,7 +97,7 @@ static void ahead(loom_loader *l) {
     if (!l->threaded || take == 0)
         return;
     pthread_mutex_lock(&l->mu);
-    l->job_epoch = l->epoch, l->job_pos = l->pos, l->job_take = take, l->job_buf = !l->cur;
+    l->job_epoch = l->epoch, l->job_pos = l->pos, l->job_take = take, l->job_buf = after(l->cur);
     l->pending = true, l->ready = false;
     pthread_cond_signal(&l->go);
     pthread_mutex_unlock(&l->mu);
@@ -115,7 +122,7 @@ loom_loader *loom_loader_new(const loom_dataset *d, const loom_loader_config *c)
     pthread_cond_init(&l->done, NULL);
     l->order = loom__malloc(sizeof(int64_t) * (size_t)(n + 1));
     bool ok = l->order != NULL;
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < NBUF; b++) {
         l->x[b] = loom__malloc(sizeof(float) * (size_t)(cfg.batch_size * sn));
         l->y[b] = loom__malloc(sizeof(int32_t) * (size_t)cfg.batch_size);
         ok = ok && l->x[b] && l->y[b];
@@ -145,7 +152,7 @@ void loom_loader_free(loom_loader *l) {
     pthread_cond_destroy(&l->go);
     pthread_cond_destroy(&l->done);
     loom__free(l->order);
-    for (int b = 0; b < 2; b++)
+    for (int b = 0; b < NBUF; b++)
         loom__free(l->x[b]), loom__free(l->y[b]);
     loom__free(l);
 }
@@ -181,9 +188,9 @@ bool loom_loader_next(loom_loader *l, loom_batch *b) {
     }
     settle(l);
     if (!(l->ready && l->job_epoch == l->epoch && l->job_pos == l->pos && l->job_take == take))
-        fill(l, !l->cur, l->pos, take);
+        fill(l, after(l->cur), l->pos, take);
     l->ready = false;
-    l->cur = !l->cur;
+    l->cur = after(l->cur);
     l->pos += take;
     b->x = l->x[l->cur], b->y = l->y[l->cur], b->n = take;
     b->ndim = loom_dataset_sample_ndim(l->d) + 1;
