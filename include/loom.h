@@ -169,6 +169,18 @@ LOOM_API void loom_graph_reset(loom_graph *g);
 /* Ends the step: returns the sticky error if any; else hashes the graph, plans a program on a cache
  * miss, and executes it. After success, output tensors can be read until the next run or reset. */
 LOOM_API loom_status loom_graph_run(loom_graph *g);
+/* loom_graph_run in two halves, so that the next step is recorded while this one runs. Submit
+ * ends the step as run does but, on devices (loom_graph_set_devices), returns once they have
+ * it: loom_graph_reset() and the next step's recording may follow at once (the reset drops this
+ * step's tensors; the step runs on), and its inputs' buffers must stay unchanged until it has
+ * ended. A graph has one step running at most: submitting the next waits for it. Without
+ * devices the step runs here, before submit returns. */
+LOOM_API loom_status loom_graph_submit(loom_graph *g);
+/* Waits for the graph's submitted step and returns its status (that of the last step that ended,
+ * when none is running); *loss (if not NULL) gets the value of its loss (the tensor loom_backward
+ * started from; the mean over devices, as loom_item's), NAN if it had none or failed. Reading an
+ * output of a submitted step (loom_tensor_data, loom_item) waits for it, until a reset. */
+LOOM_API loom_status loom_graph_wait(loom_graph *g, double *loss);
 /* Who runs programs: the reference interpreter, or generated C kernels (elementwise chains fused,
  * compiled by the system compiler, cached on disk; the rest interpreted). AUTO follows the
  * environment's LOOM_BACKEND (interp or cpu), cpu by default; without a C compiler, interp. */

@@ -56,6 +56,19 @@ static void rig_free(rig *r) {
     loom_model_free(r->m);
 }
 
+/* Records one training step on the batch (not run); its loss tensor. */
+static loom_tensor *record(rig *r, const loom_batch *b) {
+    loom_graph_reset(r->g);
+    int64_t flat[2] = {b->n, 784};
+    loom_tensor *x = r->flatten ? loom_input_batch(r->g, LOOM_F32, 2, flat, b->x)
+                                : loom_input_batch(r->g, LOOM_F32, b->ndim, b->shape, b->x);
+    loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 1, &b->n, b->y);
+    loom_tensor *l = loom_cross_entropy(r->g, loom_sequential_forward(r->g, r->net, x), y);
+    loom_backward(r->g, l);
+    loom_optim_step(r->g, r->opt);
+    return l;
+}
+
 /* One training step on the batch; the global loss through *loss. */
 static loom_status step(rig *r, const loom_batch *b, double *loss) {
     loom_graph_reset(r->g);
@@ -183,6 +196,61 @@ TEST(repeated_runs_are_bitwise_identical) {
     loom_loader_free(l);
     rig_free(&a);
     rig_free(&b);
+}
+
+/* A step submitted, the next one recorded (the graph reset) while it runs, then waited for: the
+ * same losses and parameters, bitwise, as running each step, on no devices, 1 and 2; an output
+ * read without the wait waits; a failing step's error comes from its wait. */
+TEST(submitted_steps_match_run_steps_bitwise) {
+    for (int ndev = 0; ndev <= 2; ndev++) {
+        rig a, b;
+        ASSERT_EQ(rig_new(&a, "fmnist-mlp", ndev, (loom_devices_config){0}), LOOM_OK);
+        ASSERT_EQ(rig_new(&b, "fmnist-mlp", ndev, (loom_devices_config){0}), LOOM_OK);
+        loom_loader_config lc = {.batch_size = 100, .seed = 2};
+        loom_loader *la = loom_loader_new(train, &lc), *lb = loom_loader_new(train, &lc);
+        loom_batch ba, bb;
+        double ra[8], rb[8], item = NAN;
+        int n = 0;
+        for (int s = 0; s < 8 && loom_loader_next(la, &ba) && loom_loader_next(lb, &bb); s++) {
+            ASSERT_EQ(step(&a, &ba, &ra[s]), LOOM_OK);
+            loom_tensor *l = record(&b, &bb); /* the step before runs on meanwhile */
+            if (s > 0)
+                ASSERT_EQ(loom_graph_wait(b.g, &rb[n++]), LOOM_OK);
+            ASSERT_EQ(loom_graph_submit(b.g), LOOM_OK);
+            if (s == 7)
+                item = loom_item(l); /* waits */
+        }
+        ASSERT_EQ(loom_graph_wait(b.g, &rb[n++]), LOOM_OK);
+        ASSERT_EQ(n, 8);
+        ASSERT(item == rb[7]);
+        for (int s = 0; s < 8; s++)
+            if (ra[s] != rb[s])
+                FAILF("%d devices, step %d: loss %.9g submitted, %.9g run", ndev, s, rb[s], ra[s]);
+        ASSERT(param_error(&b, &a) == 0.0);
+        loom_loader_free(la);
+        loom_loader_free(lb);
+        rig_free(&a);
+        rig_free(&b);
+    }
+    rig r;
+    setenv("LOOM_FAULT", "1:2", 1);
+    ASSERT_EQ(rig_new(&r, "fmnist-mlp", 2, (loom_devices_config){.timeout_s = 5}), LOOM_OK);
+    unsetenv("LOOM_FAULT");
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 100});
+    loom_batch batch;
+    double loss = 0;
+    ASSERT(loom_loader_next(l, &batch));
+    record(&r, &batch);
+    ASSERT_EQ(loom_graph_submit(r.g), LOOM_OK);
+    ASSERT(loom_loader_next(l, &batch));
+    record(&r, &batch);
+    ASSERT_EQ(loom_graph_wait(r.g, &loss), LOOM_OK);
+    ASSERT_EQ(loom_graph_submit(r.g), LOOM_OK); /* step 2: fails on device 1 */
+    ASSERT_EQ(loom_graph_wait(r.g, &loss), LOOM_EINTERNAL);
+    ASSERT_STR_CONTAINS(loom_last_error(), "device 1, step 2: fault injected");
+    ASSERT(isnan(loss));
+    loom_loader_free(l);
+    rig_free(&r);
 }
 
 /* Evaluation: logits of every sample, gathered; returns rows seen and accuracy. */
@@ -382,6 +450,7 @@ int main(void) {
     RUN(mlp_on_2_and_4_devices_matches_1);
     RUN(cnn_on_2_and_4_devices_matches_1);
     RUN(repeated_runs_are_bitwise_identical);
+    RUN(submitted_steps_match_run_steps_bitwise);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
     RUN(allocation_failure_names_the_device);

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -416,7 +417,8 @@ static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
     return p;
 }
 
-loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **inputs, int64_t *rows) {
+loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, const void **inputs,
+                              int64_t *rows) {
     int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
     int64_t start = d * local, real = b - start < 0 ? 0 : b - start < local ? b - start : local;
     *rows = real;
@@ -433,21 +435,21 @@ loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **input
         } else if (t->role == LOOM_ROLE_BATCH && real == local) {
             *slot = (const char *)t->data + (size_t)start * row;
         } else if (t->role == LOOM_ROLE_BATCH) { /* a padded shard: real rows then zeros */
-            char *buf = loom__arena_alloc(&g->arena, (size_t)local * row + 1);
+            char *buf = loom__arena_alloc(a, (size_t)local * row + 1);
             if (!buf)
                 return LOOM_ENOMEM;
             if (real > 0)
                 memcpy(buf, (const char *)t->data + (size_t)start * row, (size_t)real * row);
             *slot = buf;
         } else if (t->role == LOOM_ROLE_MASK) {
-            float *m = loom__arena_alloc(&g->arena, sizeof(float) * (size_t)(local + 1));
+            float *m = loom__arena_alloc(a, sizeof(float) * (size_t)(local + 1));
             if (!m)
                 return LOOM_ENOMEM;
             for (int64_t k = 0; k < real; k++)
                 m[k] = 1.0f;
             *slot = m;
         } else {
-            float *c = loom__arena_alloc(&g->arena, sizeof(float));
+            float *c = loom__arena_alloc(a, sizeof(float));
             if (!c)
                 return LOOM_ENOMEM;
             *c = (float)((double)b / ndev);
@@ -470,7 +472,7 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t));
     if (!inputs || !g->rows_real)
         return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
-    loom_status st = loom__bind_inputs(g, 0, 1, inputs, g->rows_real);
+    loom_status st = loom__bind_inputs(g, &g->arena, 0, 1, inputs, g->rows_real);
     if (st)
         return st;
     loom__bind b = {.ws = g->workspace, .inputs = inputs};
@@ -483,35 +485,87 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
     return st;
 }
 
-loom_status loom_graph_run(loom_graph *g) {
+loom_status loom_graph_submit(loom_graph *g) {
     if (!g)
-        return loom__error(LOOM_EINVAL, "loom_graph_run: NULL graph");
+        return loom__error(LOOM_EINVAL, "loom_graph_submit: NULL graph");
+    loom_status st = loom__graph_finish(g); /* the step before, if still running */
+    if (st)
+        return st;
     g->last = NULL;
     if (g->err)
         return loom__error(g->err, "%s", g->errmsg);
     g->metrics.graphs_built++;
     g->metrics.nodes = g->n;
-    loom_status st = LOOM_OK;
     loom__program *p = lookup_or_plan(g, &st);
     if (!p)
         return st;
-    st = g->runner ? g->runner->run(g->runner_ctx, g, p) : run_here(g, p);
     g->metrics.kernels = p->nexec;
+    g->loss_id = -1;
+    for (int64_t i = g->n - 1; i >= 0 && g->loss_id < 0; i--)
+        if (g->nodes[i]->is_loss)
+            g->loss_id = (int32_t)i, g->loss_dtype = g->nodes[i]->dtype;
+    if (!g->runner) { /* one device, on this thread: the step ends here */
+        g->inflight = p, g->inflight_reset = false;
+        g->ended_status = run_here(g, p);
+        return loom__graph_finish(g);
+    }
+    st = g->runner->submit(g->runner_ctx, g, p);
     if (st)
         return st;
-    g->last = p;
+    g->inflight = p, g->inflight_reset = false;
     return LOOM_OK;
+}
+
+loom_status loom__graph_finish(loom_graph *g) {
+    loom__program *p = g->inflight;
+    if (!p)
+        return LOOM_OK;
+    loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->ended_status;
+    double loss = NAN;
+    if (!st && g->loss_id >= 0 && !g->runner) {
+        loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
+        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+            b.slab[s] = g->model ? g->model->slab[s] : NULL;
+        loss = loom__first_value((loom_dtype)g->loss_dtype, loom__addr(p, &b, g->loss_id));
+    } else if (!st && g->loss_id >= 0) { /* the mean over devices, as loom_item's */
+        loss = 0;
+        for (int d = 0; d < g->ndev; d++)
+            loss += loom__first_value((loom_dtype)g->loss_dtype,
+                                      g->runner->data(g->runner_ctx, p, g->loss_id, d));
+        loss /= g->ndev;
+    }
+    g->ended_status = st, g->ended_loss = loss;
+    if (!st && !g->inflight_reset)
+        g->last = p;
+    g->inflight = NULL;
+    return st;
+}
+
+loom_status loom_graph_wait(loom_graph *g, double *loss) {
+    if (!g)
+        return loom__error(LOOM_EINVAL, "loom_graph_wait: NULL graph");
+    loom_status st = g->inflight ? loom__graph_finish(g) : g->ended_status;
+    if (loss)
+        *loss = g->ended_loss;
+    return st;
+}
+
+loom_status loom_graph_run(loom_graph *g) {
+    loom_status st = loom_graph_submit(g);
+    return st ? st : loom_graph_wait(g, NULL);
 }
 
 const void *loom_tensor_data(const loom_tensor *t) {
     if (!t)
         return NULL;
-    const loom_graph *g = t->g;
+    loom_graph *g = t->g;
+    if (g->inflight && !g->inflight_reset) /* its step, submitted: it ends first */
+        loom__graph_finish(g);
     const loom__program *p = g->last;
     if (!p || !t->is_output || t->id >= p->n)
         return NULL;
     if (g->runner)
-        return g->runner->data(g->runner_ctx, g, t->id, 0);
+        return g->runner->data(g->runner_ctx, p, t->id, 0);
     loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         b.slab[s] = g->model ? g->model->slab[s] : NULL;

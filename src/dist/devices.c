@@ -63,7 +63,9 @@ struct loom_devices {
     int64_t fault_step;
     bool fault_hang;
     loom__runner runner;
-    bool spare_cpu; /* fewer devices than CPUs: the controller may spin while a step runs */
+    loom_graph *inflight; /* the graph whose step the devices are running (submitted), or NULL */
+    loom__arena arena;    /* that step's input bindings: its graph may be reset meanwhile */
+    bool spare_cpu;       /* fewer devices than CPUs: the controller may spin while a step runs */
 };
 
 /* With a CPU to spare (fewer devices than CPUs), spin-then-sleep: a device polls for its next
@@ -225,8 +227,8 @@ static loom_status collect(loom_devices *D) {
     return loom__error(d->st, "device %d, step %lld: %s", cause, (long long)D->step, d->msg);
 }
 
-/* Runs the current job on every device and waits, within the deadline. */
-static loom_status dispatch(loom_devices *D) {
+/* Starts the current job on every device. */
+static void start(loom_devices *D) {
     /* The thread that runs steps (it polls below) keeps to the CPUs no device holds, as the
      * loader's does, until the devices are freed. Left free, a wake-up from the condition
      * variable placed it on the device's CPU now and then (the waker's), where it waited out the
@@ -239,6 +241,12 @@ static loom_status dispatch(loom_devices *D) {
         D->dev[i].done = false;
     __atomic_store_n(&D->gen, D->gen + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&D->go);
+    pthread_mutex_unlock(&D->mu);
+}
+
+/* Waits for the job started, within the deadline. */
+static loom_status finish(loom_devices *D) {
+    pthread_mutex_lock(&D->mu);
     if (D->spare_cpu) { /* the step may well end soon: poll a while, yielding the CPU to others */
         pthread_mutex_unlock(&D->mu);
         double end = loom__now() + SPIN_DONE_S;
@@ -266,6 +274,12 @@ static loom_status dispatch(loom_devices *D) {
     }
     pthread_mutex_unlock(&D->mu);
     return collect(D);
+}
+
+/* Runs the current job on every device and waits, within the deadline. */
+static loom_status dispatch(loom_devices *D) {
+    start(D);
+    return finish(D);
 }
 
 /* Replicas follow the model: same sizes, same values (broadcast and verified). */
@@ -299,6 +313,7 @@ static void huge_pages(void *p, size_t n) {
 }
 
 static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
+    loom__arena_reset(&D->arena); /* no step is running: the last one's bindings are done with */
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t) * (size_t)D->n);
     if (!g->rows_real)
         return LOOM_ENOMEM;
@@ -317,10 +332,10 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
             d->ws = ws, d->ws_size = p->ws_bytes;
             huge_pages(ws, p->ws_bytes);
         }
-        const void **in = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+        const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
-        loom_status st = loom__bind_inputs(g, i, D->n, in, &g->rows_real[i]);
+        loom_status st = loom__bind_inputs(g, &D->arena, i, D->n, in, &g->rows_real[i]);
         if (st)
             return st;
         d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
@@ -349,8 +364,12 @@ static void add_metrics(loom_devices *D, loom_graph *g) {
     m->exec_seconds += D->dev[0].busy;
 }
 
-static loom_status devices_run(void *ctx, loom_graph *g, loom__program *p) {
+/* Starts g's step (program p) on the devices and returns: devices_wait() ends it. A step of
+ * another graph still running is waited for first (its graph keeps its status). */
+static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
     loom_devices *D = ctx;
+    if (D->inflight)
+        loom__graph_finish(D->inflight);
     if (D->broken)
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
@@ -362,14 +381,24 @@ static loom_status devices_run(void *ctx, loom_graph *g, loom__program *p) {
         return st;
     D->prog = p;
     D->job = JOB_STEP;
-    st = dispatch(D);
+    start(D);
+    D->inflight = g;
+    return LOOM_OK;
+}
+
+static loom_status devices_wait(void *ctx, loom_graph *g) {
+    loom_devices *D = ctx;
+    if (D->inflight != g)
+        return LOOM_OK;
+    loom_status st = finish(D);
+    D->inflight = NULL;
     add_metrics(D, g);
     return st;
 }
 
-static const void *devices_data(void *ctx, const loom_graph *g, int32_t id, int d) {
+static const void *devices_data(void *ctx, const loom__program *p, int32_t id, int d) {
     loom_devices *D = ctx;
-    return g->last ? loom__addr(g->last, &D->dev[d].bind, id) : NULL;
+    return p ? loom__addr(p, &D->dev[d].bind, id) : NULL;
 }
 
 /* The CPUs this process may run on, in order; returns how many. */
@@ -432,7 +461,7 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     D->c = cfg;
     D->n = cfg.count;
     D->spare_cpu = ncpu > D->n;
-    D->runner = (loom__runner){devices_run, devices_data};
+    D->runner = (loom__runner){devices_submit, devices_wait, devices_data};
     parse_fault(D);
     pthread_mutex_init(&D->mu, NULL);
     pthread_cond_init(&D->go, NULL);
@@ -465,6 +494,8 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
 void loom_devices_free(loom_devices *D) {
     if (!D)
         return;
+    if (D->inflight) /* a submitted step ends first (its graph keeps its status) */
+        loom__graph_finish(D->inflight);
     pthread_mutex_lock(&D->mu);
     D->quit = true;
     pthread_cond_broadcast(&D->go);
@@ -489,6 +520,7 @@ void loom_devices_free(loom_devices *D) {
             loom__free(D->dev[i].slab[s]);
     }
     loom__free(D->dev);
+    loom__arena_free(&D->arena);
     loom_group_free(D->group);
     pthread_mutex_destroy(&D->mu);
     pthread_cond_destroy(&D->go);

@@ -56,6 +56,7 @@ loom_graph *loom_graph_new(loom_model *m) {
         g->model = m;
         g->ndev = 1;
         g->batch_rows = -1;
+        g->ended_loss = NAN;
     }
     return g;
 }
@@ -63,6 +64,7 @@ loom_graph *loom_graph_new(loom_model *m) {
 void loom_graph_free(loom_graph *g) {
     if (!g)
         return;
+    loom__graph_finish(g); /* a submitted step reads the programs and the workspace */
     if (loom__getenv()->metrics) {
         char buf[1024];
         loom_metrics_format(&g->metrics, buf, sizeof buf);
@@ -76,6 +78,8 @@ void loom_graph_free(loom_graph *g) {
 }
 
 void loom_graph_reset(loom_graph *g) {
+    if (g->inflight) /* a submitted step runs on (its bindings are the devices'): its tensors go */
+        g->inflight_reset = true;
     loom__arena_reset(&g->arena);
     g->n = 0;
     g->ninputs = 0;
@@ -297,8 +301,8 @@ int64_t loom_tensor_numel(const loom_tensor *t) {
     return loom__numel(t->ndim, t->shape);
 }
 
-static double first_value(const loom_tensor *t, const void *p) {
-    switch ((loom_dtype)t->dtype) {
+double loom__first_value(loom_dtype dt, const void *p) {
+    switch (dt) {
         case LOOM_F32:
             return *(const float *)p;
         case LOOM_F64:
@@ -315,10 +319,11 @@ double loom_item(const loom_tensor *t) {
         return NAN;
     const loom_graph *g = t->g;
     if (!g->runner)
-        return first_value(t, p);
+        return loom__first_value((loom_dtype)t->dtype, p);
     double sum = 0; /* the mean over devices (a loss is normalised so that this is global) */
     for (int d = 0; d < g->ndev; d++)
-        sum += first_value(t, g->runner->data(g->runner_ctx, g, t->id, d));
+        sum += loom__first_value((loom_dtype)t->dtype,
+                                 g->runner->data(g->runner_ctx, g->last, t->id, d));
     return sum / g->ndev;
 }
 
@@ -333,7 +338,7 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
         int64_t r = g->rows_real ? g->rows_real[d] : t->shape[0];
         r = r < t->shape[0] ? r : t->shape[0];
         const void *src =
-            g->runner ? g->runner->data(g->runner_ctx, g, t->id, d) : loom_tensor_data(t);
+            g->runner ? g->runner->data(g->runner_ctx, g->last, t->id, d) : loom_tensor_data(t);
         memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
         rows += r;
     }

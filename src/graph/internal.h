@@ -94,11 +94,13 @@ struct loom_tensor {
 
 typedef struct loom__program loom__program;
 
-/* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here. */
+/* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here.
+ * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running). */
 typedef struct {
-    loom_status (*run)(void *ctx, loom_graph *g, loom__program *p);
-    /* device d's copy of node id after the last run */
-    const void *(*data)(void *ctx, const loom_graph *g, int32_t id, int d);
+    loom_status (*submit)(void *ctx, loom_graph *g, loom__program *p);
+    loom_status (*wait)(void *ctx, loom_graph *g);
+    /* device d's copy of node id of program p after its step */
+    const void *(*data)(void *ctx, const loom__program *p, int32_t id, int d);
 } loom__runner;
 
 struct loom_graph {
@@ -113,7 +115,16 @@ struct loom_graph {
     /* compile state (compile/program.c) */
     loom__program **programs;
     int64_t nprograms, programs_cap;
-    loom__program *last;      /* program of the last successful run, NULL before */
+    loom__program *last; /* program of the last successful run, NULL before */
+    /* a step submitted and not yet waited for (loom_graph_submit): its program, whether the
+     * graph was reset since (its tensors are gone), its loss node (-1: none) and dtype; then the
+     * status and loss of the last step that ended */
+    loom__program *inflight;
+    bool inflight_reset;
+    int32_t loss_id;
+    uint8_t loss_dtype;
+    loom_status ended_status;
+    double ended_loss;
     const void **last_inputs; /* its input bindings (in the arena) */
     void *workspace;
     size_t workspace_size;
@@ -183,6 +194,12 @@ void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wr
 void loom__programs_free(loom_graph *g);
 /* Input pointers for device d of ndev (padded shards, masks and counts built in the arena);
  * *rows gets the real rows of d's batch shard. */
-loom_status loom__bind_inputs(loom_graph *g, int d, int ndev, const void **inputs, int64_t *rows);
+loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, const void **inputs,
+                              int64_t *rows);
+/* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
+ * another graph's step before starting one. */
+loom_status loom__graph_finish(loom_graph *g);
+/* The first element of a tensor's data of dtype dt, as a double. */
+double loom__first_value(loom_dtype dt, const void *p);
 
 #endif
