@@ -98,47 +98,76 @@ typedef struct {
  * builds the program, the next ones warm the caches and the allocator. */
 #define WARMUP_STEPS 20
 
-/* One epoch of training; returns non-zero on error, sets *done when --steps is reached. */
+/* An epoch's progress: steps ended, its batches, the current 100 steps' start and samples. */
+typedef struct {
+    int64_t epoch, i, nb, tick_samples;
+    double tick, last;
+} epoch_state;
+
+/* Accounts for a step that has ended: n samples, its loss, dt seconds since the step before it
+ * ended (the steps overlap: the next one was recorded while it ran). */
+static void step_ended(run_state *r, epoch_state *e, int64_t n, double loss, double dt) {
+    const train_opts *o = r->o;
+    e->last = loss;
+    r->train_seconds += dt;
+    r->samples += n, e->tick_samples += n;
+    r->step++, e->i++;
+    if (r->step > WARMUP_STEPS)
+        r->warm_seconds += dt, r->warm_samples += n;
+    if (r->step == 1) {
+        r->first_step_at = now() - r->started;
+        loom_metrics sm; /* every step runs the same graph */
+        loom_graph_metrics(r->m.g, &sm);
+        r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
+    }
+    double rate = e->tick_samples / (now() - e->tick + 1e-12);
+    if (r->log)
+        fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step, (long long)e->epoch + 1,
+                loss, o->lr, rate);
+    if (e->i % 100 == 0 || e->i == e->nb || (o->steps && r->step >= o->steps)) {
+        printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)e->epoch + 1,
+               (long long)e->i, (long long)e->nb, loss, rate);
+        fflush(stdout);
+        e->tick = now(), e->tick_samples = 0;
+    }
+}
+
+/* One epoch of training; returns non-zero on error, sets *done when --steps is reached. Each
+ * step is submitted, and the next one is recorded (and its batch taken) while it runs; then it
+ * is waited for and the next submitted, so that the devices do not wait for the host. */
 static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     const train_opts *o = r->o;
     loom_batch b;
-    double t0 = now(), last = 0, tick = t0;
-    int64_t nb = loom_loader_batches(r->loader), i = 0, tick_samples = 0;
+    double t0 = now(), ended_at = t0;
+    epoch_state e = {epoch, 0, loom_loader_batches(r->loader), 0, t0, 0};
+    int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
     loom_loader_start_epoch(r->loader, epoch);
     while (!*done && loom_loader_next(r->loader, &b)) {
-        double ts = now();
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
         loom_backward(r->m.g, loss);
         loom_optim_step(r->m.g, r->opt);
-        if (loom_graph_run(r->m.g))
+        double value;
+        if (running) {
+            if (loom_graph_wait(r->m.g, &value))
+                return cli_fail("%s", loom_last_error());
+            double at = now();
+            step_ended(r, &e, running, value, at - ended_at);
+            ended_at = at;
+        }
+        if (loom_graph_submit(r->m.g))
             return cli_fail("%s", loom_last_error());
-        last = loom_item(loss);
-        double dt = now() - ts;
-        r->train_seconds += dt;
-        r->samples += b.n, tick_samples += b.n;
-        r->step++, i++;
-        if (r->step > WARMUP_STEPS)
-            r->warm_seconds += dt, r->warm_samples += b.n;
-        if (r->step == 1) {
-            r->first_step_at = now() - r->started;
-            loom_metrics sm; /* every step runs the same graph */
-            loom_graph_metrics(r->m.g, &sm);
-            r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
-        }
-        *done = o->steps && r->step >= o->steps;
-        double rate = tick_samples / (now() - tick + 1e-12);
-        if (r->log)
-            fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step, (long long)epoch + 1,
-                    last, o->lr, rate);
-        if (i % 100 == 0 || i == nb || *done) {
-            printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)epoch + 1,
-                   (long long)i, (long long)nb, last, rate);
-            fflush(stdout);
-            tick = now(), tick_samples = 0;
-        }
+        running = b.n;
+        *done = o->steps && ++submitted >= o->steps;
     }
+    if (running) {
+        double value;
+        if (loom_graph_wait(r->m.g, &value))
+            return cli_fail("%s", loom_last_error());
+        step_ended(r, &e, running, value, now() - ended_at);
+    }
+    double last = e.last;
     double acc = 0;
     if (evaluate(&r->m, r->test, &acc))
         return 1;
