@@ -75,6 +75,12 @@ loom_status loom_accelerator_step(loom_accelerator *a) {
     return loom_graph_run(a->g);
 }
 
+loom_status loom__accelerator_submit(loom_accelerator *a) {
+    if (a->o)
+        loom_optim_step(a->g, a->o);
+    return loom_graph_submit(a->g);
+}
+
 loom_status loom_accelerator_run(loom_accelerator *a) {
     return loom_graph_run(a->g);
 }

@@ -82,27 +82,43 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
     return LOOM_OK;
 }
 
-/* One epoch; *done when max_steps is reached. */
+/* A step has ended with this loss. */
+static void step_ended(loom_trainer *t, int64_t epoch, double loss) {
+    t->m.last_loss = loss;
+    t->m.steps++;
+    if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0)
+        loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
+                  (long long)t->m.steps, t->m.last_loss);
+}
+
+/* One epoch; *done when max_steps is reached. Each step is submitted, the next recorded while
+ * it runs, then it is waited for (the devices do not wait for the host between steps). */
 static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_loader *train,
                              int64_t epoch, bool *done) {
-    loom_graph *g;
+    loom_graph *g = NULL;
     loom_tensor *x, *y;
-    int64_t samples = 0;
-    double t0 = loom__now();
+    int64_t samples = 0, submitted = t->m.steps;
+    bool running = false;
+    double t0 = loom__now(), loss;
     loom_loader_start_epoch(train, epoch);
     while (!*done && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
-        loom_tensor *loss = fns->training_step(fns->ctx, g, x, y);
-        loom_accelerator_backward(t->acc, loss);
-        loom_status s = loom_accelerator_step(t->acc);
+        loom_accelerator_backward(t->acc, fns->training_step(fns->ctx, g, x, y));
+        loom_status s = running ? loom_graph_wait(g, &loss) : LOOM_OK;
         if (s)
             return s;
-        t->m.last_loss = loom_item(loss);
-        t->m.steps++;
+        if (running)
+            step_ended(t, epoch, loss);
+        if ((s = loom__accelerator_submit(t->acc)))
+            return s;
+        running = true;
         samples += loom_tensor_shape(y)[0] * loom_accelerator_devices(t->acc);
-        *done = t->c.max_steps > 0 && t->m.steps >= t->c.max_steps;
-        if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0)
-            loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
-                      (long long)t->m.steps, t->m.last_loss);
+        *done = t->c.max_steps > 0 && ++submitted >= t->c.max_steps;
+    }
+    if (running) {
+        loom_status s = loom_graph_wait(g, &loss);
+        if (s)
+            return s;
+        step_ended(t, epoch, loss);
     }
     t->m.samples_per_s = (double)samples / (loom__now() - t0);
     return LOOM_OK;
