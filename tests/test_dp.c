@@ -71,14 +71,7 @@ static loom_tensor *record(rig *r, const loom_batch *b) {
 
 /* One training step on the batch; the global loss through *loss. */
 static loom_status step(rig *r, const loom_batch *b, double *loss) {
-    loom_graph_reset(r->g);
-    int64_t flat[2] = {b->n, 784};
-    loom_tensor *x = r->flatten ? loom_input_batch(r->g, LOOM_F32, 2, flat, b->x)
-                                : loom_input_batch(r->g, LOOM_F32, b->ndim, b->shape, b->x);
-    loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 1, &b->n, b->y);
-    loom_tensor *l = loom_cross_entropy(r->g, loom_sequential_forward(r->g, r->net, x), y);
-    loom_backward(r->g, l);
-    loom_optim_step(r->g, r->opt);
+    loom_tensor *l = record(r, b);
     loom_status s = loom_graph_run(r->g);
     *loss = s ? NAN : loom_item(l);
     return s;
