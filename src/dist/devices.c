@@ -101,6 +101,29 @@ static float *slab_of(loom_devices *D, device *d, int s) {
     return d->index == 0 ? D->model->slab[s] : d->slab[s];
 }
 
+/* A checksum of n floats: four independent FNV-style lanes over 8-byte words (a byte at a time,
+ * the MLP's 3 MB of slabs took ~3.5 ms of the start-up). */
+static uint64_t slab_checksum(const float *p, int64_t n) {
+    uint64_t lane[4] = {1, 2, 3, 4}, w[4];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(w, p + i, sizeof w);
+        for (int k = 0; k < 4; k++)
+            lane[k] = (lane[k] ^ w[k]) * 0x100000001b3ull;
+    }
+    loom__hash h;
+    loom__hash_init(&h);
+    for (int k = 0; k < 4; k++)
+        loom__hash_u64(&h, lane[k]);
+    for (; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, p + i, sizeof b);
+        loom__hash_u64(&h, b);
+    }
+    loom__hash_u64(&h, (uint64_t)n);
+    return loom__hash_final(&h);
+}
+
 /* Replication job: broadcast device 0's slabs, then compare checksums of every replica. */
 static loom_status replicate(loom_devices *D, device *d) {
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
@@ -109,10 +132,12 @@ static loom_status replicate(loom_devices *D, device *d) {
         if (st)
             return st;
     }
+    if (D->n == 1) /* nothing to compare with */
+        return LOOM_OK;
     loom__hash h;
     loom__hash_init(&h);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        loom__hash_bytes(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
+        loom__hash_u64(&h, slab_checksum(slab_of(D, d, s), D->model->len[s]));
     uint64_t mine = loom__hash_final(&h);
     float packed[2], *all = loom__malloc(sizeof(float) * 2 * (size_t)D->n);
     if (!all)
