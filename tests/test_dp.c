@@ -242,8 +242,19 @@ TEST(submitted_steps_match_run_steps_bitwise) {
     ASSERT_EQ(loom_graph_wait(r.g, &loss), LOOM_EINTERNAL);
     ASSERT_STR_CONTAINS(loom_last_error(), "device 1, step 2: fault injected");
     ASSERT(isnan(loss));
-    loom_loader_free(l);
     rig_free(&r);
+    for (int order = 0; order < 2; order++) { /* freed with a step running: it ends first */
+        ASSERT_EQ(rig_new(&r, "fmnist-mlp", 2, (loom_devices_config){0}), LOOM_OK);
+        ASSERT(loom_loader_next(l, &batch));
+        record(&r, &batch);
+        ASSERT_EQ(loom_graph_submit(r.g), LOOM_OK);
+        if (order) { /* the devices first: the graph's step ends, the graph goes later */
+            loom_devices_free(r.devs);
+            r.devs = NULL;
+        }
+        rig_free(&r);
+    }
+    loom_loader_free(l);
 }
 
 /* Evaluation: logits of every sample, gathered; returns rows seen and accuracy. */
