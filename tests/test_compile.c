@@ -251,10 +251,14 @@ static void *run_shared_view(loom_backend be, size_t *bytes) {
  * stores (form 1: relu(x w) with a NaN, an infinity and zeros in x, so NaN rows, infinite and
  * zero products meet the ReLU; form 2: x w + bias; form 3: where(h > 0, x w, 0), h with a NaN,
  * zeros of both signs and an infinity), and a ReLU's backward of a pool gradient inside the pool
- * gradient, plane by plane (through a 2-D reshape). Returns both outputs. */
+ * gradient, plane by plane (through a 2-D reshape). Forms 4 and 5 are forms 0 and 1 with K = 450
+ * and w read transposed (N > 2 M: the product runs as its transpose, the epilogue applied as C^T
+ * is transposed into y). Returns both outputs. */
 static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metrics *m) {
     enum { M = 37, KMAX = 450, N = 300, B = 2, C = 3, H = 8, W = 10 };
     int64_t K = form ? KMAX : 50;
+    bool wt = form >= 4;
+    form = wt ? form - 4 : form;
     static float x[M * KMAX], w[KMAX * N], bias[N], img[B * C * H * W], dy[B * C * H / 2 * W / 2];
     test_fill(x, M * K, 40, -1, 1);
     test_fill(w, K * N, 41, -1, 1);
@@ -267,10 +271,11 @@ static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metric
     }
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
-    int64_t sx[2] = {M, K}, sw[2] = {K, N}, sb[1] = {N}, si[4] = {B, C, H, W};
+    int64_t sx[2] = {M, K}, sw[2] = {K, N}, swt[2] = {N, K}, sb[1] = {N}, si[4] = {B, C, H, W};
     int64_t sy[4] = {B, C, H / 2, W / 2}, s2[2] = {B * C, H * W};
-    loom_tensor *y =
-        loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x), loom_input(g, LOOM_F32, 2, sw, w));
+    loom_tensor *y = loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x),
+                                 wt ? loom_transpose(g, loom_input(g, LOOM_F32, 2, swt, w))
+                                    : loom_input(g, LOOM_F32, 2, sw, w));
     static float h[M * N]; /* form 3: a ReLU's backward, where(h > 0, x w, 0) */
     test_fill(h, M * N, 47, -1, 1);
     h[5] = NAN, h[6] = 0, h[7] = -0.0f, h[M * N - 1] = INFINITY;
@@ -295,18 +300,19 @@ static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metric
 TEST(epilogues_run_inside_library_kernels_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
-    for (int form = 0; form < 4; form++) {
+    for (int form = 0; form < 6; form++) {
         void *ref = run_epilogues(LOOM_BACKEND_INTERP, form, &n1, &mi);
         void *got = run_epilogues(LOOM_BACKEND_CPU, form, &n2, &mc);
         ASSERT(ref && got && n1 == n2);
         ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        int f = form % 4;
         /* interpreted: matmul, add, relu (not both with form 1 and 2; with form 3 a second
          * cmpgt and where in place of add and relu), pool gradient, cmpgt, where; compiled: the two
          * library kernels, each running its epilogue (with loom's matmul; with BLAS the product's
          * runs apart) */
-        ASSERT_EQ(mi.kernels, form == 1 || form == 2 ? 5 : 6);
+        ASSERT_EQ(mi.kernels, f == 1 || f == 2 ? 5 : 6);
         ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
-        if (form == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
+        if (f == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
             int nans = 0;
             for (int j = 0; j < 300; j++)
                 nans += ((float *)got)[3 * 300 + j] != ((float *)got)[3 * 300 + j];

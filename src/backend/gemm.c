@@ -13,7 +13,8 @@
  * contiguous lanes, and a compound C (a fold's) is gathered a block at a time and added into its
  * places row by row (C += A B). A dense layer's epilogue (a bias row, a ReLU) may be applied in
  * registers as the last k block stores C's final values (loom__sgemm_act), so that C is written
- * once, already activated. A product with a small C and a long K (conv1's weight gradient) is dot
+ * once, already activated (or, for a product run as its transpose, nt_by_transpose, as C^T is
+ * transposed into C). A product with a small C and a long K (conv1's weight gradient) is dot
  * products along K instead (skinny_gemm). Every element is summed in a fixed order (k ascending
  * within KC blocks; on the dot-product path 16 lanes of k and a fixed tree), so runs repeat
  * bitwise.
@@ -227,16 +228,18 @@ static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lan
     }
 }
 
-/* The epilogue in registers on 16 final values of C from column j of the tile: the bias's
- * element added (C + bias, as the generated ADD), then the ReLU (a <= 0 ? 0 : a, NaN kept). */
-__attribute__((target("avx512f"))) static inline __m512 act_vec(const loom__gemm_act *act,
-                                                                int64_t i, int64_t j, __m512 v) {
+/* The epilogue in registers on 16 final values of C from column j of the tile (those of lanes m:
+ * the others are not read): the bias's element added (C + bias, as the generated ADD), then the
+ * ReLU (a <= 0 ? 0 : a, NaN kept). */
+__attribute__((target("avx512f"))) static inline __m512
+act_vec(const loom__gemm_act *act, int64_t i, int64_t j, __mmask16 m, __m512 v) {
     if (act->mask)
-        return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(act->mask + i * act->ldm + j),
-                                                      _mm512_setzero_ps(), _CMP_GT_OQ),
-                                   v);
+        return _mm512_maskz_mov_ps(
+            _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, act->mask + i * act->ldm + j),
+                               _mm512_setzero_ps(), _CMP_GT_OQ),
+            v);
     if (act->bias)
-        v = _mm512_add_ps(v, _mm512_loadu_ps(act->bias + j));
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, act->bias + j));
     if (act->relu)
         v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LE_OQ),
                                _mm512_setzero_ps());
@@ -291,7 +294,7 @@ static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, flo
                     if (accumulate)                                                            \
                         acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_loadu_ps(cr + 16 * v));    \
                     if (act)                                                                   \
-                        acc[r][v] = act_vec(act, r, 16 * v, acc[r][v]);                        \
+                        acc[r][v] = act_vec(act, r, 16 * v, 0xffff, acc[r][v]);                \
                     _mm512_storeu_ps(cr + 16 * v, acc[r][v]);                                  \
                 }                                                                              \
             }                                                                                  \
@@ -478,9 +481,11 @@ __attribute__((target("avx512f"))) static void micro_t(int64_t kc, const float *
         }
 }
 
-/* Rows [0, n) x columns [0, m) of t (rows ld apart) transposed into c (rows ldc apart). */
+/* Rows [0, n) x columns [0, m) of t (rows ld apart) transposed into c (rows ldc apart), with the
+ * epilogue act (a bias, a ReLU; or NULL) on C's values as they are stored. */
 __attribute__((target("avx512f"))) static void put_transposed(const float *t, int64_t ld, int64_t n,
-                                                              int64_t m, float *c, int64_t ldc) {
+                                                              int64_t m, float *c, int64_t ldc,
+                                                              const loom__gemm_act *act) {
     for (int64_t j0 = 0; j0 < n; j0 += 16)
         for (int64_t i0 = 0; i0 < m; i0 += 16) {
             int rows = (int)(n - j0 < 16 ? n - j0 : 16), cols = (int)(m - i0 < 16 ? m - i0 : 16);
@@ -491,7 +496,8 @@ __attribute__((target("avx512f"))) static void put_transposed(const float *t, in
                                 : _mm512_setzero_ps();
             transpose16(r);
             for (int q = 0; q < cols; q++)
-                _mm512_mask_storeu_ps(c + (i0 + q) * ldc + j0, sm, r[q]);
+                _mm512_mask_storeu_ps(c + (i0 + q) * ldc + j0, sm,
+                                      act ? act_vec(act, i0 + q, j0, sm, r[q]) : r[q]);
         }
 }
 
@@ -548,10 +554,26 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
             t_kblock(nc, mpad, pc, kc, once ? pb + mpad * pc : pb, b, coff, koff, tb);
         }
         float *cb = done ? c : c + jc;
-        put_transposed(tb, mpad, nc, M, cb, ldc);
+        put_transposed(tb, mpad, nc, M, cb, ldc, NULL);
         if (done)
             done->fn(done->ctx, jc, nc);
     }
+}
+
+/* Whether gemm() runs a product of two operands contiguous along k (a dense layer's forward: X
+ * times a weight read transposed) as its transpose, C^T = B^T A^T, into a staging block of C^T
+ * that is then transposed into C with the epilogue: B would need a transposing pack of N lanes,
+ * the transposed product packs A^T's M instead. Where N > 2 M (the MLP's fc1 forward on 2
+ * devices, M = 64: 0.198-0.202 -> 0.165-0.171 ms); at N = 2 M (M = 128) the transposed store ate
+ * what the smaller pack saved. Each element is the same chain of FMAs over k (a product's factors
+ * commute exactly), so C's bits are the direct product's. */
+static bool nt_by_transpose(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                            const loom__gmat *b, const loom__gdim *crow, const loom__gdim *ccol,
+                            bool accumulate, const loom__gemm_act *act) {
+    return N > 2 * M && M >= 16 && K >= 16 && N * M <= (int64_t)(MC + MR) * NC && !accumulate &&
+           (!act || (!act->mask && !act->colsum)) && crow->n == 1 && ccol->n == 1 &&
+           ccol->stride[0] == 1 && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1 &&
+           b->row.n == 1 && b->col.n == 1 && b->row.stride[0] == 1 && b->col.stride[0] != 1;
 }
 
 /* N in equal blocks of about NC, multiples of nr (300 = 192 + 108, not 288 + 12). */
@@ -584,6 +606,13 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     int64_t ldc = crow->stride[0];
     if (K > 0 && !part && !act && by_transpose(M, N, a, b, crow, ccol, accumulate)) {
         gemm_t(M, N, K, a, b, c, ldc, done, scratch);
+        return;
+    }
+    if (!part && !done && nt_by_transpose(M, N, K, a, b, crow, ccol, accumulate, act)) {
+        loom__gmat at = {a->p, a->col, a->row}, bt = {b->p, b->col, b->row};
+        loom__gdim trow = {1, {N}, {M}}, tcol = {1, {M}, {1}};
+        gemm(N, M, K, &bt, &at, cb, &trow, &tcol, false, NULL, scratch, NULL, NULL);
+        put_transposed(cb, M, N, M, c, ldc, act); /* (the inner gemm leaves cb alone) */
         return;
     }
     for (int64_t j = 0; act && act->colsum && j < N; j++) /* a sum starts from 0 */
@@ -1074,7 +1103,7 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
         gemm(M, hi - fj, K, a, &rb, c, &crow, &ccol, true, NULL, scratch,
              &(gemm_part){fj, N, fj > 0}, NULL);
     }
-    put_transposed(tb, mpad, WN, K, w, ldw);
+    put_transposed(tb, mpad, WN, K, w, ldw, NULL);
 }
 /* ---- a product by its transpose over chosen columns (a pooling's windows, place by place) ---- */
 
@@ -1102,7 +1131,7 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
         for (int64_t pc = 0; pc < K; pc += kstep)
             t_kblock(nc, mpad, pc, K - pc < kstep ? K - pc : kstep, pb + mpad * pc, b, coff + jc,
                      koff, tb);
-        put_transposed(tb, mpad, nc, M, c + jc, ldc);
+        put_transposed(tb, mpad, nc, M, c + jc, ldc, NULL);
     }
 }
 #    undef TR
