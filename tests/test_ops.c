@@ -351,7 +351,8 @@ TEST(matmul_matches_naive_loop) {
         }
 }
 
-/* A column of C is the same chain of FMAs whatever panel computes it (48 wide, 32, 16, ragged):
+/* A column of C is the same chain of FMAs whatever panel computes it (48 wide, 32, 16, ragged)
+ * and whether the product runs as its transpose (B read transposed and N > 2 M: N >= 80 here):
  * the first N columns of a product, for N across the panel layouts, equal those of the widest
  * bitwise. Two k blocks, ragged rows, B read transposed or not. */
 TEST(matmul_columns_do_not_depend_on_their_panels) {
