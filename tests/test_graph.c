@@ -30,7 +30,17 @@ TEST(shape_errors_are_sticky_and_named) {
     ASSERT(loom_add(g, x, w) == NULL);
     ASSERT_STR_CONTAINS(loom_graph_error(g),
                         "loom_add: shapes (64,784) and (256,256) do not broadcast");
+    ASSERT_EQ(loom_graph_submit(g), LOOM_ESHAPE); /* submit returns it too, and starts nothing */
+    ASSERT_STR_CONTAINS(loom_last_error(), "do not broadcast");
+    double loss = 0;
+    ASSERT_EQ(loom_graph_wait(g, &loss), LOOM_OK); /* nothing ran: nothing to wait for */
+    ASSERT(isnan(loss));
     loom_graph_free(g);
+    ASSERT_EQ(loom_graph_run(NULL), LOOM_EINVAL);
+    ASSERT_STR_CONTAINS(loom_last_error(), "loom_graph_run: NULL graph");
+    ASSERT_EQ(loom_graph_submit(NULL), LOOM_EINVAL);
+    ASSERT_EQ(loom_graph_wait(NULL, NULL), LOOM_EINVAL);
+    ASSERT_STR_CONTAINS(loom_last_error(), "loom_graph_wait: NULL graph");
 }
 
 TEST(dtype_errors_are_named) {

@@ -551,6 +551,8 @@ loom_status loom_graph_wait(loom_graph *g, double *loss) {
 }
 
 loom_status loom_graph_run(loom_graph *g) {
+    if (!g)
+        return loom__error(LOOM_EINVAL, "loom_graph_run: NULL graph");
     loom_status st = loom_graph_submit(g);
     return st ? st : loom_graph_wait(g, NULL);
 }
