@@ -459,6 +459,28 @@ loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, co
     return LOOM_OK;
 }
 
+/* The bindings of a step run here: the graph's workspace and the model's slabs. */
+static loom__bind here_bind(const loom_graph *g, const void **inputs) {
+    loom__bind b = {.ws = g->workspace, .inputs = inputs};
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        b.slab[s] = g->model ? g->model->slab[s] : NULL;
+    return b;
+}
+
+const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d) {
+    if (g->runner)
+        return g->runner->data(g->runner_ctx, p, id, d);
+    loom__bind b = here_bind(g, g->last_inputs);
+    return loom__addr(p, &b, id);
+}
+
+double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt) {
+    double sum = 0;
+    for (int d = 0; d < g->ndev; d++)
+        sum += loom__first_value(dt, loom__node_data(g, p, id, d));
+    return sum / g->ndev;
+}
+
 /* One device, on this thread. */
 static loom_status run_here(loom_graph *g, loom__program *p) {
     if (p->ws_bytes > g->workspace_size) { /* scratch, not realloc'd (as dist/devices.c) */
@@ -475,9 +497,7 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
     loom_status st = loom__bind_inputs(g, &g->arena, 0, 1, inputs, g->rows_real);
     if (st)
         return st;
-    loom__bind b = {.ws = g->workspace, .inputs = inputs};
-    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        b.slab[s] = g->model ? g->model->slab[s] : NULL;
+    loom__bind b = here_bind(g, inputs);
     double t0 = loom__now();
     st = loom__interp_run(p, &b);
     g->metrics.exec_seconds += loom__now() - t0;
@@ -521,20 +541,9 @@ loom_status loom__graph_finish(loom_graph *g) {
     if (!p)
         return LOOM_OK;
     loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->ended_status;
-    double loss = NAN;
-    if (!st && g->loss_id >= 0 && !g->runner) {
-        loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
-        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-            b.slab[s] = g->model ? g->model->slab[s] : NULL;
-        loss = loom__first_value((loom_dtype)g->loss_dtype, loom__addr(p, &b, g->loss_id));
-    } else if (!st && g->loss_id >= 0) { /* the mean over devices, as loom_item's */
-        loss = 0;
-        for (int d = 0; d < g->ndev; d++)
-            loss += loom__first_value((loom_dtype)g->loss_dtype,
-                                      g->runner->data(g->runner_ctx, p, g->loss_id, d));
-        loss /= g->ndev;
-    }
-    g->ended_status = st, g->ended_loss = loss;
+    g->ended_status = st;
+    g->ended_loss =
+        !st && g->loss_id >= 0 ? loom__node_mean(g, p, g->loss_id, (loom_dtype)g->loss_dtype) : NAN;
     if (!st && !g->inflight_reset)
         g->last = p;
     g->inflight = NULL;
@@ -566,12 +575,7 @@ const void *loom_tensor_data(const loom_tensor *t) {
     const loom__program *p = g->last;
     if (!p || !t->is_output || t->id >= p->n)
         return NULL;
-    if (g->runner)
-        return g->runner->data(g->runner_ctx, p, t->id, 0);
-    loom__bind b = {.ws = g->workspace, .inputs = g->last_inputs};
-    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        b.slab[s] = g->model ? g->model->slab[s] : NULL;
-    return loom__addr(p, &b, t->id);
+    return loom__node_data(g, p, t->id, 0);
 }
 
 void loom_graph_metrics(const loom_graph *g, loom_metrics *out) {

@@ -317,14 +317,8 @@ double loom_item(const loom_tensor *t) {
     const void *p = t ? loom_tensor_data(t) : NULL;
     if (!p || loom_tensor_numel(t) < 1)
         return NAN;
-    const loom_graph *g = t->g;
-    if (!g->runner)
-        return loom__first_value((loom_dtype)t->dtype, p);
-    double sum = 0; /* the mean over devices (a loss is normalised so that this is global) */
-    for (int d = 0; d < g->ndev; d++)
-        sum += loom__first_value((loom_dtype)t->dtype,
-                                 g->runner->data(g->runner_ctx, g->last, t->id, d));
-    return sum / g->ndev;
+    /* the mean over devices (a loss is normalised so that this is global) */
+    return loom__node_mean(t->g, t->g->last, t->id, (loom_dtype)t->dtype);
 }
 
 int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
@@ -337,8 +331,7 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     for (int d = 0; d < g->ndev; d++) {
         int64_t r = g->rows_real ? g->rows_real[d] : t->shape[0];
         r = r < t->shape[0] ? r : t->shape[0];
-        const void *src =
-            g->runner ? g->runner->data(g->runner_ctx, g->last, t->id, d) : loom_tensor_data(t);
+        const void *src = loom__node_data(g, g->last, t->id, d);
         memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
         rows += r;
     }

@@ -201,5 +201,9 @@ loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, co
 loom_status loom__graph_finish(loom_graph *g);
 /* The first element of a tensor's data of dtype dt, as a double. */
 double loom__first_value(loom_dtype dt, const void *p);
+/* Device d's copy of node id of program p after its step (the graph's own without devices), and
+ * the mean of its first element over the devices (a loss: normalised so that this is global). */
+const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d);
+double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt);
 
 #endif
