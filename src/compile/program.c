@@ -483,13 +483,8 @@ double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, 
 
 /* One device, on this thread. */
 static loom_status run_here(loom_graph *g, loom__program *p) {
-    if (p->ws_bytes > g->workspace_size) { /* scratch, not realloc'd (as dist/devices.c) */
-        loom__free(g->workspace);
-        g->workspace_size = 0;
-        if (!(g->workspace = loom__malloc(p->ws_bytes)))
-            return LOOM_ENOMEM;
-        g->workspace_size = p->ws_bytes;
-    }
+    if (loom__scratch(&g->workspace, &g->workspace_size, p->ws_bytes))
+        return LOOM_ENOMEM;
     const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t));
     if (!inputs || !g->rows_real)

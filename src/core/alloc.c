@@ -83,6 +83,17 @@ loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem) {
     return LOOM_OK;
 }
 
+loom_status loom__scratch(void **buf, size_t *size, size_t need) {
+    if (need <= *size)
+        return LOOM_OK;
+    loom__free(*buf);
+    *size = 0;
+    if (!(*buf = loom__malloc(need)))
+        return LOOM_ENOMEM;
+    *size = need;
+    return LOOM_OK;
+}
+
 struct loom__arena_block {
     loom__arena_block *next;
     size_t size;

@@ -4,6 +4,8 @@
  */
 #include "internal.h"
 
+#include <string.h>
+
 void loom__hash_init(loom__hash *h) {
     h->h = 0xcbf29ce484222325ull;
 }
@@ -20,6 +22,21 @@ void loom__hash_bytes(loom__hash *h, const void *p, size_t n) {
         h->h ^= b[i];
         h->h *= 0x100000001b3ull;
     }
+    loom__hash_u64(h, n);
+}
+
+void loom__hash_large(loom__hash *h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t lane[4] = {1, 2, 3, 4}, w[4];
+    size_t i = 0;
+    for (; i + sizeof w <= n; i += sizeof w) {
+        memcpy(w, b + i, sizeof w);
+        for (int k = 0; k < 4; k++)
+            lane[k] = (lane[k] ^ w[k]) * 0x100000001b3ull;
+    }
+    for (int k = 0; k < 4; k++)
+        loom__hash_u64(h, lane[k]);
+    loom__hash_bytes(h, b + i, n - i);
     loom__hash_u64(h, n);
 }
 

@@ -53,6 +53,9 @@ typedef struct {
 void loom__hash_init(loom__hash *h);
 void loom__hash_u64(loom__hash *h, uint64_t v);
 void loom__hash_bytes(loom__hash *h, const void *p, size_t n);
+/* n bytes as four independent FNV lanes of 8-byte words (a byte at a time, the MLP's 3 MB of
+ * parameters and state took ~3.5 ms to checksum): a different value from hash_bytes' */
+void loom__hash_large(loom__hash *h, const void *p, size_t n);
 uint64_t loom__hash_final(const loom__hash *h);
 
 /* The environment, read once per process. */
@@ -84,5 +87,9 @@ bool loom__mkdirs(char *path); /* mkdir -p */
 
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
 loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);
+/* Scratch of at least need bytes in *buf (*size of them): when smaller, freed and allocated anew,
+ * not realloc'd (nothing in it outlives a use, and a copy would hold both at once). ENOMEM on
+ * failure, with *buf NULL and *size 0. */
+loom_status loom__scratch(void **buf, size_t *size, size_t need);
 
 #endif

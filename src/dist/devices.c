@@ -29,7 +29,7 @@ struct loom__device {
     pthread_t thread;
     bool started, holds_cpu; /* holds_cpu: its thread is pinned to cpu (core/cpus.c) */
     loom_comm *comm;
-    unsigned char *ws;
+    void *ws;
     size_t ws_size;
     float *slab[LOOM_SLAB_COUNT]; /* replicas; device 0 uses the model's slabs */
     int64_t slab_cap[LOOM_SLAB_COUNT];
@@ -101,29 +101,6 @@ static float *slab_of(loom_devices *D, device *d, int s) {
     return d->index == 0 ? D->model->slab[s] : d->slab[s];
 }
 
-/* A checksum of n floats: four independent FNV-style lanes over 8-byte words (a byte at a time,
- * the MLP's 3 MB of slabs took ~3.5 ms of the start-up). */
-static uint64_t slab_checksum(const float *p, int64_t n) {
-    uint64_t lane[4] = {1, 2, 3, 4}, w[4];
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(w, p + i, sizeof w);
-        for (int k = 0; k < 4; k++)
-            lane[k] = (lane[k] ^ w[k]) * 0x100000001b3ull;
-    }
-    loom__hash h;
-    loom__hash_init(&h);
-    for (int k = 0; k < 4; k++)
-        loom__hash_u64(&h, lane[k]);
-    for (; i < n; i++) {
-        uint32_t b;
-        memcpy(&b, p + i, sizeof b);
-        loom__hash_u64(&h, b);
-    }
-    loom__hash_u64(&h, (uint64_t)n);
-    return loom__hash_final(&h);
-}
-
 /* Replication job: broadcast device 0's slabs, then compare checksums of every replica. */
 static loom_status replicate(loom_devices *D, device *d) {
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
@@ -137,7 +114,7 @@ static loom_status replicate(loom_devices *D, device *d) {
     loom__hash h;
     loom__hash_init(&h);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        loom__hash_u64(&h, slab_checksum(slab_of(D, d, s), D->model->len[s]));
+        loom__hash_large(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
     uint64_t mine = loom__hash_final(&h);
     float packed[2], *all = loom__malloc(sizeof(float) * 2 * (size_t)D->n);
     if (!all)
@@ -344,19 +321,13 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         return LOOM_ENOMEM;
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
-        if (p->ws_bytes > d->ws_size) { /* scratch: nothing in it outlives a run, so not
-                                         * realloc'd (a copy would hold both at once) */
-            loom__free(d->ws);
-            void *ws = d->ws = loom__malloc(p->ws_bytes);
-            d->ws_size = 0;
-            if (!ws)
-                return loom__error(LOOM_ENOMEM,
-                                   "device %d, step %lld: out of memory for its "
-                                   "workspace (%zu bytes)",
-                                   i, (long long)D->step, p->ws_bytes);
-            d->ws = ws, d->ws_size = p->ws_bytes;
-            huge_pages(ws, p->ws_bytes);
-        }
+        size_t had = d->ws_size;
+        if (loom__scratch(&d->ws, &d->ws_size, p->ws_bytes))
+            return loom__error(LOOM_ENOMEM,
+                               "device %d, step %lld: out of memory for its workspace (%zu bytes)",
+                               i, (long long)D->step, p->ws_bytes);
+        if (d->ws_size != had)
+            huge_pages(d->ws, d->ws_size);
         const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
@@ -536,7 +507,7 @@ void loom_devices_free(loom_devices *D) {
         if (D->dev[i].holds_cpu)
             loom__cpu_hold(D->dev[i].cpu, false);
     }
-    loom__cpus_follow_holds(); /* this thread has its CPUs back, if dispatch() took them */
+    loom__cpus_follow_holds(); /* this thread has its CPUs back, if start() took them */
     if (stuck)                 /* its memory may still be in use */
         return;
     for (int i = 0; D->dev && i < D->n; i++) {
