@@ -176,6 +176,17 @@ static bool same_bits(const void *a, const void *b, size_t bytes, loom_dtype dt)
     return true;
 }
 
+/* Whether a kept run's, a fused run's and the interpreter's outputs (of n1, n2, n3 bytes) are all
+ * there, of one size, and the fused one's bits are both others'. Frees the three. */
+static bool three_agree(void *kept, size_t n1, void *fused, size_t n2, void *interp, size_t n3) {
+    bool ok = kept && fused && interp && n1 == n2 && n1 == n3 &&
+              same_bits(kept, fused, n1, LOOM_F32) && same_bits(interp, fused, n1, LOOM_F32);
+    free(kept);
+    free(fused);
+    free(interp);
+    return ok;
+}
+
 TEST(reductions_fuse_bitwise) {
     for (size_t i = 0; i < sizeof red_ops / sizeof *red_ops; i++)
         for (int d = 0; d < 2; d++)
@@ -505,16 +516,11 @@ TEST(pooling_computes_its_convolution_bitwise) {
         void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, mode, &n1, &mk);
         void *got = run_conv_pool(LOOM_BACKEND_CPU, false, mode, &n2, &mc);
         void *interp = run_conv_pool(LOOM_BACKEND_INTERP, false, mode, &n3, NULL);
-        ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
-        ASSERT(same_bits(ref, got, n1, LOOM_F32));
-        ASSERT(same_bits(interp, got, n1, LOOM_F32));
+        ASSERT(three_agree(ref, n1, got, n2, interp, n3));
         /* kept: the product runs (its bias as its epilogue) and its output is copied out as
          * (N,O,OH,OW); fused, only that copy is gone and the product runs inside the pooling
          * (with BLAS it runs on its own either way) */
         ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 1 : 2);
-        free(ref);
-        free(got);
-        free(interp);
     }
 }
 
@@ -574,15 +580,10 @@ TEST(a_fold_computes_its_convolutions_backward_bitwise) {
         void *ref = run_conv_back(LOOM_BACKEND_CPU, true, bias, &n1, &mk);
         void *got = run_conv_back(LOOM_BACKEND_CPU, false, bias, &n2, &mc);
         void *interp = run_conv_back(LOOM_BACKEND_INTERP, false, bias, &n3, NULL);
-        ASSERT(ref && got && interp && n1 == n2 && n1 == n3);
-        ASSERT(same_bits(ref, got, n1, LOOM_F32));
-        ASSERT(same_bits(interp, got, n1, LOOM_F32));
+        ASSERT(three_agree(ref, n1, got, n2, interp, n3));
         /* fused, the pool gradient, the weight gradient's product and the bias's sum run in the
          * fold (with BLAS each runs on its own either way) */
         ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 0 : 2 + bias);
-        free(ref);
-        free(got);
-        free(interp);
     }
 }
 
