@@ -127,7 +127,10 @@ LOOM_API int64_t loom_param_numel(const loom_param *p);
 /* Tells the model that the host changed its values (through the pointers below): replicas on other
  * devices are refreshed from these before the next step. Loading and initialising do it. */
 LOOM_API void loom_model_touch(loom_model *m);
-/* Pointers into the model's slabs; valid until the next loom_model_add(). */
+/* Pointers into the model's slabs; valid until the next loom_model_add(). A step submitted on
+ * the model's graph (loom_graph_submit) owns the slabs until it ends: these, loom_model_touch,
+ * loom_model_add, loom_model_save and loom_model_load wait for it first, and a pointer taken
+ * before the submit is not used until loom_graph_wait. */
 LOOM_API float *loom_param_data(loom_param *p);
 LOOM_API float *loom_param_grad(loom_param *p);
 
@@ -172,9 +175,11 @@ LOOM_API loom_status loom_graph_run(loom_graph *g);
 /* loom_graph_run in two halves, so that the next step is recorded while this one runs. Submit
  * ends the step as run does but, on devices (loom_graph_set_devices), returns once they have
  * it: loom_graph_reset() and the next step's recording may follow at once (the reset drops this
- * step's tensors; the step runs on), and its inputs' buffers must stay unchanged until it has
- * ended. A graph has one step running at most: submitting the next waits for it. Without
- * devices the step runs here, before submit returns. */
+ * step's tensors; the step runs on). The step computes on its inputs' values at submit (copies,
+ * but for borrowed inputs: loom_input_borrow), so the host may rewrite any input buffer
+ * meanwhile; the model's slabs are the step's until it ends (loom_param_data and every other
+ * access to the model waits for it). A graph has one step running at most: submitting the next
+ * waits for it. Without devices the step runs here, before submit returns. */
 LOOM_API loom_status loom_graph_submit(loom_graph *g);
 /* Waits for the graph's submitted step and returns its status (that of the last step that ended,
  * when none is running); *loss (if not NULL) gets the value of its loss (the tensor loom_backward
@@ -211,17 +216,26 @@ LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */
 LOOM_API void loom_metrics_format(const loom_metrics *m, char *buf, size_t size);
 
-/* Leaves. `data` of an input is read when the step runs (not copied now): it must stay valid and
- * hold numel elements of dtype until loom_graph_run() returns. Its address is not part of the
- * program's identity, so a new batch in a new buffer reuses the program. */
+/* Leaves. An input is `data`, numel elements of dtype, as it is when the step is submitted
+ * (loom_graph_submit or loom_graph_run): a step that runs on after submit returns (on devices)
+ * reads a copy taken at submit, so the caller may change or free the buffer as soon as submit
+ * has returned, whatever the step still does. The address is not part of the program's identity,
+ * so a new batch in a new buffer reuses the program. */
 LOOM_API loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
                                  const void *data);
-/* A batch input: `shape` and `data` are the whole global batch (rows along dim 0). On a graph
- * running on D devices the node has ceil(rows / D) rows and each device reads its own shard; the
- * last shards are padded with masked rows when rows do not divide by D. All batch inputs of a
- * step have the same rows. On one device it is loom_input. */
+/* A batch input: `shape` and `data` are the whole global batch (rows along dim 0), taken as
+ * loom_input's (a copy at submit). On a graph running on D devices the node has ceil(rows / D)
+ * rows and each device reads its own shard; the last shards are padded with masked rows when
+ * rows do not divide by D. All batch inputs of a step have the same rows. On one device it is
+ * loom_input. */
 LOOM_API loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
                                        const void *data);
+/* Lends input t's buffer to its step instead of having it copied at submit: the step reads it in
+ * place while it runs, and the caller keeps it valid and unchanged until the step has ended
+ * (loom_graph_wait, or loom_graph_run, has returned). For large inputs that stay put, such as a
+ * loader's batches when each step is waited for before the second loom_loader_next after its
+ * batch (the accelerator and the trainer lend theirs). No effect on other tensors or NULL. */
+LOOM_API void loom_input_borrow(loom_tensor *t);
 /* A scalar constant (shape ()); its value is part of the program's structure. */
 LOOM_API loom_tensor *loom_scalar(loom_graph *g, double value, loom_dtype dt);
 /* The current value of a parameter of the graph's model (shape of the parameter). */

@@ -257,6 +257,147 @@ TEST(submitted_steps_match_run_steps_bitwise) {
     loom_loader_free(l);
 }
 
+/* The probe of submit's contract: every kind of input (a scalar, a user buffer, a batch of float
+ * rows and one of int32 labels), read after products that keep the step busy, so that what the
+ * host writes after submit lands while the step runs; an output of every row, and a parameter
+ * updated from all of them. */
+enum { PROBE_F = 192, PROBE_MAX_ROWS = 97, PROBE_STEPS = 4 };
+typedef struct {
+    float s, u[PROBE_F], x[PROBE_MAX_ROWS * PROBE_F];
+    int32_t y[PROBE_MAX_ROWS];
+} probe_bufs;
+
+static void probe_fill(probe_bufs *b, uint64_t key) {
+    b->s = (float)test_rand(key, 0, -1, 1);
+    test_fill(b->u, PROBE_F, key + 1000, -1, 1);
+    test_fill(b->x, PROBE_MAX_ROWS * PROBE_F, key + 2000, -1, 1);
+    for (int i = 0; i < PROBE_MAX_ROWS; i++)
+        b->y[i] = (int32_t)test_rand(key + 3000, (uint64_t)i, 0, PROBE_F);
+}
+
+typedef struct {
+    loom_model *m;
+    loom_param *w;
+    loom_graph *g;
+    loom_devices *devs;
+    loom_tensor *z;
+} probe;
+
+static void probe_new(probe *p, int ndev) {
+    memset(p, 0, sizeof *p);
+    p->m = loom_model_new();
+    p->w = loom_model_add(p->m, "w", 2, (int64_t[]){PROBE_F, PROBE_F});
+    test_fill(loom_param_data(p->w), PROBE_F * PROBE_F, 77, -0.07, 0.07);
+    loom_model_touch(p->m);
+    p->g = loom_graph_new(p->m);
+    if (ndev > 0) {
+        p->devs = loom_devices_new(&(loom_devices_config){.count = ndev});
+        loom_graph_set_devices(p->g, p->devs);
+    }
+}
+
+static void probe_free(probe *p) {
+    loom_graph_free(p->g);
+    loom_devices_free(p->devs);
+    loom_model_free(p->m);
+}
+
+static void probe_record(probe *p, probe_bufs *b, int64_t rows) {
+    loom_graph *g = p->g;
+    loom_graph_reset(g);
+    loom_tensor *s = loom_input(g, LOOM_F32, 0, NULL, &b->s);
+    loom_tensor *u = loom_input(g, LOOM_F32, 1, (int64_t[]){PROBE_F}, b->u);
+    loom_tensor *x = loom_input_batch(g, LOOM_F32, 2, (int64_t[]){rows, PROBE_F}, b->x);
+    loom_tensor *y = loom_input_batch(g, LOOM_I32, 1, &rows, b->y);
+    loom_tensor *w = loom_parameter(g, p->w), *h = x;
+    for (int i = 0; i < 6; i++) /* busy */
+        h = loom_matmul(g, h, w);
+    loom_tensor *v =
+        loom_mul(g, loom_add(g, loom_add(g, h, x), loom_onehot(g, y, PROBE_F, LOOM_F32)), u);
+    p->z = loom_add(g, v, s); /* padded rows: s */
+    loom_output(p->z);
+    /* w += s/1000 * (the sum of v over every real row, all devices), broadcast along rows */
+    loom_tensor *r = loom_allreduce(g, loom_sum(g, v, 0), LOOM_REDUCE_SUM);
+    loom_tensor *d = loom_mul(g, loom_mul(g, r, s), loom_scalar(g, 1e-3, LOOM_F32));
+    loom_assign(g, p->w, loom_add(g, w, loom_expand(g, d, 2, (int64_t[]){PROBE_F, PROBE_F})));
+}
+
+/* Bitwise equality of n floats; the first difference through *at. */
+static bool same_bits(const float *a, const float *b, int64_t n, int64_t *at) {
+    for (*at = 0; *at < n; (*at)++)
+        if (memcmp(&a[*at], &b[*at], sizeof(float)) != 0)
+            return false;
+    return true;
+}
+
+/* A submitted step computes on its inputs as they were at submit: with every input buffer
+ * overwritten right after submit (before the wait), and with the next step recorded into the
+ * same buffers while it runs (as the CLI records the optimizer's next learning rate), the
+ * outputs and the parameter are bitwise those of the same steps run synchronously; on no
+ * devices, 1 and 2, with a batch that divides and one that pads. A save of the model right after
+ * a submit waits for the step and writes its result. */
+TEST(submitted_steps_read_their_inputs_as_at_submit) {
+    probe_bufs *b = malloc(sizeof *b);
+    float *zs = malloc(sizeof(float) * PROBE_STEPS * PROBE_MAX_ROWS * PROBE_F);
+    float *z = malloc(sizeof(float) * PROBE_MAX_ROWS * PROBE_F);
+    float *wref = malloc(sizeof(float) * PROBE_F * PROBE_F);
+    int64_t row_counts[2] = {PROBE_MAX_ROWS, 64}, at;
+    for (int ndev = 0; ndev <= 2; ndev++) {
+        for (int rc = 0; rc < 2; rc++) {
+            int64_t rows = row_counts[rc], n = rows * PROBE_F;
+            probe p;
+            probe_new(&p, ndev); /* the reference: each step run */
+            for (int t = 0; t < PROBE_STEPS; t++) {
+                probe_fill(b, (uint64_t)t);
+                probe_record(&p, b, rows);
+                ASSERT_EQ(loom_graph_run(p.g), LOOM_OK);
+                ASSERT_EQ(loom_tensor_gather(p.z, zs + t * n), rows);
+            }
+            memcpy(wref, loom_param_data(p.w), sizeof(float) * PROBE_F * PROBE_F);
+            probe_free(&p);
+            probe_new(&p, ndev); /* overwritten after submit, then waited for */
+            for (int t = 0; t < PROBE_STEPS; t++) {
+                probe_fill(b, (uint64_t)t);
+                probe_record(&p, b, rows);
+                ASSERT_EQ(loom_graph_submit(p.g), LOOM_OK);
+                probe_fill(b, (uint64_t)t + 100);
+                ASSERT_EQ(loom_graph_wait(p.g, NULL), LOOM_OK);
+                ASSERT_EQ(loom_tensor_gather(p.z, z), rows);
+                if (!same_bits(z, zs + t * n, n, &at))
+                    FAILF("%d devices, %lld rows, step %d: output element %lld is %.9g, run: %.9g",
+                          ndev, (long long)rows, t, (long long)at, z[at], zs[t * n + at]);
+            }
+            if (!same_bits(loom_param_data(p.w), wref, PROBE_F * PROBE_F, &at))
+                FAILF("%d devices, %lld rows: w[%lld] %.9g after overwritten steps, run %.9g", ndev,
+                      (long long)rows, (long long)at, loom_param_data(p.w)[at], wref[at]);
+            probe_free(&p);
+            probe_new(&p, ndev); /* pipelined: the next step recorded into the same buffers */
+            for (int t = 0; t < PROBE_STEPS; t++) {
+                probe_fill(b, (uint64_t)t);
+                probe_record(&p, b, rows);
+                if (t > 0)
+                    ASSERT_EQ(loom_graph_wait(p.g, NULL), LOOM_OK);
+                ASSERT_EQ(loom_graph_submit(p.g), LOOM_OK);
+            }
+            /* the model's ways in wait for the step: saved at once, the file has its result */
+            char path[512];
+            test_tmp(path, sizeof path, "probe.safetensors");
+            ASSERT_EQ(loom_model_save(p.m, path), LOOM_OK);
+            loom_tensor_file *f;
+            ASSERT_EQ(loom_tensor_file_read(path, &f), LOOM_OK);
+            const float *w = loom_tensor_file_get(f, "w", NULL, NULL, NULL);
+            if (!same_bits(w, wref, PROBE_F * PROBE_F, &at))
+                FAILF("%d devices, %lld rows: w[%lld] %.9g saved after pipelined steps, run %.9g",
+                      ndev, (long long)rows, (long long)at, w[at], wref[at]);
+            loom_tensor_file_free(f);
+            ASSERT(same_bits(loom_param_data(p.w), wref, PROBE_F * PROBE_F, &at));
+            ASSERT_EQ(loom_graph_wait(p.g, NULL), LOOM_OK);
+            probe_free(&p);
+        }
+    }
+    free(b), free(zs), free(z), free(wref);
+}
+
 /* Evaluation: logits of every sample, gathered; returns rows seen and accuracy. */
 static int64_t evaluate(rig *r, const loom_dataset *d, int64_t batch, double *acc) {
     loom_loader *l =
@@ -455,6 +596,7 @@ int main(void) {
     RUN(cnn_on_2_and_4_devices_matches_1);
     RUN(repeated_runs_are_bitwise_identical);
     RUN(submitted_steps_match_run_steps_bitwise);
+    RUN(submitted_steps_read_their_inputs_as_at_submit);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
     RUN(allocation_failure_names_the_device);

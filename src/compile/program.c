@@ -417,8 +417,27 @@ static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
     return p;
 }
 
-loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, const void **inputs,
-                              int64_t *rows) {
+loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, const void **src) {
+    for (int64_t i = 0; i < g->n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (t->op != LOOM_OP_INPUT || (t->role != LOOM_ROLE_PLAIN && t->role != LOOM_ROLE_BATCH))
+            continue;
+        int64_t numel = t->role == LOOM_ROLE_BATCH
+                            ? g->batch_rows * loom__numel(t->ndim - 1, t->shape + 1)
+                            : loom__numel(t->ndim, t->shape);
+        size_t bytes = loom__dtype_size((loom_dtype)t->dtype) * (size_t)numel;
+        const void *data = t->data;
+        if (copy && !t->borrowed && data && !(data = loom__arena_copy(a, t->data, bytes)))
+            return loom__error(LOOM_ENOMEM,
+                               "loom_graph_submit: out of memory copying input %d (%zu bytes)",
+                               t->attr.input, bytes);
+        src[t->attr.input] = data;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
+                              const void *const *src, const void **inputs, int64_t *rows) {
     int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
     int64_t start = d * local, real = b - start < 0 ? 0 : b - start < local ? b - start : local;
     *rows = real;
@@ -427,19 +446,20 @@ loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, co
         if (t->op != LOOM_OP_INPUT)
             continue;
         const void **slot = &inputs[t->attr.input];
+        const char *data = src[t->attr.input];
         size_t row = t->ndim ? loom__dtype_size((loom_dtype)t->dtype) *
                                    (size_t)loom__numel(t->ndim - 1, t->shape + 1)
                              : 0;
         if (t->role == LOOM_ROLE_PLAIN) {
-            *slot = t->data;
+            *slot = data;
         } else if (t->role == LOOM_ROLE_BATCH && real == local) {
-            *slot = (const char *)t->data + (size_t)start * row;
+            *slot = data + (size_t)start * row;
         } else if (t->role == LOOM_ROLE_BATCH) { /* a padded shard: real rows then zeros */
             char *buf = loom__arena_alloc(a, (size_t)local * row + 1);
             if (!buf)
                 return LOOM_ENOMEM;
             if (real > 0)
-                memcpy(buf, (const char *)t->data + (size_t)start * row, (size_t)real * row);
+                memcpy(buf, data + (size_t)start * row, (size_t)real * row);
             *slot = buf;
         } else if (t->role == LOOM_ROLE_MASK) {
             float *m = loom__arena_alloc(a, sizeof(float) * (size_t)(local + 1));
@@ -485,11 +505,16 @@ double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, 
 static loom_status run_here(loom_graph *g, loom__program *p) {
     if (loom__scratch(&g->workspace, &g->workspace_size, p->ws_bytes))
         return LOOM_ENOMEM;
-    const void **inputs = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+    size_t slots = sizeof(void *) * (size_t)(g->ninputs + 1);
+    const void **inputs = loom__arena_alloc(&g->arena, slots);
+    const void **src = loom__arena_alloc(&g->arena, slots);
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t));
-    if (!inputs || !g->rows_real)
+    if (!inputs || !src || !g->rows_real)
         return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
-    loom_status st = loom__bind_inputs(g, &g->arena, 0, 1, inputs, g->rows_real);
+    /* the step ends before submit returns: it reads the caller's buffers in place */
+    loom_status st = loom__input_sources(g, &g->arena, false, src);
+    if (!st)
+        st = loom__bind_inputs(g, &g->arena, 0, 1, src, inputs, g->rows_real);
     if (st)
         return st;
     loom__bind b = here_bind(g, inputs);
@@ -528,6 +553,8 @@ loom_status loom_graph_submit(loom_graph *g) {
     if (st)
         return st;
     g->inflight = p, g->inflight_reset = false;
+    if (g->model) /* the host's ways into the model's slabs end this step first */
+        g->model->running = g;
     return LOOM_OK;
 }
 
@@ -542,6 +569,8 @@ loom_status loom__graph_finish(loom_graph *g) {
     if (!st && !g->inflight_reset)
         g->last = p;
     g->inflight = NULL;
+    if (g->model && g->model->running == g)
+        g->model->running = NULL;
     return st;
 }
 

@@ -100,7 +100,8 @@ struct loom__arena_block {
     _Alignas(16) unsigned char data[];
 };
 
-void *loom__arena_alloc(loom__arena *a, size_t n) {
+/* n bytes of the arena, not cleared. */
+static void *arena_take(loom__arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->used + n > a->head->size) {
         size_t size = a->head ? a->head->size * 2 : 64 * 1024;
@@ -116,7 +117,20 @@ void *loom__arena_alloc(loom__arena *a, size_t n) {
     }
     void *p = a->head->data + a->used;
     a->used += n;
-    memset(p, 0, n);
+    return p;
+}
+
+void *loom__arena_alloc(loom__arena *a, size_t n) {
+    void *p = arena_take(a, n);
+    if (p)
+        memset(p, 0, n);
+    return p;
+}
+
+void *loom__arena_copy(loom__arena *a, const void *src, size_t n) {
+    void *p = arena_take(a, n);
+    if (p && n)
+        memcpy(p, src, n);
     return p;
 }
 

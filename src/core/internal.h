@@ -45,6 +45,8 @@ typedef struct {
 void *loom__arena_alloc(loom__arena *a, size_t n); /* zeroed; NULL when out of memory */
 void loom__arena_reset(loom__arena *a);            /* keeps the largest block */
 void loom__arena_free(loom__arena *a);
+/* n bytes of the arena holding a copy of src (not cleared first); NULL when out of memory. */
+void *loom__arena_copy(loom__arena *a, const void *src, size_t n);
 
 /* 64-bit structural hash (FNV-1a over 8-byte words, finished by a 64-bit mixer). */
 typedef struct {

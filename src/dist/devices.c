@@ -317,8 +317,14 @@ static void huge_pages(void *p, size_t n) {
 static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
     loom__arena_reset(&D->arena); /* no step is running: the last one's bindings are done with */
     g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t) * (size_t)D->n);
-    if (!g->rows_real)
+    const void **src = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
+    if (!g->rows_real || !src)
         return LOOM_ENOMEM;
+    /* the step runs on after submit returns: it reads copies of the inputs (all but borrowed
+     * ones), taken now, so that the host may change its buffers at once */
+    loom_status st = loom__input_sources(g, &D->arena, true, src);
+    if (st)
+        return st;
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
         size_t had = d->ws_size;
@@ -331,8 +337,7 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
-        loom_status st = loom__bind_inputs(g, &D->arena, i, D->n, in, &g->rows_real[i]);
-        if (st)
+        if ((st = loom__bind_inputs(g, &D->arena, i, D->n, src, in, &g->rows_real[i])))
             return st;
         d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)

@@ -278,6 +278,11 @@ loom_tensor *loom_parameter(loom_graph *g, loom_param *p) {
     return t;
 }
 
+void loom_input_borrow(loom_tensor *t) {
+    if (t && t->op == LOOM_OP_INPUT)
+        t->borrowed = true;
+}
+
 void loom_requires_grad(loom_tensor *t) {
     if (t)
         t->requires_grad = true;

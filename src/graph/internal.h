@@ -85,7 +85,8 @@ struct loom_tensor {
     uint8_t role;       /* INPUT: loom__role */
     bool requires_grad; /* depends on a leaf that gradients are taken for */
     bool is_output;
-    bool is_loss; /* checked for NaN/Inf under anomaly detection */
+    bool is_loss;  /* checked for NaN/Inf under anomaly detection */
+    bool borrowed; /* INPUT: read in place when the step runs, not copied at submit */
     int64_t shape[LOOM_MAX_DIMS];
     loom_tensor *src[3];
     loom__attr attr;
@@ -158,8 +159,12 @@ struct loom_model {
     int64_t n, cap;
     float *slab[LOOM_SLAB_COUNT];
     int64_t len[LOOM_SLAB_COUNT], slab_cap[LOOM_SLAB_COUNT];
-    uint64_t version; /* bumped when the host changes slabs: replicas resynchronize */
+    uint64_t version;    /* bumped when the host changes slabs: replicas resynchronize */
+    loom_graph *running; /* the graph whose submitted step reads and writes the slabs, or NULL */
 };
+
+/* Ends the step running on m, if any, before the host reads or changes m's slabs. */
+void loom__model_settle(const loom_model *m);
 
 /* model.c: optimizer state, zero-filled; returns its offset in the STATE slab or -1 (ENOMEM). */
 int64_t loom__model_state(loom_model *m, int64_t numel);
@@ -192,10 +197,15 @@ void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wr
 
 /* compile/program.c */
 void loom__programs_free(loom_graph *g);
-/* Input pointers for device d of ndev (padded shards, masks and counts built in the arena);
- * *rows gets the real rows of d's batch shard. */
-loom_status loom__bind_inputs(loom_graph *g, loom__arena *a, int d, int ndev, const void **inputs,
-                              int64_t *rows);
+/* The buffers g's step reads its caller-supplied inputs from, by input ordinal, into src. With
+ * `copy` (a step that runs on after submit returns), every input but a borrowed one is copied
+ * into `a` now (a batch input: the whole global batch), so that the step reads its inputs' values
+ * at submit whatever the host does meanwhile; without, the caller's buffers. */
+loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, const void **src);
+/* Input pointers for device d of ndev, from the sources above (padded shards, masks and counts
+ * built in the arena); *rows gets the real rows of d's batch shard. */
+loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
+                              const void *const *src, const void **inputs, int64_t *rows);
 /* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
  * another graph's step before starting one. */
 loom_status loom__graph_finish(loom_graph *g);

@@ -2,11 +2,18 @@
  * model.c - persistent tensors: parameters, their gradients and optimizer state, each kind in one
  * contiguous float32 slab (llm.c's malloc_and_point_parameters). A parameter has the same offset
  * in the PARAM and GRAD slabs, so the gradient slab mirrors the parameter slab exactly and can be
- * all-reduced in a few contiguous buckets.
+ * all-reduced in a few contiguous buckets. A step submitted on devices reads and writes the slabs
+ * until it ends: every way in for the host (a pointer, a touch, a new tensor, save and load) ends
+ * it first (loom__model_settle).
  */
 #include "internal.h"
 
 #include <string.h>
+
+void loom__model_settle(const loom_model *m) {
+    if (m && m->running)
+        loom__graph_finish(m->running);
+}
 
 loom_model *loom_model_new(void) {
     return loom__calloc(1, sizeof(loom_model));
@@ -15,6 +22,7 @@ loom_model *loom_model_new(void) {
 void loom_model_free(loom_model *m) {
     if (!m)
         return;
+    loom__model_settle(m); /* (its graph should have been freed first) */
     for (int64_t i = 0; i < m->n; i++) {
         loom__free(m->params[i]->name);
         loom__free(m->params[i]);
@@ -27,6 +35,7 @@ void loom_model_free(loom_model *m) {
 
 /* Appends numel zeroed floats to slab s; returns the offset or -1. */
 static int64_t slab_append(loom_model *m, loom__slab s, int64_t numel) {
+    loom__model_settle(m); /* the slab may move */
     int64_t off = m->len[s];
     if (loom__grow((void **)&m->slab[s], &m->slab_cap[s], off + numel, sizeof(float)))
         return -1;
@@ -108,12 +117,15 @@ int64_t loom_param_numel(const loom_param *p) {
     return p->numel;
 }
 float *loom_param_data(loom_param *p) {
+    loom__model_settle(p->m);
     return p->m->slab[LOOM_SLAB_PARAM] + p->offset;
 }
 float *loom_param_grad(loom_param *p) {
+    loom__model_settle(p->m);
     return p->m->slab[LOOM_SLAB_GRAD] + p->offset;
 }
 
 void loom_model_touch(loom_model *m) {
+    loom__model_settle(m);
     m->version++;
 }

@@ -62,6 +62,10 @@ bool loom_accelerator_next(loom_accelerator *a, loom_loader *l, loom_graph **g, 
     *g = a->g;
     *x = loom_input_batch(a->g, LOOM_F32, a->batch.ndim, a->batch.shape, a->batch.x);
     *y = loom_input_batch(a->g, LOOM_I32, 1, &a->batch.n, a->batch.y);
+    /* lent, not copied: the loader keeps a batch until the second next() after it, and a step
+     * on it (run, or submitted by the trainer) has ended before that */
+    loom_input_borrow(*x);
+    loom_input_borrow(*y);
     return true;
 }
 

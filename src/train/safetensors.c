@@ -471,6 +471,7 @@ static loom_status build_header(const loom_model *m, char **out, size_t *len) {
 }
 
 loom_status loom_model_save(const loom_model *m, const char *path) {
+    loom__model_settle(m); /* a step running on m ends first */
     char *h;
     size_t hlen;
     loom_status s = build_header(m, &h, &hlen);

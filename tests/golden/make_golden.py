@@ -12,6 +12,17 @@ For each recipe (fmnist-mlp, fmnist-cnn) it writes tests/golden/<recipe>.safeten
 for opt in sgd (lr 0.05, momentum 0.9), sgdn (lr 0.05, momentum 0.9, nesterov, weight decay
 5e-4) and adamw (lr 1e-3, weight decay 1e-2). To keep the files small, gradients and final
 parameters of tensors over 8192 elements are stored at every k-th element, k in stride.<name>.
+
+It also writes tests/golden/<recipe>.long.safetensors, the reference of the paths users take
+(the loom train command, loom_trainer_fit, the accelerator): from the same initialisation, LONG
+steps on batches of LONG_B training images in file order (the loader's --no-shuffle order), in
+float64 (the near-exact answer) and in float32, for adamw and sgdn as above. It holds
+  <opt>.delta64.<name>   the float64 run's parameters after LONG steps minus the initial ones
+                         (float32; every k-th element, k in stride.<name>, as above)
+  <opt>.dist32           the float32 run's distance from the float64 run over those elements:
+                         the Euclidean norm of the difference of the parameter vectors
+  <opt>.loss64           the float64 run's loss at each step
+A loom run is then judged by its own distance from the float64 run, as a multiple of dist32.
 """
 import json
 import os
@@ -30,6 +41,7 @@ from torch_recipes import model, read_idx  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
 B, STEPS, KEEP = 16, 3, 8192
+LONG, LONG_B = 12, 32
 
 
 def save_safetensors(path, tensors):
@@ -54,6 +66,59 @@ def subsample(name, t, out):
     return flat[::k]
 
 
+OPTS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        "sgdn": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True,
+                                          weight_decay=5e-4),
+        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2)}
+
+
+def train_long(recipe, init, oname, dtype):
+    """The parameters (name -> flat float64 array) and losses after LONG steps in dtype."""
+    x8 = read_idx(os.path.join(DATA, "train-images-idx3-ubyte.gz"))[:LONG * LONG_B]
+    y = torch.from_numpy(read_idx(os.path.join(DATA, "train-labels-idx1-ubyte.gz"))
+                         [:LONG * LONG_B].astype(np.int64))
+    # the pixels as loom and torchvision's ToTensor make them: a float32 division by 255, then
+    # widened (the float64 run starts from the very inputs the float32 runs see)
+    x = torch.from_numpy(x8.astype(np.float32) / np.float32(255.0)).to(dtype)
+    net = model(recipe)
+    net.load_state_dict(init)
+    net = net.to(dtype)
+    opt = OPTS[oname](net.parameters())
+    losses = []
+    for s in range(LONG):
+        xb = x[s * LONG_B:(s + 1) * LONG_B].reshape(LONG_B, 1, 28, 28)
+        xb = xb.reshape(LONG_B, 784) if recipe == "fmnist-mlp" else xb
+        loss = F.cross_entropy(net(xb), y[s * LONG_B:(s + 1) * LONG_B])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    params = {k: p.detach().to(torch.float64).reshape(-1).numpy() for k, p in
+              net.named_parameters()}
+    return params, losses
+
+
+def write_long(recipe, init):
+    out = {}
+    for oname in ("adamw", "sgdn"):
+        p64, losses = train_long(recipe, init, oname, torch.float64)
+        p32, _ = train_long(recipe, init, oname, torch.float32)
+        sq = 0.0
+        for k, v in p64.items():
+            step = max(1, -(-v.size // KEEP))
+            out["stride." + k] = np.array([step], np.int32)
+            v0 = init[k].to(torch.float64).reshape(-1).numpy()
+            out[oname + ".delta64." + k] = (v - v0)[::step].astype(np.float32)
+            sq += float(np.sum((p32[k][::step] - v[::step]) ** 2))
+        out[oname + ".dist32"] = np.array([np.sqrt(sq)], np.float32)
+        out[oname + ".loss64"] = np.array(losses, np.float32)
+        print(f"{recipe} {oname}: float32 {np.sqrt(sq):.3g} from float64 after {LONG} steps, "
+              f"losses {losses[0]:.4f} .. {losses[-1]:.4f}")
+    path = os.path.join(HERE, recipe + ".long.safetensors")
+    save_safetensors(path, out)
+    print(f"{path}: {os.path.getsize(path)} bytes")
+
+
 def main():
     torch.set_num_threads(1)
     x_all = read_idx(os.path.join(DATA, "train-images-idx3-ubyte.gz"))[:B * STEPS]
@@ -66,11 +131,10 @@ def main():
         out = {"init." + k: v.numpy() for k, v in init.items()}
         out["x"] = x.numpy()
         out["y"] = y.numpy().astype(np.int32)
-        opts = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-                "sgdn": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True,
-                                                  weight_decay=5e-4),
-                "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2)}
-        for oname, make in opts.items():
+        if "--long-only" in sys.argv:  # the 3-step fixtures stay as committed
+            write_long(recipe, init)
+            continue
+        for oname, make in OPTS.items():
             net = model(recipe)
             net.load_state_dict(init)
             opt = make(net.parameters())
@@ -91,6 +155,7 @@ def main():
         path = os.path.join(HERE, recipe + ".safetensors")
         save_safetensors(path, out)
         print(f"{path}: {os.path.getsize(path)} bytes, losses {out['sgd.loss']}")
+        write_long(recipe, init)
 
 
 if __name__ == "__main__":

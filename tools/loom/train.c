@@ -26,12 +26,16 @@ typedef struct {
     bool flatten;
 } model_ctx;
 
-/* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784). */
+/* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784). The loader's batch
+ * is lent to the step, not copied: it stays unchanged until the second loom_loader_next after
+ * it, and each step is waited for before that. */
 static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **labels) {
     int64_t flat[2] = {b->n, b->shape[1] * b->shape[2] * b->shape[3]};
     loom_tensor *x = m->flatten ? loom_input_batch(m->g, LOOM_F32, 2, flat, b->x)
                                 : loom_input_batch(m->g, LOOM_F32, b->ndim, b->shape, b->x);
     *labels = loom_input_batch(m->g, LOOM_I32, 1, &b->n, b->y);
+    loom_input_borrow(x);
+    loom_input_borrow(*labels);
     return loom_sequential_forward(m->g, m->net, x);
 }
 
