@@ -170,7 +170,8 @@ LOOM_API void loom_graph_free(loom_graph *g);
  * Programs stay cached. */
 LOOM_API void loom_graph_reset(loom_graph *g);
 /* Ends the step: returns the sticky error if any; else hashes the graph, plans a program on a cache
- * miss, and executes it. After success, output tensors can be read until the next run or reset. */
+ * miss, and executes it. After success, output tensors can be read until the next run or reset
+ * of this graph, whatever other graphs run meanwhile on the same devices. */
 LOOM_API loom_status loom_graph_run(loom_graph *g);
 /* loom_graph_run in two halves, so that the next step is recorded while this one runs. Submit
  * ends the step as run does but, on devices (loom_graph_set_devices), returns once they have
@@ -529,7 +530,8 @@ LOOM_API int loom_devices_count(const loom_devices *d);
  * on the device count). g's model is replicated from device 0 (the model's own slabs) at the next
  * run and whenever loom_model_touch() says it changed; replicas are verified by checksum. A
  * failed step (any device) fails every device within the deadline: loom_graph_run returns its
- * status naming the device, the step and the reason; d cannot run further steps. */
+ * status naming the device, the step and the reason; d cannot run further steps. Setting other
+ * devices ends a step still running on the old ones first. */
 LOOM_API loom_status loom_graph_set_devices(loom_graph *g, loom_devices *d);
 
 /* ---- accelerator: the mid-level API (the loop is the user's) -----------------------------------

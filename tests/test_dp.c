@@ -9,7 +9,10 @@
  *   exactly once: 203 samples in global batches of 64 on 4 devices (the last batch of 11 padded)
  *     give the 1-device losses step by step, and evaluation gathers each sample exactly once;
  *   failures: an injected fault, a NaN loss under anomaly detection, a kernel error and a device
- *     that hangs each stop every device well inside the deadline, naming device, step and reason.
+ *     that hangs each stop every device well inside the deadline, naming device, step and reason;
+ *   submitted steps: bitwise the run steps' results, reading every kind of input as it was at
+ *     submit whatever the host writes afterwards; outputs of one graph readable after another
+ *     graph's steps on the same devices.
  */
 #include "harness.h"
 
@@ -398,6 +401,56 @@ TEST(submitted_steps_read_their_inputs_as_at_submit) {
     free(b), free(zs), free(z), free(wref);
 }
 
+/* Two graphs on the same devices, as a training graph and an evaluation graph: the evaluation's
+ * outputs stay readable, with their own values, after training steps of the other graph have run
+ * (and been submitted) on the devices; a graph moved to other devices with a step running ends
+ * it first. */
+TEST(outputs_outlive_another_graphs_steps) {
+    for (int ndev = 1; ndev <= 2; ndev++) {
+        rig r;
+        ASSERT_EQ(rig_new(&r, "fmnist-mlp", ndev, (loom_devices_config){0}), LOOM_OK);
+        loom_graph *ev = loom_graph_new(r.m);
+        ASSERT_EQ(loom_graph_set_devices(ev, r.devs), LOOM_OK);
+        loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 61});
+        loom_batch b;
+        ASSERT(loom_loader_next(l, &b));
+        int64_t flat[2] = {b.n, 784};
+        loom_tensor *z =
+            loom_sequential_forward(ev, r.net, loom_input_batch(ev, LOOM_F32, 2, flat, b.x));
+        loom_tensor *m = loom_mean_all(ev, z);
+        loom_output(z);
+        loom_output(m);
+        ASSERT_EQ(loom_graph_run(ev), LOOM_OK);
+        float before[61 * 10], after[61 * 10];
+        ASSERT_EQ(loom_tensor_gather(z, before), b.n);
+        double mean = loom_item(m);
+        double loss;
+        for (int s = 0; s < 2; s++) { /* one run, one submitted */
+            ASSERT(loom_loader_next(l, &b));
+            if (s == 0) {
+                ASSERT_EQ(step(&r, &b, &loss), LOOM_OK);
+            } else {
+                record(&r, &b);
+                ASSERT_EQ(loom_graph_submit(r.g), LOOM_OK);
+            }
+            ASSERT_EQ(loom_tensor_gather(z, after), b.n);
+            if (memcmp(before, after, sizeof(float) * 61 * 10) != 0)
+                FAILF("%d devices: the evaluation's logits changed after training step %d", ndev,
+                      s + 1);
+            ASSERT(loom_item(m) == mean);
+        }
+        loom_devices *other = loom_devices_new(&(loom_devices_config){.count = 1});
+        loom_graph_reset(r.g);
+        ASSERT_EQ(loom_graph_set_devices(r.g, other), LOOM_OK); /* the submitted step ends */
+        ASSERT_EQ(loom_graph_wait(r.g, &loss), LOOM_OK);
+        ASSERT(isfinite(loss));
+        loom_graph_free(ev);
+        loom_loader_free(l);
+        rig_free(&r);
+        loom_devices_free(other);
+    }
+}
+
 /* Evaluation: logits of every sample, gathered; returns rows seen and accuracy. */
 static int64_t evaluate(rig *r, const loom_dataset *d, int64_t batch, double *acc) {
     loom_loader *l =
@@ -597,6 +650,7 @@ int main(void) {
     RUN(repeated_runs_are_bitwise_identical);
     RUN(submitted_steps_match_run_steps_bitwise);
     RUN(submitted_steps_read_their_inputs_as_at_submit);
+    RUN(outputs_outlive_another_graphs_steps);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
     RUN(allocation_failure_names_the_device);

@@ -487,7 +487,27 @@ static loom__bind here_bind(const loom_graph *g, const void **inputs) {
     return b;
 }
 
+void loom__graph_keep(loom_graph *g) {
+    const loom__program *p = g->last;
+    if (!p || g->kept || !g->runner)
+        return;
+    const void **kept = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->n * g->ndev));
+    for (int64_t i = 0; kept && i < g->n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        size_t bytes = loom__dtype_size((loom_dtype)t->dtype) * (size_t)loom_tensor_numel(t);
+        for (int d = 0; kept && t->is_output && d < g->ndev; d++)
+            if (!(kept[i * g->ndev + d] = loom__arena_copy(
+                      &g->arena, g->runner->data(g->runner_ctx, p, (int32_t)i, d), bytes)))
+                kept = NULL;
+    }
+    g->kept = kept;
+    if (!kept)
+        g->last = NULL;
+}
+
 const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d) {
+    if (g->kept && p == g->last)
+        return g->kept[id * g->ndev + d];
     if (g->runner)
         return g->runner->data(g->runner_ctx, p, id, d);
     loom__bind b = here_bind(g, g->last_inputs);
@@ -531,7 +551,7 @@ loom_status loom_graph_submit(loom_graph *g) {
     loom_status st = loom__graph_finish(g); /* the step before, if still running */
     if (st)
         return st;
-    g->last = NULL;
+    g->last = NULL, g->kept = NULL;
     if (g->err)
         return loom__error(g->err, "%s", g->errmsg);
     g->metrics.graphs_built++;

@@ -64,6 +64,7 @@ struct loom_devices {
     bool fault_hang;
     loom__runner runner;
     loom_graph *inflight; /* the graph whose step the devices are running (submitted), or NULL */
+    loom_graph *holder;   /* the graph whose last step's results the devices' memory holds */
     loom__arena arena;    /* that step's input bindings: its graph may be reset meanwhile */
     bool spare_cpu;       /* fewer devices than CPUs: the controller may spin while a step runs */
 };
@@ -371,6 +372,9 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
     loom_devices *D = ctx;
     if (D->inflight)
         loom__graph_finish(D->inflight);
+    if (D->holder && D->holder != g) /* its outputs stay readable: off the devices they go */
+        loom__graph_keep(D->holder);
+    D->holder = g;
     if (D->broken)
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
@@ -400,6 +404,12 @@ static loom_status devices_wait(void *ctx, loom_graph *g) {
 static const void *devices_data(void *ctx, const loom__program *p, int32_t id, int d) {
     loom_devices *D = ctx;
     return p ? loom__addr(p, &D->dev[d].bind, id) : NULL;
+}
+
+static void devices_forget(void *ctx, const loom_graph *g) {
+    loom_devices *D = ctx;
+    if (D->holder == g)
+        D->holder = NULL;
 }
 
 /* The CPUs this process may run on, in order; returns how many. */
@@ -462,7 +472,7 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     D->c = cfg;
     D->n = cfg.count;
     D->spare_cpu = ncpu > D->n;
-    D->runner = (loom__runner){devices_submit, devices_wait, devices_data};
+    D->runner = (loom__runner){devices_submit, devices_wait, devices_data, devices_forget};
     parse_fault(D);
     pthread_mutex_init(&D->mu, NULL);
     pthread_cond_init(&D->go, NULL);
@@ -497,6 +507,10 @@ void loom_devices_free(loom_devices *D) {
         return;
     if (D->inflight) /* a submitted step ends first (its graph keeps its status) */
         loom__graph_finish(D->inflight);
+    if (D->holder) { /* its outputs stay readable, and it no longer calls these devices */
+        loom__graph_keep(D->holder);
+        D->holder->runner = NULL, D->holder->runner_ctx = NULL;
+    }
     pthread_mutex_lock(&D->mu);
     D->quit = true;
     pthread_cond_broadcast(&D->go);
@@ -539,6 +553,9 @@ loom_status loom_graph_set_devices(loom_graph *g, loom_devices *D) {
     if (g->n > 0)
         return loom__error(LOOM_EINVAL, "loom_graph_set_devices: the step already has nodes; set "
                                         "devices before recording (after loom_graph_reset)");
+    loom__graph_finish(g); /* a step submitted on the devices it leaves ends there */
+    if (g->runner)
+        g->runner->forget(g->runner_ctx, g);
     g->runner = &D->runner;
     g->runner_ctx = D;
     g->ndev = D->n;

@@ -65,6 +65,8 @@ void loom_graph_free(loom_graph *g) {
     if (!g)
         return;
     loom__graph_finish(g); /* a submitted step reads the programs and the workspace */
+    if (g->runner)
+        g->runner->forget(g->runner_ctx, g);
     if (loom__getenv()->metrics) {
         char buf[1024];
         loom_metrics_format(&g->metrics, buf, sizeof buf);
@@ -81,6 +83,7 @@ void loom_graph_reset(loom_graph *g) {
     if (g->inflight) /* a submitted step runs on (its bindings are the devices'): its tensors go */
         g->inflight_reset = true;
     loom__arena_reset(&g->arena);
+    g->last = NULL, g->kept = NULL; /* the step's tensors, through which outputs are read, go */
     g->n = 0;
     g->ninputs = 0;
     g->persist_nodes = NULL;

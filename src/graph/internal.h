@@ -96,12 +96,16 @@ struct loom_tensor {
 typedef struct loom__program loom__program;
 
 /* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here.
- * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running). */
+ * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running).
+ * The devices hold the results of the last step they ran until another graph's step starts:
+ * then they have that step's graph keep its outputs (loom__graph_keep) first. */
 typedef struct {
     loom_status (*submit)(void *ctx, loom_graph *g, loom__program *p);
     loom_status (*wait)(void *ctx, loom_graph *g);
     /* device d's copy of node id of program p after its step */
     const void *(*data)(void *ctx, const loom__program *p, int32_t id, int d);
+    /* g (its steps ended) leaves these devices: freed, or set to run elsewhere */
+    void (*forget)(void *ctx, const loom_graph *g);
 } loom__runner;
 
 struct loom_graph {
@@ -127,6 +131,7 @@ struct loom_graph {
     loom_status ended_status;
     double ended_loss;
     const void **last_inputs; /* its input bindings (in the arena) */
+    const void **kept; /* last's outputs once kept off the devices (loom__graph_keep), or NULL */
     void *workspace;
     size_t workspace_size;
     loom_metrics metrics;
@@ -209,6 +214,10 @@ loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int nd
 /* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
  * another graph's step before starting one. */
 loom_status loom__graph_finish(loom_graph *g);
+/* Copies the outputs of g's last step off its devices into g's arena, where they are read until
+ * g's next step or reset: another graph's step is about to use the devices' memory. If out of
+ * memory, the outputs become unreadable (loom_tensor_data NULL), never stale. */
+void loom__graph_keep(loom_graph *g);
 /* The first element of a tensor's data of dtype dt, as a double. */
 double loom__first_value(loom_dtype dt, const void *p);
 /* Device d's copy of node id of program p after its step (the graph's own without devices), and
