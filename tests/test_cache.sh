@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_cache.sh LOOM - the kernel cache across processes: two processes compiling the same
 # programs at once into an empty cache both succeed; a third compiles nothing (all disk hits);
-# LOOM_DUMP writes the generated C; without a C compiler the run warns once and interprets; with
-# loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel, its input gradient's fold
+# LOOM_DUMP writes the generated C; a truncated, emptied or random entry is rebuilt; without a C
+# compiler the run warns once and interprets; with loom's own matmul the CNN's schedule has no im2col (UNFOLD) kernel, its input gradient's fold
 # computes its product, its pool gradients read argmax codes and conv1's feeds its gradients,
 # conv1's pooling computes conv1 (its product and bias) plane by plane, and conv2's fold
 # makes conv2's pool gradient a block at a time for its product and conv2's weight and bias
@@ -34,6 +34,26 @@ if ls "$tmp"/dump/*.c >/dev/null 2>&1 && grep -q "void loom_k" "$tmp"/dump/*.c &
 else
     fail "LOOM_DUMP wrote nothing"
 fi
+
+# damaged entries (truncated: dlopen of a short ELF file dies of SIGBUS; emptied; random bytes)
+# are found by their trailer before dlopen, rebuilt with a warning, and then hit again
+for damage in truncate empty random; do
+    for so in "$tmp"/cache/loom/*.so; do
+        case $damage in
+        truncate) truncate -s 8000 "$so" ;;
+        empty) : >"$so" ;;
+        random) head -c 20000 /dev/urandom >"$so" ;;
+        esac
+    done
+    run >"$tmp/t" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "is damaged: rebuilding it" "$tmp/t" && grep -q "compiles [1-9]" "$tmp/t" &&
+       run 2>&1 | grep -q "compiles 0 (0.00 s), disk cache hits [1-9]"; then
+        echo "ok   a $damage kernel cache entry is rebuilt"
+    else
+        fail "$damage entry: exit $rc; $(grep -v '^epoch' "$tmp/t" | tail -3)"
+    fi
+done
 
 if "$loom" info | grep -q "matmul: loom's"; then
     LOOM_DUMP="$tmp/dump-cnn" XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-cnn --steps 2 \

@@ -96,6 +96,75 @@ TEST(idx_errors_name_file_offset_and_expectation) {
     }
 }
 
+/* The largest single allocation the library asks for, through the allocator hooks. */
+static size_t largest_alloc;
+static void *track_malloc(size_t n, void *ud) {
+    (void)ud;
+    largest_alloc = n > largest_alloc ? n : largest_alloc;
+    return malloc(n);
+}
+static void *track_realloc(void *p, size_t n, void *ud) {
+    (void)ud;
+    largest_alloc = n > largest_alloc ? n : largest_alloc;
+    return realloc(p, n);
+}
+static void track_free(void *p, void *ud) {
+    (void)ud;
+    free(p);
+}
+
+/* A 16-byte header alone (gzip'd or plain) with the given dims. */
+static void write_header(const char *path, bool gz, uint32_t d0, uint32_t d1, uint32_t d2) {
+    unsigned char h[16];
+    be32(h, 0x803), be32(h + 4, d0), be32(h + 8, d1), be32(h + 12, d2);
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        gzwrite(f, h, 16);
+        gzclose(f);
+    } else {
+        FILE *f = fopen(path, "wb");
+        fwrite(h, 1, 16, f);
+        fclose(f);
+    }
+}
+
+/* Headers that lie: dims whose product overflows 64 bits (65536 x 2^28 x 2^20 wrapped to 0 and
+ * loaded as an empty dataset), and a header claiming 8 GiB with no data after it, which must be
+ * refused as truncated without the library asking for memory it could not fill (at most the
+ * 1 MiB first buffer of a gzip'd file). A directory and a FIFO are refused at once, not read. */
+TEST(idx_headers_that_lie_are_refused_before_allocating) {
+    char img[512], lab[512];
+    test_tmp(lab, sizeof lab, "lie-labels");
+    write_idx(lab, false, 0x801, 5, 0, 0, 0, -1);
+    loom_dataset *d = NULL;
+    for (int gz = 0; gz < 2; gz++) {
+        test_tmp(img, sizeof img, gz ? "lie-images.gz" : "lie-images");
+        write_header(img, gz, 65536, 1u << 28, 1u << 20);
+        ASSERT_EQ(loom_dataset_load_idx(img, lab, 10, &d), LOOM_EFORMAT);
+        ASSERT_STR_CONTAINS(loom_last_error(), "more than 2^33 elements");
+        write_header(img, gz, 32768, 512, 512); /* 8 GiB claimed */
+        largest_alloc = 0;
+        loom_set_allocator(&(loom_allocator){track_malloc, track_realloc, track_free, NULL});
+        loom_status s = loom_dataset_load_idx(img, lab, 10, &d);
+        loom_set_allocator(NULL);
+        ASSERT_EQ(s, LOOM_EFORMAT);
+        ASSERT_STR_CONTAINS(loom_last_error(), "truncated");
+        if (largest_alloc > (2u << 20))
+            FAILF("%s: the library asked for %zu bytes for a file of 16", img, largest_alloc);
+    }
+    char dir[512];
+    test_tmp(dir, sizeof dir, "lie-dir");
+    mkdir(dir, 0777);
+    ASSERT(loom_dataset_load_idx(dir, lab, 10, &d) != LOOM_OK);
+    ASSERT_STR_CONTAINS(loom_last_error(), "is a directory, expected a regular file");
+    test_tmp(img, sizeof img, "lie-fifo");
+    unlink(img);
+    ASSERT_EQ(mkfifo(img, 0666), 0);
+    ASSERT(loom_dataset_load_idx(img, lab, 10, &d) != LOOM_OK); /* would block on a FIFO */
+    ASSERT_STR_CONTAINS(loom_last_error(), "is a FIFO, expected a regular file");
+    unlink(img);
+}
+
 /* Cached copies in dir; the newest one's path into entry. */
 static int count_idx(const char *dir, char *entry, size_t size) {
     DIR *d = opendir(dir);
@@ -390,6 +459,7 @@ TEST(stepping_thread_keeps_off_a_devices_cpu) {
 
 int main(void) {
     RUN(idx_reads_plain_and_gzip);
+    RUN(idx_headers_that_lie_are_refused_before_allocating);
     RUN(idx_errors_name_file_offset_and_expectation);
     RUN(large_idx_files_are_cached_decompressed);
     RUN(missing_dataset_says_what_to_do);

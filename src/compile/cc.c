@@ -2,19 +2,27 @@
  * cc.c - the system C compiler and the disk cache of compiled kernels. A program's source is
  * keyed by the hash of its text, the compiler's identity and flags and loom's version; the shared
  * object lives at $XDG_CACHE_HOME/loom/<key>.so (or ~/.cache/loom). Builds go to a temporary name
- * and are renamed into place, so processes compiling the same program at once all succeed. An
- * entry that fails to load, or whose embedded key differs, is rebuilt.
+ * and are renamed into place, so processes compiling the same program at once all succeed. Each
+ * entry ends in a trailer, "loomsum1" and the 64-bit hash of every byte before it, that is checked
+ * before the entry is given to dlopen: a truncated or damaged file (dlopen of a short ELF file
+ * dies of SIGBUS) is rebuilt, as is one that fails to load or whose embedded key differs.
  */
 #include "internal.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CC_FLAGS "-O3 -march=native -std=c11 -ffp-contract=off -fPIC -shared -w"
+#define CC_FLAGS      "-O3 -march=native -std=c11 -ffp-contract=off -fPIC -shared -w"
+/* The trailer's magic; also in the compiler identity, so entries of other formats are not found
+ * (and not called damaged). */
+#define TRAILER       "loomsum1"
+#define TRAILER_BYTES 16
+#define MAX_ENTRY     (256 << 20) /* bytes: no program's kernels come near */
 
 static char identity[512];
 static bool have_cc;
@@ -35,7 +43,7 @@ static void probe(void) {
         have_cc = pclose(f) == 0 && line[0];
     }
     line[strcspn(line, "\n")] = 0;
-    snprintf(identity, sizeof identity, "%s | %s | %s", compiler(), line, CC_FLAGS);
+    snprintf(identity, sizeof identity, "%s | %s | %s | %s", compiler(), line, CC_FLAGS, TRAILER);
     if (!have_cc)
         loom__log(LOOM_LOG_WARN, "no C compiler ('%s --version' failed): kernels are interpreted",
                   compiler());
@@ -53,6 +61,63 @@ static bool write_file(const char *path, const char *text) {
         return false;
     bool ok = fputs(text, f) >= 0;
     return (fclose(f) == 0) && ok;
+}
+
+/* The whole of regular file path (at most MAX_ENTRY bytes) in a new buffer, its size in *size;
+ * NULL if it cannot be read. */
+static unsigned char *slurp(const char *path, int64_t *size) {
+    int fd;
+    if (loom__open_regular(path, &fd, size))
+        return NULL;
+    unsigned char *buf = *size > 0 && *size <= MAX_ENTRY ? loom__malloc((size_t)*size) : NULL;
+    size_t got = 0;
+    while (buf && got < (size_t)*size) {
+        ssize_t r = read(fd, buf + got, (size_t)*size - got);
+        if (r <= 0)
+            loom__free(buf), buf = NULL;
+        got += r > 0 ? (size_t)r : 0;
+    }
+    close(fd);
+    return buf;
+}
+
+static uint64_t body_hash(const unsigned char *buf, size_t n) {
+    loom__hash h;
+    loom__hash_init(&h);
+    loom__hash_large(&h, buf, n);
+    return loom__hash_final(&h);
+}
+
+/* Whether path is a whole entry: a regular file whose trailer matches the bytes before it. */
+static bool entry_intact(const char *path) {
+    int64_t size;
+    unsigned char *buf = slurp(path, &size);
+    bool ok = false;
+    if (buf && size >= TRAILER_BYTES) {
+        const unsigned char *t = buf + size - TRAILER_BYTES;
+        uint64_t want = 0;
+        for (int i = 0; i < 8; i++)
+            want |= (uint64_t)t[8 + i] << (8 * i);
+        ok = memcmp(t, TRAILER, 8) == 0 && body_hash(buf, (size_t)size - TRAILER_BYTES) == want;
+    }
+    loom__free(buf);
+    return ok;
+}
+
+/* Appends the trailer to a freshly built entry; false if it cannot. */
+static bool seal(const char *path) {
+    int64_t size;
+    unsigned char *buf = slurp(path, &size), t[TRAILER_BYTES];
+    if (!buf)
+        return false;
+    uint64_t h = body_hash(buf, (size_t)size);
+    loom__free(buf);
+    memcpy(t, TRAILER, 8);
+    for (int i = 0; i < 8; i++)
+        t[8 + i] = (unsigned char)(h >> (8 * i));
+    FILE *f = fopen(path, "ab");
+    bool ok = f && fwrite(t, 1, TRAILER_BYTES, f) == TRAILER_BYTES;
+    return (f && fclose(f) == 0) && ok;
 }
 
 /* Loads path and checks its embedded key; NULL (closed) if it is not the wanted build. */
@@ -95,7 +160,7 @@ static bool build(const char *dir, const char *src, uint64_t key) {
     }
     snprintf(cmd, sizeof cmd, "%s %s -o '%s' '%s' -lm 2>'%s'", compiler(), CC_FLAGS, so_tmp, c_tmp,
              log);
-    bool ok = system(cmd) == 0 && rename(so_tmp, so) == 0;
+    bool ok = system(cmd) == 0 && seal(so_tmp) && rename(so_tmp, so) == 0;
     unlink(c_tmp);
     unlink(so_tmp);
     if (ok)
@@ -118,13 +183,13 @@ loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compil
     }
     dump(src, key);
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
-    if ((*dl = open_checked(so, key)))
+    if (entry_intact(so) && (*dl = open_checked(so, key)))
         return LOOM_OK;
     if (access(so, F_OK) == 0) /* present but corrupt, truncated or another build: rebuild */
         loom__log(LOOM_LOG_WARN, "kernel cache entry %s is damaged: rebuilding it", so);
     if (!build(dir, src, key))
         return LOOM_EUNSUPPORTED;
     *compiled = true;
-    *dl = open_checked(so, key);
+    *dl = entry_intact(so) ? open_checked(so, key) : NULL;
     return *dl ? LOOM_OK : LOOM_EUNSUPPORTED;
 }

@@ -1,12 +1,16 @@
 /*
  * fs.c - the on-disk cache directory shared by compiled kernels and decompressed datasets:
  * $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>), created with its parents on demand.
- * (LOOM_DATA_CACHE can move or turn off the data part: see data/dataset.c.)
+ * (LOOM_DATA_CACHE can move or turn off the data part: see data/dataset.c.) Also the two
+ * safeguards of every file loom reads or writes: only regular files are opened for reading (a
+ * FIFO would block, a directory reads as garbage), and a writer's stale temporary files go.
  */
 #include "internal.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -72,4 +76,61 @@ loom_status loom_cache_clear(int64_t *files, int64_t *bytes) {
         snprintf(data, sizeof data, "%s/data", dir);
     loom_status s = clear_dir(dir, files, bytes);
     return s ? s : clear_dir(data, files, bytes);
+}
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m)                 ? "a directory"
+           : S_ISFIFO(m)              ? "a FIFO"
+           : S_ISSOCK(m)              ? "a socket"
+           : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+                                      : "not a regular file";
+}
+
+loom_status loom__open_regular(const char *path, int *fd, int64_t *size) {
+    *fd = -1, *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO opens without a writer */
+    if (f < 0)
+        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s", path,
+                           strerror(errno));
+    struct stat st;
+    if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
+        loom_status s = loom__error(LOOM_EIO, "%s: is %s, expected a regular file", path,
+                                    fstat(f, &st) == 0 ? file_kind(st.st_mode) : strerror(errno));
+        close(f);
+        return s;
+    }
+    int flags = fcntl(f, F_GETFL);
+    if (flags >= 0)
+        fcntl(f, F_SETFL, flags & ~O_NONBLOCK);
+    *fd = f, *size = (int64_t)st.st_size;
+    return LOOM_OK;
+}
+
+int loom__remove_stale_temps(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash)
+        *slash = 0;
+    DIR *d = opendir(slash ? (*dir ? dir : "/") : ".");
+    if (!d)
+        return 0;
+    size_t blen = strlen(base);
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, blen) != 0 || strncmp(n + blen, ".tmp.", 5) != 0)
+            continue;
+        char *end;
+        long pid = strtol(n + blen + 5, &end, 10);
+        if (*end || pid <= 0 || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+            continue; /* not of this form, or its writer still runs */
+        char stale[8300];
+        snprintf(stale, sizeof stale, "%s/%s", slash ? (*dir ? dir : "") : ".", n);
+        removed += unlink(stale) == 0;
+    }
+    closedir(d);
+    return removed;
 }

@@ -86,6 +86,13 @@ void loom__cpus_follow_holds(void); /* the same, only for a thread that has call
  * false if it cannot be had. */
 bool loom__cache_dir(const char *sub, char *out, size_t size);
 bool loom__mkdirs(char *path); /* mkdir -p */
+/* Opens path for reading when it is a regular file; a directory, FIFO, socket or device is
+ * refused at once (never blocked on). *fd and *size (bytes) on success; ENOTFOUND or EIO with the
+ * path and what it is otherwise. */
+loom_status loom__open_regular(const char *path, int *fd, int64_t *size);
+/* Removes the temporary files that a killed writer of `path` left (path.tmp.<pid> with no such
+ * process); returns how many. */
+int loom__remove_stale_temps(const char *path);
 
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
 loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);

@@ -123,15 +123,72 @@ static uint32_t be32(const unsigned char *b) {
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
 }
 
-/* Reads an IDX file of unsigned bytes with `ndim` dims; *data is owned by the caller. */
+/* The element count of dims[0..ndim) (each checked to be 1 to 2^28 as read), or -1 past 2^33:
+ * the product is checked before every multiplication, so it cannot overflow. */
+static int64_t idx_total(int ndim, const int64_t *dims) {
+    int64_t total = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (total > ((int64_t)1 << 33) / dims[i])
+            return -1;
+        total *= dims[i];
+    }
+    return total;
+}
+
+/* Reads `total` data bytes at byte `at` into a buffer that grows with what the file holds (a
+ * gzip'd file's size says nothing of its contents), so a header claiming more than is there costs
+ * no more memory than the data found. */
+static loom_status read_data(gzFile f, const char *path, size_t total, size_t at,
+                             unsigned char **data) {
+    size_t cap = total < ((size_t)1 << 20) ? total : (size_t)1 << 20, got = 0;
+    unsigned char *buf = loom__malloc(cap + 1);
+    loom_status s = buf ? LOOM_OK : LOOM_ENOMEM;
+    while (!s && got < total) {
+        if (got == cap) {
+            size_t more = cap * 2 < total ? cap * 2 : total;
+            unsigned char *grown = loom__realloc(buf, more + 1);
+            if (!grown) {
+                s = LOOM_ENOMEM;
+                break;
+            }
+            buf = grown, cap = more;
+        }
+        size_t want = cap - got < ((size_t)1 << 30) ? cap - got : (size_t)1 << 30;
+        int r = gzread(f, buf + got, (unsigned)want);
+        if (r < 0) {
+            int errnum;
+            s = loom__error(LOOM_EFORMAT, "%s: cannot decompress at byte %zu: %s", path, at + got,
+                            gzerror(f, &errnum));
+        } else if (r == 0) {
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: truncated: expected %zu bytes of data at byte %zu, found %zu",
+                            path, total, at, got);
+        }
+        got += r > 0 ? (size_t)r : 0;
+    }
+    if (s)
+        loom__free(buf), buf = NULL;
+    *data = buf;
+    return s;
+}
+
+/* Reads an IDX file of unsigned bytes with `ndim` dims; *data is owned by the caller. Nothing
+ * is allocated for the data before the header is checked: dims bounded, their product
+ * overflow-checked, and a plain file's size equal to header + data. */
 static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsigned char **data) {
     *data = NULL;
-    gzFile f = gzopen(path, "rb");
-    if (!f)
-        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s", path,
-                           strerror(errno ? errno : EIO));
+    int fd;
+    int64_t fsize;
+    loom_status s = loom__open_regular(path, &fd, &fsize);
+    if (s)
+        return s;
+    gzFile f = gzdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return loom__error(LOOM_ENOMEM, "%s: cannot open: out of memory", path);
+    }
     unsigned char hdr[4 + 4 * 3];
-    loom_status s = read_exact(f, path, hdr, 4, 0, "IDX magic");
+    s = read_exact(f, path, hdr, 4, 0, "IDX magic");
     uint32_t magic = s ? 0 : be32(hdr), want = 0x0800u | (uint32_t)ndim;
     if (!s && magic != want)
         s = loom__error(LOOM_EFORMAT,
@@ -140,7 +197,6 @@ static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsi
                         path, magic, want, ndim);
     if (!s)
         s = read_exact(f, path, hdr + 4, 4 * (size_t)ndim, 4, "IDX dimensions");
-    int64_t total = 1;
     for (int i = 0; i < ndim && !s; i++) {
         dims[i] = be32(hdr + 4 + 4 * i);
         if (dims[i] == 0 || dims[i] > (1 << 28))
@@ -148,15 +204,22 @@ static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsi
                             "%s: dimension %d is %lld at byte %d, expected 1 to "
                             "2^28",
                             path, i, (long long)dims[i], 4 + 4 * i);
-        total *= dims[i];
     }
-    if (!s && total > ((int64_t)1 << 33))
-        s = loom__error(LOOM_EFORMAT, "%s: %lld elements is too large", path, (long long)total);
-    if (!s && !(*data = loom__malloc((size_t)total)))
-        s = LOOM_ENOMEM;
+    int64_t total = s ? 0 : idx_total(ndim, dims);
     size_t at = 4 + 4 * (size_t)ndim;
+    if (!s && total < 0)
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: the dimensions at bytes 4-%zu give more than 2^33 "
+                        "elements, too large",
+                        path, at - 1);
+    if (!s && gzdirect(f) && fsize != (int64_t)at + total) /* plain: the size must match */
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: %s: the header at bytes 0-%zu says %lld bytes of data, the file has "
+                        "%lld after it",
+                        path, fsize < (int64_t)at + total ? "truncated" : "trailing data", at - 1,
+                        (long long)total, (long long)(fsize - (int64_t)at));
     if (!s)
-        s = read_exact(f, path, *data, (size_t)total, at, "data");
+        s = read_data(f, path, (size_t)total, at, data);
     unsigned char extra;
     if (!s && gzread(f, &extra, 1) > 0)
         s = loom__error(LOOM_EFORMAT,
@@ -222,12 +285,8 @@ static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned 
     if (cacheable && read_idx_file(cached, ndim, dims, data) == LOOM_OK)
         return LOOM_OK;
     loom_status s = read_idx_file(path, ndim, dims, data);
-    if (!s && cacheable) { /* dims are valid (and bounded) only after a successful read */
-        int64_t total = 1;
-        for (int i = 0; i < ndim; i++)
-            total *= dims[i];
-        cache_idx(cached, ndim, dims, *data, total);
-    }
+    if (!s && cacheable) /* dims are valid (and bounded) only after a successful read */
+        cache_idx(cached, ndim, dims, *data, idx_total(ndim, dims));
     return s;
 }
 

@@ -8,6 +8,7 @@
 #include "../graph/internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -269,8 +270,9 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
         entry *e = &f->e[i];
         sorted[i] = e;
         uint64_t bytes = loom__dtype_size(e->dtype);
-        for (int d = 0; d < e->ndim; d++)
-            bytes *= (uint64_t)e->shape[d];
+        for (int d = 0; d < e->ndim; d++) /* past 2^64: more than any file holds */
+            if (__builtin_mul_overflow(bytes, (uint64_t)e->shape[d], &bytes))
+                bytes = UINT64_MAX;
         if (e->end < e->begin || e->end > data_size)
             s = loom__error(LOOM_EFORMAT,
                             "%s: tensor '%s' has data_offsets [%llu, %llu] outside "
@@ -298,62 +300,79 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
     return s;
 }
 
-static loom_status read_all(const char *path, unsigned char **buf, size_t *size) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return loom__error(errno == ENOENT ? LOOM_ENOTFOUND : LOOM_EIO, "%s: cannot open: %s", path,
-                           strerror(errno));
-    loom_status s = LOOM_OK;
-    long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
-    if (n < 0 || fseek(fp, 0, SEEK_SET) != 0)
-        s = loom__error(LOOM_EIO, "%s: cannot determine the file size", path);
-    *buf = s ? NULL : loom__malloc((size_t)n + 1);
-    if (!s && !*buf)
-        s = LOOM_ENOMEM;
-    if (!s && fread(*buf, 1, (size_t)n, fp) != (size_t)n)
-        s = loom__error(LOOM_EIO, "%s: read failed", path);
-    fclose(fp);
-    *size = (size_t)(n < 0 ? 0 : n);
-    return s;
+/* safetensors' own bound on the header (MAX_HEADER_SIZE in the reference reader). */
+#define MAX_HEADER 100000000u
+
+/* Reads n bytes at offset `at` of fd; EIO naming what and where if they are not all there. */
+static loom_status read_at(int fd, const char *path, void *buf, size_t n, uint64_t at,
+                           const char *what) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(at + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return loom__error(LOOM_EIO, "%s: cannot read %zu bytes of %s at byte %llu: %s", path,
+                               n, what, (unsigned long long)at,
+                               r < 0 ? strerror(errno) : "the file ended");
+        got += (size_t)r;
+    }
+    return LOOM_OK;
 }
 
+/* The file is read in the order it is checked: the header length against the file's size, the
+ * header, the entries against the data's size, and only then the tensors, each into a buffer of
+ * its checked size; nothing is allocated that the file does not hold. */
 loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     *out = NULL;
-    unsigned char *buf = NULL;
-    size_t size = 0;
-    loom_status s = read_all(path, &buf, &size);
+    int fd;
+    int64_t size;
+    loom_status s = loom__open_regular(path, &fd, &size);
+    if (s)
+        return s;
+    unsigned char len8[8];
     uint64_t hlen = 0;
-    for (int i = 0; !s && i < 8 && size >= 8; i++)
-        hlen |= (uint64_t)buf[i] << (8 * i);
-    if (!s && size < 8)
+    if (size < 8)
         s = loom__error(LOOM_EFORMAT,
-                        "%s: truncated: %zu bytes, a safetensors file starts with "
+                        "%s: truncated: %lld bytes, a safetensors file starts with "
                         "an 8-byte header length",
-                        path, size);
-    else if (!s && hlen > size - 8)
+                        path, (long long)size);
+    else
+        s = read_at(fd, path, len8, 8, 0, "header length");
+    for (int i = 0; !s && i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    if (!s && hlen > (uint64_t)size - 8)
         s = loom__error(LOOM_EFORMAT,
                         "%s: truncated: header length %llu at byte 0 exceeds the "
-                        "%zu bytes that follow",
-                        path, (unsigned long long)hlen, size - 8);
+                        "%lld bytes that follow",
+                        path, (unsigned long long)hlen, (long long)size - 8);
+    else if (!s && hlen > MAX_HEADER)
+        s = loom__error(LOOM_EFORMAT, "%s: header length %llu at byte 0 is over %u bytes", path,
+                        (unsigned long long)hlen, MAX_HEADER);
+    char *hdr = s ? NULL : loom__malloc((size_t)hlen + 1);
+    if (!s && !hdr)
+        s = LOOM_ENOMEM;
+    if (!s)
+        s = read_at(fd, path, hdr, (size_t)hlen, 8, "header");
     loom_tensor_file *f = s ? NULL : loom__calloc(1, sizeof *f);
     if (!s && !f)
         s = LOOM_ENOMEM;
     if (!s) {
-        json j = {(const char *)buf + 8, (size_t)hlen, 0, path, LOOM_OK};
+        json j = {hdr, (size_t)hlen, 0, path, LOOM_OK};
         if (!parse_header(&j, f))
             s = j.err ? j.err : LOOM_EFORMAT;
     }
     if (!s)
-        s = check_entries(path, f, size - 8 - hlen);
+        s = check_entries(path, f, (size_t)size - 8 - hlen);
     for (int64_t i = 0; f && !s && i < f->n; i++) {
         entry *e = &f->e[i];
-        e->data = loom__malloc(e->end - e->begin);
-        if (!e->data)
+        if (!(e->data = loom__malloc(e->end - e->begin + 1)))
             s = LOOM_ENOMEM;
         else
-            memcpy(e->data, buf + 8 + hlen + e->begin, e->end - e->begin);
+            s = read_at(fd, path, e->data, e->end - e->begin, 8 + hlen + e->begin, e->name);
     }
-    loom__free(buf);
+    close(fd);
+    loom__free(hdr);
     if (s)
         loom_tensor_file_free(f);
     else
@@ -470,8 +489,31 @@ static loom_status build_header(const loom_model *m, char **out, size_t *len) {
     return LOOM_OK;
 }
 
+/* ERANGE naming the first parameter element that is NaN or infinite. */
+static loom_status check_finite(const loom_model *m, const char *path) {
+    for (int64_t i = 0; i < m->n; i++) {
+        const loom_param *p = m->params[i];
+        const float *v = m->slab[LOOM_SLAB_PARAM] + p->offset;
+        int64_t bad = 0, first = -1;
+        for (int64_t k = 0; k < p->numel; k++)
+            if (!isfinite(v[k]))
+                bad++, first = first < 0 ? k : first;
+        if (bad)
+            return loom__error(LOOM_ERANGE,
+                               "%s: not written: parameter '%s' holds %lld NaN or infinite values "
+                               "of %lld (the first at element %lld: %g); the training diverged",
+                               path, p->name, (long long)bad, (long long)p->numel, (long long)first,
+                               (double)v[first]);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_model_save(const loom_model *m, const char *path) {
     loom__model_settle(m); /* a step running on m ends first */
+    loom_status fin = check_finite(m, path);
+    if (fin)
+        return fin;
+    loom__remove_stale_temps(path); /* left by a writer of this path that was killed */
     char *h;
     size_t hlen;
     loom_status s = build_header(m, &h, &hlen);
