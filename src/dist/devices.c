@@ -52,6 +52,7 @@ struct loom_devices {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     uint64_t gen, ndone; /* written under mu, also read without it (spinning) */
+    double started_at;   /* when the current job started (its deadline counts from there) */
     bool quit, broken;
     job_kind job;
     loom__program *prog;
@@ -202,24 +203,26 @@ static void deadline_in(struct timespec *ts, double seconds) {
 /* Waits for all devices until `seconds` pass; true if all finished. Called with D->mu held. */
 static bool wait_done(loom_devices *D, double seconds) {
     struct timespec dl;
-    deadline_in(&dl, seconds);
+    deadline_in(&dl, seconds > 0 ? seconds : 0);
     int rc = 0;
     while (D->ndone < (uint64_t)D->n && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&D->done, &D->mu, &dl);
     return D->ndone == (uint64_t)D->n;
 }
 
-/* The first real cause among the devices' statuses, as the controller's error. */
+/* The first real cause among the statuses of the devices that finished (all of them, after a
+ * normal end), as the controller's error. */
 static loom_status collect(loom_devices *D) {
     int cause = -1;
     for (int i = 0; i < D->n && cause < 0; i++)
-        if (D->dev[i].st && D->dev[i].st != LOOM_EABORTED && D->dev[i].st != LOOM_ETIMEDOUT)
+        if (D->dev[i].done && D->dev[i].st && D->dev[i].st != LOOM_EABORTED &&
+            D->dev[i].st != LOOM_ETIMEDOUT)
             cause = i;
     for (int i = 0; i < D->n && cause < 0; i++) /* then a collective's watchdog */
-        if (D->dev[i].st == LOOM_ETIMEDOUT)
+        if (D->dev[i].done && D->dev[i].st == LOOM_ETIMEDOUT)
             cause = i;
     for (int i = 0; i < D->n && cause < 0; i++)
-        if (D->dev[i].st)
+        if (D->dev[i].done && D->dev[i].st)
             cause = i;
     if (cause < 0)
         return LOOM_OK;
@@ -242,12 +245,18 @@ static void start(loom_devices *D) {
     __atomic_store_n(&D->ndone, 0, __ATOMIC_RELEASE);
     for (int i = 0; i < D->n; i++)
         D->dev[i].done = false;
+    D->started_at = loom__now();
     __atomic_store_n(&D->gen, D->gen + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&D->go);
     pthread_mutex_unlock(&D->mu);
 }
 
-/* Waits for the job started, within the deadline. */
+/* After the deadline the group is aborted and the devices get this long to come back from their
+ * collectives before the step is reported as timed out (one stuck outside any is not waited for).
+ */
+#define GRACE_S 0.2
+
+/* Waits for the job started, until its deadline: timeout_s after it started. */
 static loom_status finish(loom_devices *D) {
     pthread_mutex_lock(&D->mu);
     if (D->spare_cpu) { /* the step may well end soon: poll a while, yielding the CPU to others */
@@ -257,26 +266,40 @@ static loom_status finish(loom_devices *D) {
             sched_yield();
         pthread_mutex_lock(&D->mu);
     }
-    bool ok = wait_done(D, D->c.timeout_s + 1.0);
-    if (!ok) { /* someone is stuck outside a collective: fail the group, give it a moment */
+    bool ok = wait_done(D, D->started_at + D->c.timeout_s - loom__now());
+    if (!ok) { /* someone is stuck: fail the group, give those in collectives a moment */
         char msg[512];
         size_t k = (size_t)snprintf(msg, sizeof msg,
                                     "watchdog: step %lld did not finish within "
                                     "%.1f s; still running:",
                                     (long long)D->step, D->c.timeout_s);
-        for (int i = 0; i < D->n && k < sizeof msg; i++)
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int i = 0; i < D->n && k < sizeof msg; i++) {
+            uint64_t seq = loom_comm_seq(D->dev[i].comm);
+            lo = seq < lo ? seq : lo, hi = seq > hi ? seq : hi;
             if (!D->dev[i].done)
                 k += (size_t)snprintf(msg + k, sizeof msg - k, " device %d (collective #%llu)", i,
-                                      (unsigned long long)loom_comm_seq(D->dev[i].comm));
+                                      (unsigned long long)seq);
+        }
+        if (lo < hi && k < sizeof msg) { /* the others wait in a collective these never reached */
+            k += (size_t)snprintf(msg + k, sizeof msg - k, "; device(s)");
+            for (int i = 0; i < D->n && k < sizeof msg; i++)
+                if (loom_comm_seq(D->dev[i].comm) == lo)
+                    k += (size_t)snprintf(msg + k, sizeof msg - k, " %d", i);
+            if (k < sizeof msg)
+                snprintf(msg + k, sizeof msg - k, " did not reach collective #%llu",
+                         (unsigned long long)lo + 1);
+        }
         loom_comm_abort(D->dev[0].comm, msg);
-        ok = wait_done(D, 2.0);
+        wait_done(D, GRACE_S);
         D->broken = true;
+        loom_status st = collect(D); /* a finished device's own cause, or a collective's watchdog */
         pthread_mutex_unlock(&D->mu);
-        loom_status st = ok ? collect(D) : LOOM_OK; /* a device's own cause or watchdog */
         return st && st != LOOM_EABORTED ? st : loom__error(LOOM_ETIMEDOUT, "%s", msg);
     }
+    loom_status st = collect(D);
     pthread_mutex_unlock(&D->mu);
-    return collect(D);
+    return st;
 }
 
 /* Runs the current job on every device and waits, within the deadline. */
