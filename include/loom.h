@@ -135,9 +135,12 @@ LOOM_API float *loom_param_data(loom_param *p);
 LOOM_API float *loom_param_grad(loom_param *p);
 
 /* Writes the parameters as safetensors (names as given, F32, row-major), atomically: a temporary
- * file in the same directory is written, fsync'd and renamed. EIO on failure. */
+ * file in the same directory (path.tmp.<pid>) is written, fsync'd and renamed; temporary files of
+ * path left by killed writers are removed first. ERANGE, writing nothing, if a parameter holds a
+ * NaN or an infinity (a diverged run is not saved); EIO on failure. */
 LOOM_API loom_status loom_model_save(const loom_model *m, const char *path);
-/* Reads parameters from a safetensors file. Every parameter of the model must be present with its
+/* Reads parameters from a safetensors file (a regular file; header and data are read only once
+ * checked against the file's size). Every parameter of the model must be present with its
  * exact shape and dtype F32, and the file must hold nothing else; otherwise
  * EFORMAT/ENOTFOUND/ESHAPE naming the tensor, and the model is left unchanged. */
 LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
@@ -184,8 +187,12 @@ LOOM_API loom_status loom_graph_run(loom_graph *g);
 LOOM_API loom_status loom_graph_submit(loom_graph *g);
 /* Waits for the graph's submitted step and returns its status (that of the last step that ended,
  * when none is running); *loss (if not NULL) gets the value of its loss (the tensor loom_backward
- * started from; the mean over devices, as loom_item's), NAN if it had none or failed. Reading an
- * output of a submitted step (loom_tensor_data, loom_item) waits for it, until a reset. */
+ * started from; the mean over devices, as loom_item's), NAN if it had none or failed. A loss that
+ * is NaN or infinite on any device is ERANGE naming the device: the step has run whole (its
+ * update too; anomaly detection, loom_devices_config.detect_anomaly, stops a step at its loss
+ * instead), its loss and outputs are readable, and the caller decides (the trainer and `loom
+ * train` stop). Reading an output of a submitted step (loom_tensor_data, loom_item) waits for it,
+ * until a reset. */
 LOOM_API loom_status loom_graph_wait(loom_graph *g, double *loss);
 /* Who runs programs: the reference interpreter, or generated C kernels (elementwise chains fused,
  * compiled by the system compiler, cached on disk; the rest interpreted). AUTO follows the

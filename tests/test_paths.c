@@ -13,6 +13,8 @@
  * compared as vectors, not element by element: AdamW divides by sqrt(v) + eps, so an element whose
  * gradient is at the rounding level moves by up to lr either way and single elements are noise.
  *
+ * A diverging trainer run stops at its first non-finite loss, and its weights are not saved.
+ *
  * Usage: test_paths LOOM_BINARY (ctest passes the command's path).
  */
 #include "harness.h"
@@ -228,6 +230,38 @@ TEST(cnn_optimizers_on_every_path_match_pytorch) {
     against_pytorch("fmnist-cnn");
 }
 
+/* Diverging (lr 1e6): loom_trainer_fit stops at the first step whose loss is not finite, naming
+ * the step and the device, and the weights it left (NaN) are refused by loom_model_save, which
+ * writes nothing. */
+TEST(a_diverging_trainer_stops_and_saves_nothing) {
+    loom_model *m = loom_model_new();
+    bool flatten;
+    loom_sequential *s = loom_sequential_new(m, loom_recipe("fmnist-mlp", &flatten));
+    loom_sequential_init(s, 1);
+    loom_optim *o = loom_sgd_new(m, &(loom_optim_config){.lr = 1e6, .momentum = 0.9});
+    net n = {.m = m, .net = s, .o = o, .flatten = flatten};
+    loom_loader *l = file_order();
+    loom_trainer *t = loom_trainer_new(&(loom_trainer_config){.devices = 2, .log_every = -1});
+    loom_module_fns fns = {.training_step = training_step, .ctx = &n};
+    ASSERT_EQ(loom_trainer_fit(t, m, o, &fns, l, NULL), LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(loom_last_error(), ": the loss is NaN on device ");
+    loom_trainer_metrics tm;
+    loom_trainer_get_metrics(t, &tm);
+    char want[64];
+    snprintf(want, sizeof want, "step %lld: ", (long long)tm.steps + 1);
+    ASSERT_STR_CONTAINS(loom_last_error(), want);
+    char path[512];
+    test_tmp(path, sizeof path, "diverged.safetensors");
+    remove(path);
+    ASSERT_EQ(loom_model_save(m, path), LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(loom_last_error(), "NaN or infinite values");
+    FILE *f = fopen(path, "rb");
+    ASSERT(f == NULL);
+    loom_trainer_free(t);
+    loom_loader_free(l);
+    net_free(&n);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s LOOM_BINARY\n", argv[0]);
@@ -240,6 +274,7 @@ int main(int argc, char **argv) {
     }
     RUN(mlp_optimizers_on_every_path_match_pytorch);
     RUN(cnn_optimizers_on_every_path_match_pytorch);
+    RUN(a_diverging_trainer_stops_and_saves_nothing);
     fprintf(stderr,
             "largest distance from float64 PyTorch: %.2f times float32 PyTorch's (at most "
             "%.0f)\n",

@@ -578,15 +578,40 @@ loom_status loom_graph_submit(loom_graph *g) {
     return LOOM_OK;
 }
 
+/* ERANGE naming the devices whose loss (node id of p) is NaN or infinite, if any. The step has
+ * run whole (anomaly detection is what stops one at its loss), so the caller stops training. */
+static loom_status check_loss(const loom_graph *g, const loom__program *p, int32_t id) {
+    int first = -1, bad = 0;
+    double v = 0;
+    for (int d = 0; d < g->ndev; d++) {
+        double x = loom__first_value((loom_dtype)g->loss_dtype, loom__node_data(g, p, id, d));
+        if (!isfinite(x))
+            first = first < 0 ? d : first, v = first == d ? x : v, bad++;
+    }
+    if (!bad)
+        return LOOM_OK;
+    char where[64] = "";
+    if (g->runner)
+        snprintf(where, sizeof where, " on device %d%s", first, bad > 1 ? " (and others)" : "");
+    return loom__error(LOOM_ERANGE, "the loss is %s%s; the step's update has run",
+                       isnan(v) ? "NaN"
+                       : v > 0  ? "+Inf"
+                                : "-Inf",
+                       where);
+}
+
 loom_status loom__graph_finish(loom_graph *g) {
     loom__program *p = g->inflight;
     if (!p)
         return LOOM_OK;
     loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->ended_status;
-    g->ended_status = st;
+    bool ran = !st;
     g->ended_loss =
-        !st && g->loss_id >= 0 ? loom__node_mean(g, p, g->loss_id, (loom_dtype)g->loss_dtype) : NAN;
-    if (!st && !g->inflight_reset)
+        ran && g->loss_id >= 0 ? loom__node_mean(g, p, g->loss_id, (loom_dtype)g->loss_dtype) : NAN;
+    if (ran && g->loss_id >= 0)
+        st = check_loss(g, p, g->loss_id);
+    g->ended_status = st;
+    if (ran && !g->inflight_reset) /* (a non-finite loss's outputs stay readable) */
         g->last = p;
     g->inflight = NULL;
     if (g->model && g->model->running == g)

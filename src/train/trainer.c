@@ -82,6 +82,17 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
     return LOOM_OK;
 }
 
+/* The wait for the step running, its failure naming the training step (counted from 1): a
+ * non-finite loss (ERANGE from the wait) ends the training there. */
+static loom_status wait_step(loom_trainer *t, loom_graph *g, double *loss) {
+    loom_status s = loom_graph_wait(g, loss);
+    if (!s)
+        return s;
+    char why[1024]; /* (loom__error writes where loom_last_error points) */
+    snprintf(why, sizeof why, "%s", loom_last_error());
+    return loom__error(s, "step %lld: %s", (long long)t->m.steps + 1, why);
+}
+
 /* A step has ended with this loss. */
 static void step_ended(loom_trainer *t, int64_t epoch, double loss) {
     t->m.last_loss = loss;
@@ -103,7 +114,7 @@ static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_l
     loom_loader_start_epoch(train, epoch);
     while (!*done && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
         loom_accelerator_backward(t->acc, fns->training_step(fns->ctx, g, x, y));
-        loom_status s = running ? loom_graph_wait(g, &loss) : LOOM_OK;
+        loom_status s = running ? wait_step(t, g, &loss) : LOOM_OK;
         if (s)
             return s;
         if (running)
@@ -115,7 +126,7 @@ static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_l
         *done = t->c.max_steps > 0 && ++submitted >= t->c.max_steps;
     }
     if (running) {
-        loom_status s = loom_graph_wait(g, &loss);
+        loom_status s = wait_step(t, g, &loss);
         if (s)
             return s;
         step_ended(t, epoch, loss);

@@ -90,9 +90,10 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
                                                                                 v));
     else if (!strcmp(f, "--timeout"))
         ok = parse_num(f, v, 1e-3, &o->timeout);
-    else if (!strcmp(f, "--seed") && (ok = parse_int(f, v, 0, &n)))
-        o->seed = (uint64_t)n;
-    else if (!strcmp(f, "--lr"))
+    else if (!strcmp(f, "--seed")) {
+        if ((ok = parse_int(f, v, 0, &n)))
+            o->seed = (uint64_t)n;
+    } else if (!strcmp(f, "--lr"))
         ok = parse_num(f, v, 1e-30, &o->lr), o->lr_set = true;
     else if (!strcmp(f, "--momentum"))
         ok = parse_num(f, v, 0, &o->momentum);

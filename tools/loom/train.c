@@ -7,12 +7,34 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* SIGINT or SIGTERM received (0: none). The training loop stops at the next step boundary, the
+ * step running ends, every file is left whole, and the command exits 128 + the signal. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop(int sig) {
+    stop_signal = sig;
+}
+
+/* Catches the first SIGINT or SIGTERM (a second one, the default: the process ends at once). */
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
 static double now(void) {
     struct timespec ts;
@@ -50,7 +72,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
         return cli_fail("evaluation: %s", loom_last_error());
     loom_batch b;
     int64_t correct = 0, seen = 0;
-    while (loom_loader_next(l, &b)) {
+    while (!stop_signal && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
         loom_tensor *y, *logits = forward(m, &b, &y);
         loom_output(logits);
@@ -75,10 +97,12 @@ static FILE *open_log(const char *dir) {
     char path[4096];
     snprintf(path, sizeof path, "%s/metrics.csv", dir);
     FILE *f = fopen(path, "w");
-    if (!f)
+    if (!f) {
         cli_fail("--log-dir: cannot write '%s': %s", path, strerror(errno));
-    else
-        fputs("step,epoch,loss,lr,samples_per_s,test_accuracy\n", f);
+        return NULL;
+    }
+    setvbuf(f, NULL, _IOLBF, 0); /* a row at a time: a killed run leaves whole rows */
+    fputs("step,epoch,loss,lr,samples_per_s,test_accuracy\n", f);
     return f;
 }
 
@@ -136,6 +160,11 @@ static void step_ended(run_state *r, epoch_state *e, int64_t n, double loss, dou
     }
 }
 
+/* A step that failed (its wait or submit), named by its training step. */
+static int step_failed(const run_state *r) {
+    return cli_fail("step %lld: %s", (long long)r->step + 1, loom_last_error());
+}
+
 /* One epoch of training; returns non-zero on error, sets *done when --steps is reached. Each
  * step is submitted, and the next one is recorded (and its batch taken) while it runs; then it
  * is waited for and the next submitted, so that the devices do not wait for the host. */
@@ -146,7 +175,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     epoch_state e = {epoch, 0, loom_loader_batches(r->loader), 0, t0, 0};
     int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
     loom_loader_start_epoch(r->loader, epoch);
-    while (!*done && loom_loader_next(r->loader, &b)) {
+    while (!*done && !stop_signal && loom_loader_next(r->loader, &b)) {
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
@@ -155,26 +184,30 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         double value;
         if (running) {
             if (loom_graph_wait(r->m.g, &value))
-                return cli_fail("%s", loom_last_error());
+                return step_failed(r);
             double at = now();
             step_ended(r, &e, running, value, at - ended_at);
             ended_at = at;
         }
         if (loom_graph_submit(r->m.g))
-            return cli_fail("%s", loom_last_error());
+            return step_failed(r);
         running = b.n;
         *done = o->steps && ++submitted >= o->steps;
     }
     if (running) {
         double value;
         if (loom_graph_wait(r->m.g, &value))
-            return cli_fail("%s", loom_last_error());
+            return step_failed(r);
         step_ended(r, &e, running, value, now() - ended_at);
     }
+    if (stop_signal) /* the step that ran has ended and is logged: no evaluation */
+        return 0;
     double last = e.last;
     double acc = 0;
     if (evaluate(&r->m, r->test, &acc))
         return 1;
+    if (stop_signal) /* the evaluation was cut short: no accuracy of part of the test set */
+        return 0;
     printf("epoch %lld done: last loss %.4f, test accuracy %.4f, %.1f s\n", (long long)epoch + 1,
            last, acc, now() - t0);
     if (r->log)
@@ -184,11 +217,32 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     return 0;
 }
 
+/* Whether the weights can be written where --save says, before any training: a temporary file
+ * beside the target is created and removed. */
+static int check_save(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("--save: '%s' is a directory, expected a file path", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return cli_fail("--save: cannot write '%s': %s", path, strerror(errno));
+    close(fd);
+    unlink(tmp);
+    return 0;
+}
+
 static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dataset **test) {
     const train_opts *o = r->o;
     const loom_layer *layers = loom_recipe(o->recipe, &r->m.flatten);
     if (!layers)
         return cli_fail("train: %s", loom_last_error());
+    /* the outputs first: a path that cannot be written fails now, not after the training */
+    if (!o->eval_only && o->save && check_save(o->save))
+        return 1;
+    if (!o->eval_only && o->log_dir && !(r->log = open_log(o->log_dir)))
+        return 1;
     loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
         s = loom_dataset_fmnist(o->data, "test", test);
@@ -221,8 +275,6 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
                                                               .drop_last = o->drop_last});
     if (!r->loader)
         return cli_fail("%s", loom_last_error());
-    if (o->log_dir && !(r->log = open_log(o->log_dir)))
-        return 1;
     return 0;
 }
 
@@ -250,19 +302,27 @@ static double process_start(void) {
 
 int cli_train(const train_opts *o) {
     run_state r = {.o = o, .started = process_start()};
+    catch_stop_signals();
     loom_model *model = loom_model_new();
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
-    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)))
+    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)) && !stop_signal)
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only)
         printf("loom: training %s on %d device%s, %lld samples, batch %lld, %s lr %g\n", o->recipe,
                loom_devices_count(r.devs), loom_devices_count(r.devs) > 1 ? "s" : "",
                (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
     bool done = false;
-    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done; e++)
+    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !stop_signal; e++)
         rc = train_epoch(&r, e, &done);
+    if (!rc && stop_signal) {
+        cli_fail("stopped by %s after step %lld: %s%s",
+                 stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)r.step,
+                 r.log ? "metrics.csv ends with that step; " : "",
+                 o->save ? "no weights saved" : "nothing else written");
+        rc = 128 + stop_signal;
+    }
     if (!rc && !o->eval_only) {
         printf("test accuracy: %.4f\n", r.last_acc);
         char warm[64] = "";
