@@ -6,11 +6,12 @@ export OPENBLAS_CORETYPE ?= Haswell
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 GENERATOR  := -G Ninja
 WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
 DATA_CACHE := -DLOOM_TEST_DATA_CACHE=$(CURDIR)/$(BUILD)/tests/cache/data
 
-.PHONY: all deps build demo test test-asan test-tsan format-check bench install clean
+.PHONY: all deps build demo test test-asan test-tsan test-fuzz format-check bench install clean
 
 all: build
 
@@ -29,6 +30,7 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j2
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
+	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory format-check
 
 # clang-format (.clang-format) over every C file, where clang-format is installed.
@@ -53,6 +55,14 @@ test-tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	    LOOM_TEST_QUICK=1 ctest --output-on-failure -L "dist|threads"
 
+# The libFuzzer targets (tests/fuzz) under ASan+UBSan, built with clang: each replays its committed
+# corpus and fuzzes for 30 s (scripts/fuzz.sh runs long campaigns).
+test-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) $(GENERATOR) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	    -DLOOM_SANITIZE=address -DLOOM_FUZZ=ON
+	cmake --build $(FUZZ_BUILD)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j2 -L fuzz
+
 bench: build
 	bash bench/run.sh
 
@@ -60,4 +70,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

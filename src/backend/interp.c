@@ -952,9 +952,9 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                               T *restrict o) {                                                    \
         for (int64_t ox = 0; ox < ow; ox++) {                                                     \
             T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];             \
-            T m = (b > a) | (b != b) ? b : a;                                                     \
-            m = (c > m) | (c != c) ? c : m;                                                       \
-            o[ox] = (d > m) | (d != d) ? d : m;                                                   \
+            T m = ((b > a) | (b != b)) ? b : a;                                                   \
+            m = ((c > m) | (c != c)) ? c : m;                                                     \
+            o[ox] = ((d > m) | (d != d)) ? d : m;                                                 \
         }                                                                                         \
     }                                                                                             \
     static void pool2_grad_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,        \

@@ -88,8 +88,7 @@ static uint64_t body_hash(const unsigned char *buf, size_t n) {
     return loom__hash_final(&h);
 }
 
-/* Whether path is a whole entry: a regular file whose trailer matches the bytes before it. */
-static bool entry_intact(const char *path) {
+bool loom__cc_entry_intact(const char *path) {
     int64_t size;
     unsigned char *buf = slurp(path, &size);
     bool ok = false;
@@ -183,13 +182,13 @@ loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compil
     }
     dump(src, key);
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
-    if (entry_intact(so) && (*dl = open_checked(so, key)))
+    if (loom__cc_entry_intact(so) && (*dl = open_checked(so, key)))
         return LOOM_OK;
     if (access(so, F_OK) == 0) /* present but corrupt, truncated or another build: rebuild */
         loom__log(LOOM_LOG_WARN, "kernel cache entry %s is damaged: rebuilding it", so);
     if (!build(dir, src, key))
         return LOOM_EUNSUPPORTED;
     *compiled = true;
-    *dl = entry_intact(so) ? open_checked(so, key) : NULL;
+    *dl = loom__cc_entry_intact(so) ? open_checked(so, key) : NULL;
     return *dl ? LOOM_OK : LOOM_EUNSUPPORTED;
 }

@@ -92,5 +92,8 @@ char *loom__codegen(const loom__program *p, uint64_t *key);
 loom_status loom__cc_load(const char *src, uint64_t key, void **dl, bool *compiled);
 /* Identity of the compiler and flags (part of every key); NULL when there is no compiler. */
 const char *loom__cc_identity(void);
+/* Whether the kernel cache entry at path is whole (a regular file whose trailer matches its
+ * bytes): what is checked before dlopen. */
+bool loom__cc_entry_intact(const char *path);
 
 #endif

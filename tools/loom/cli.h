@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct {
     const char *recipe;
@@ -24,9 +25,14 @@ typedef struct {
     const char *data, *init, *save, *log_dir;
 } train_opts;
 
+/* Parses `loom train|eval RECIPE [options]` (argv[0] the program, argv[1] the subcommand) into
+ * *o; 0, or 2 after one line on stderr naming the bad argument. */
+int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *o);
 /* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */
 int cli_train(const train_opts *o);
-/* Prints "loom: <formatted message>" to stderr; returns 1 (the exit code for errors). */
+/* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1
+ * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_set_errors(FILE *f);
 
 #endif

@@ -1,0 +1,45 @@
+/*
+ * fuzz_args.c - libFuzzer target: the command line of `loom train` / `loom eval`, as arbitrary
+ * argument vectors (the input split at NUL bytes; the first byte picks train or eval), through
+ * the command's own parser (tools/loom/args.c). It must never crash and must either accept the
+ * options or reject them with exit status 2.
+ */
+#include "../../tools/loom/cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int cli_train(const train_opts *o) { /* never reached from the parser */
+    (void)o;
+    abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static bool once;
+    if (!once) { /* the parser's one line per bad argument, thousands of times a second */
+        FILE *null = fopen("/dev/null", "w");
+        if (!null)
+            abort();
+        cli_set_errors(null);
+        once = true;
+    }
+    if (size < 1 || size > 4096)
+        return 0;
+    char *buf = malloc(size + 1), *argv[64];
+    memcpy(buf, data + 1, size - 1);
+    buf[size - 1] = 0;
+    int argc = 2;
+    argv[0] = "loom", argv[1] = data[0] & 1 ? "eval" : "train";
+    for (size_t i = 0; i < size - 1 && argc < 63; i += strlen(buf + i) + 1)
+        argv[argc++] = buf + i;
+    argv[argc] = NULL;
+    train_opts o;
+    int rc = cli_parse_train(argc, argv, data[0] & 1, &o);
+    if (rc != 0 && rc != 2)
+        abort();
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/python3
+"""Seed inputs of the fuzz targets' corpora (tests/fuzz/corpus/<target>/seed-*): small valid
+files of each format and a few broken ones, so that fuzzing starts from the formats' structure.
+Run from anywhere: python3 tests/fuzz/seeds.py. Inputs the fuzzers find (and every crash, as a
+regression input) are added to the same directories by scripts/fuzz.sh."""
+import gzip
+import json
+import os
+import struct
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def put(target, name, data):
+    os.makedirs(os.path.join(HERE, target), exist_ok=True)
+    with open(os.path.join(HERE, target, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+def safetensors(tensors, meta=None):
+    header, blobs, off = {}, b"", 0
+    if meta:
+        header["__metadata__"] = meta
+    for name, (dt, shape, data) in tensors.items():
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        blobs += data
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + blobs
+
+
+f32 = lambda *v: struct.pack("<%df" % len(v), *v)
+model = safetensors({"w": ("F32", [2, 3], f32(1, 2, 3, 4, 5, 6)), "b": ("F32", [3], f32(7, 8, 9))},
+                    {"format": "pt"})
+put("safetensors", "model", model)
+put("safetensors", "truncated", model[:-5])
+put("safetensors", "dtypes", safetensors({"d": ("F64", [2], struct.pack("<2d", 1, 2)),
+                                          "i": ("I32", [1, 2], struct.pack("<2i", 3, 4)),
+                                          "e": ("F32", [0, 4], b"")}))
+put("safetensors", "empty-header", struct.pack("<Q", 2) + b"{}")
+
+
+def idx(magic, dims, body):
+    return struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + body
+
+
+images = idx(0x803, [2, 3, 4], bytes(range(24)))
+labels = idx(0x801, [2], bytes([3, 9]))
+for mode in range(4):  # bit 0: images gzip'd by the target, bit 1: labels
+    put("idx", "mode%d" % mode, bytes([mode]) + struct.pack(">H", len(images)) + images + labels)
+put("idx", "gzip-inside", bytes([0]) + struct.pack(">H", len(gzip.compress(images))) +
+    gzip.compress(images) + labels)
+put("idx", "short", bytes([1]) + struct.pack(">H", 16) + idx(0x803, [60000, 28, 28], b"") + labels)
+
+trailer = lambda body: body + b"loomsum1" + bytes(8)  # a trailer with the wrong hash
+put("kernel_cache", "elf-head", trailer(b"\x7fELF\x02\x01\x01" + bytes(57)))
+put("kernel_cache", "tag-only", b"loomsum1" + bytes(8))
+
+for i, line in enumerate([
+        "fmnist-mlp\0--steps\0003\0--lr\0000.1",
+        "fmnist-cnn\0--optimizer\0adamw\0--weight-decay\0001e-2\0--nesterov",
+        "fmnist-mlp\0--devices\0auto\0--timeout\0000.5\0--seed\0-1",
+        "fmnist-mlp\0--init\0w.st\0--save\0x.st\0--log-dir\0logs\0--no-shuffle\0--drop-last",
+        "\0--epochs\0999999999999999999999\0--batch"]):
+    put("args", "line%d" % i, bytes([i % 2]) + line.encode())

@@ -1,0 +1,147 @@
+/*
+ * args.c - the arguments of `loom train` and `loom eval`, parsed into train_opts. Every bad
+ * argument gets one line naming the flag, the value and what was expected. Pure but for those
+ * lines on stderr (tests/fuzz/fuzz_args.c runs it on arbitrary argument vectors).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static FILE *errors; /* where cli_fail writes: stderr unless cli_set_errors said otherwise */
+
+void cli_set_errors(FILE *f) {
+    errors = f;
+}
+
+int cli_fail(const char *fmt, ...) {
+    FILE *out = errors ? errors : stderr;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("loom: ", out);
+    vfprintf(out, fmt, ap);
+    fputc('\n', out);
+    va_end(ap);
+    return 1;
+}
+
+static bool parse_int(const char *flag, const char *v, int64_t min, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || !*v || *end || errno || x < min) {
+        cli_fail("%s: expected an integer >= %lld, got '%s'", flag, (long long)min, v ? v : "");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool parse_num(const char *flag, const char *v, double min, double *out) {
+    char *end;
+    errno = 0;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || !*v || *end || errno || !(x >= min) || x != x || x > 1e30) {
+        cli_fail("%s: expected a number >= %g, got '%s'", flag, min, v ? v : "");
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+/* Parses one option at argv[*i]; false (after printing the reason) on a bad one. */
+static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
+    const char *f = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int64_t n;
+    bool ok = true, takes = true;
+    if (!strcmp(f, "--epochs"))
+        ok = parse_int(f, v, 1, &o->epochs);
+    else if (!strcmp(f, "--steps"))
+        ok = parse_int(f, v, 1, &o->steps);
+    else if (!strcmp(f, "--batch"))
+        ok = parse_int(f, v, 1, &o->batch);
+    else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
+        o->devices = 0;
+    else if (!strcmp(f, "--devices"))
+        ok = parse_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
+                                                                                "most 256, got %s",
+                                                                                v));
+    else if (!strcmp(f, "--timeout"))
+        ok = parse_num(f, v, 1e-3, &o->timeout);
+    else if (!strcmp(f, "--seed")) {
+        if ((ok = parse_int(f, v, 0, &n)))
+            o->seed = (uint64_t)n;
+    } else if (!strcmp(f, "--lr"))
+        ok = parse_num(f, v, 1e-30, &o->lr), o->lr_set = true;
+    else if (!strcmp(f, "--momentum"))
+        ok = parse_num(f, v, 0, &o->momentum);
+    else if (!strcmp(f, "--weight-decay"))
+        ok = parse_num(f, v, 0, &o->weight_decay);
+    else if (!strcmp(f, "--optimizer")) {
+        ok = v && (!strcmp(v, "sgd") || !strcmp(v, "adamw"));
+        if (!ok)
+            cli_fail("--optimizer: expected sgd or adamw, got '%s'", v ? v : "");
+        o->optimizer = v;
+    } else if (!strcmp(f, "--data") || !strcmp(f, "--init") || !strcmp(f, "--save") ||
+               !strcmp(f, "--log-dir")) {
+        ok = v && *v;
+        if (!ok)
+            cli_fail("%s: expected a path", f);
+        const char **dst = !strcmp(f, "--data")   ? &o->data
+                           : !strcmp(f, "--init") ? &o->init
+                           : !strcmp(f, "--save") ? &o->save
+                                                  : &o->log_dir;
+        *dst = v;
+    } else {
+        takes = false;
+        if (!strcmp(f, "--no-shuffle"))
+            o->no_shuffle = true;
+        else if (!strcmp(f, "--drop-last"))
+            o->drop_last = true;
+        else if (!strcmp(f, "--nesterov"))
+            o->nesterov = true;
+        else if (!strcmp(f, "--detect-anomaly"))
+            o->detect_anomaly = true;
+        else
+            ok = false, cli_fail("train: unknown option '%s' (see loom --help)", f);
+    }
+    if (ok && takes)
+        (*i)++;
+    return ok;
+}
+
+int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *out) {
+    train_opts o = {.epochs = 1,
+                    .batch = 128,
+                    .lr = 0.05,
+                    .momentum = 0.9,
+                    .optimizer = "sgd",
+                    .eval_only = eval_only};
+    for (int i = 2; i < argc; i++) {
+        if (argv[i][0] == '-' && argv[i][1] == '-') {
+            if (!parse_opt(argc, argv, &i, &o))
+                return 2;
+        } else if (!o.recipe) {
+            o.recipe = argv[i];
+        } else {
+            cli_fail("train: unexpected argument '%s' (one recipe only)", argv[i]);
+            return 2;
+        }
+    }
+    if (!o.recipe) {
+        cli_fail("train: expected a recipe: fmnist-mlp or fmnist-cnn");
+        return 2;
+    }
+    if (eval_only && !o.init) {
+        cli_fail("eval: expected --init FILE with the weights to evaluate");
+        return 2;
+    }
+    if (!strcmp(o.optimizer, "adamw") && !o.lr_set)
+        o.lr = 0.001;
+    *out = o;
+    return 0;
+}
