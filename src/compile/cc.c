@@ -147,11 +147,16 @@ static void dump(const char *src, uint64_t key) {
 
 /* Compiles src into dir/<key>.so through temporary names; false with a logged reason. */
 static bool build(const char *dir, const char *src, uint64_t key) {
-    char c_tmp[4200], so_tmp[4200], so[4200], log[4200], cmd[18000];
-    unsigned long tag = (unsigned long)getpid() ^ ((unsigned long)(uintptr_t)&tag << 16);
-    snprintf(c_tmp, sizeof c_tmp, "%s/%016llx.%lx.c", dir, (unsigned long long)key, tag);
-    snprintf(so_tmp, sizeof so_tmp, "%s/%016llx.%lx.so", dir, (unsigned long long)key, tag);
+    char so[4200], c[4200], c_tmp[4300], so_tmp[4300], log[4200], cmd[18000];
+    /* temporary names of this process and thread (<key>.so.tmp.<pid>.<tag>): those of a killed
+     * build of this key are removed first */
+    unsigned long tag = (unsigned long)(uintptr_t)&tag >> 4;
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
+    snprintf(c, sizeof c, "%s/%016llx.c", dir, (unsigned long long)key);
+    snprintf(c_tmp, sizeof c_tmp, "%s.tmp.%ld.%lx.c", c, (long)getpid(), tag); /* (gcc: .c) */
+    snprintf(so_tmp, sizeof so_tmp, "%s.tmp.%ld.%lx", so, (long)getpid(), tag);
+    loom__remove_stale_temps(so);
+    loom__remove_stale_temps(c);
     snprintf(log, sizeof log, "%s/%016llx.log", dir, (unsigned long long)key);
     if (!write_file(c_tmp, src)) {
         loom__log(LOOM_LOG_WARN, "cannot write %s: kernels are interpreted", c_tmp);

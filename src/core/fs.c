@@ -125,7 +125,7 @@ int loom__remove_stale_temps(const char *path) {
             continue;
         char *end;
         long pid = strtol(n + blen + 5, &end, 10);
-        if (*end || pid <= 0 || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+        if ((*end && *end != '.') || pid <= 0 || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue; /* not of this form, or its writer still runs */
         char stale[8300];
         snprintf(stale, sizeof stale, "%s/%s", slash ? (*dir ? dir : "") : ".", n);

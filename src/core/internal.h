@@ -90,8 +90,8 @@ bool loom__mkdirs(char *path); /* mkdir -p */
  * refused at once (never blocked on). *fd and *size (bytes) on success; ENOTFOUND or EIO with the
  * path and what it is otherwise. */
 loom_status loom__open_regular(const char *path, int *fd, int64_t *size);
-/* Removes the temporary files that a killed writer of `path` left (path.tmp.<pid> with no such
- * process); returns how many. */
+/* Removes the temporary files that a killed writer of `path` left (path.tmp.<pid>, or
+ * path.tmp.<pid>.<anything>, with no such process); returns how many. */
 int loom__remove_stale_temps(const char *path);
 
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */

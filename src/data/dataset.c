@@ -264,7 +264,8 @@ static bool data_cache_path(const char *path, char *out, size_t size) {
 static void cache_idx(const char *cached, int ndim, const int64_t *dims, const unsigned char *data,
                       int64_t total) {
     char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld", cached, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cached, (long)getpid());
+    loom__remove_stale_temps(cached); /* a killed writer's */
     FILE *f = fopen(tmp, "wb");
     if (!f)
         return;

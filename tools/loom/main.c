@@ -32,7 +32,8 @@ static const char usage[] =
     "  --log-dir DIR       write DIR/metrics.csv\n"
     "  --devices N|auto    data-parallel devices, one per core by default (auto)\n"
     "  --timeout S         seconds before a stuck step fails every device (default 60)\n"
-    "  --detect-anomaly    fail the step (naming the device) when a loss is NaN or infinite\n";
+    "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
+    "                      or infinite (without it training stops after that step)\n";
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
