@@ -492,6 +492,18 @@ typedef struct loom_comm loom_comm;
  * with ETIMEDOUT, naming the ranks that did not arrive (0 means 60 s). NULL on bad arguments. */
 LOOM_API loom_group *loom_group_local_new(int world, double timeout_s);
 LOOM_API void loom_group_free(loom_group *g);
+/* The group of the processes of an MPI job (started by mpirun or mpiexec): one rank per process,
+ * MPI's rank and size. Its collectives are the local group's, entered by every process, and give
+ * bitwise the same results (each rank reduces 1/world of the elements, adding ranks in order); a
+ * collective that does not complete within timeout_s (0: 60 s), an MPI error and
+ * loom_comm_abort end the whole job (MPI_Abort) after one line naming this rank (host, pid), the
+ * collective and the reason, so no rank is left blocked. The first call initialises MPI (threads
+ * may call it), which is finalised at exit. NULL with EUNSUPPORTED when loom was built without
+ * MPI. loom_group_comm(g, r) gives this process's handle, r being its rank. */
+LOOM_API loom_group *loom_group_mpi_new(double timeout_s);
+/* The MPI launcher that started this process, from its environment ("mpirun (Open MPI)", ...), or
+ * NULL. Static string, thread-safe. */
+LOOM_API const char *loom_mpi_launcher(void);
 /* Rank r's handle, owned by the group; one thread uses it at a time. */
 LOOM_API loom_comm *loom_group_comm(loom_group *g, int rank);
 LOOM_API int loom_comm_rank(const loom_comm *c);

@@ -3,7 +3,7 @@
 # through sudo). Idempotent: with everything present it only checks.
 set -euo pipefail
 pkgs=(cmake ninja-build gcc pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist python3-venv
-    clang libclang-rt-14-dev)
+    clang libclang-rt-14-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,32 +1,27 @@
 /*
- * comm.c - the local process group: ranks are threads of one process, collectives run in shared
- * memory. Every collective is built from one primitive, a barrier that (a) spins briefly, then
- * blocks on a condition variable, (b) gives up at the group's deadline, naming the ranks that did
- * not arrive (the watchdog), and (c) returns at once for everyone when any rank aborts the group.
- * Invariants: a rank publishes its buffer pointer before the first barrier of a collective and
- * does not touch another rank's buffer after the last one; the reduction of element i always adds
- * ranks 0..world-1 in order, so results are bitwise repeatable.
+ * comm.c - the collective interface's public functions (each dispatches to its group's
+ * implementation, dist/internal.h), and the local implementation: ranks are threads of one
+ * process, collectives run in shared memory. Every collective is built from one primitive, a
+ * barrier that (a) spins briefly, then blocks on a condition variable, (b) gives up at the group's
+ * deadline, naming the ranks that did not arrive (the watchdog), and (c) returns at once for
+ * everyone when any rank aborts the group. Invariants: a rank publishes its buffer pointer before
+ * the first barrier of a collective and does not touch another rank's buffer after the last one;
+ * the reduction of element i always adds ranks 0..world-1 in order, so results are bitwise
+ * repeatable.
  */
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
 #define MAX_RANKS 256
 
-struct loom_comm {
-    loom_group *g;
-    int rank;
-    uint64_t seq; /* collectives entered */
-    uint64_t barriers;
-};
+static const loom__group_ops local_ops;
 
 struct loom_group {
-    int world;
-    double timeout;
+    loom__group_head h; /* h.ops is local_ops: this struct is the local group */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     atomic_int count;
@@ -35,9 +30,13 @@ struct loom_group {
     loom_status abort_status;
     char reason[512];
     const void *ptr[MAX_RANKS];
-    atomic_uint_fast64_t seq_of[MAX_RANKS]; /* each rank's collective sequence number */
     loom_comm comms[MAX_RANKS];
 };
+
+/* The head of any group (local or not): the first member of each implementation's struct. */
+static const loom__group_head *head(const loom_group *g) {
+    return (const loom__group_head *)(const void *)g;
+}
 
 loom_group *loom_group_local_new(int world, double timeout_s) {
     if (world < 1 || world > MAX_RANKS || timeout_s < 0) {
@@ -48,35 +47,66 @@ loom_group *loom_group_local_new(int world, double timeout_s) {
     loom_group *g = loom__calloc(1, sizeof *g);
     if (!g)
         return NULL;
-    g->world = world;
-    g->timeout = timeout_s > 0 ? timeout_s : 60.0;
+    g->h = (loom__group_head){&local_ops, world, timeout_s > 0 ? timeout_s : 60.0};
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
-    for (int r = 0; r < world; r++)
-        g->comms[r] = (loom_comm){g, r, 0, 0};
+    for (int r = 0; r < world; r++) {
+        g->comms[r].g = g, g->comms[r].rank = r;
+        atomic_init(&g->comms[r].seq, 0);
+    }
     return g;
 }
 
-void loom_group_free(loom_group *g) {
-    if (!g)
-        return;
+static void local_free(loom_group *g) {
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     loom__free(g);
 }
 
+/* ---- the interface: every group's operations ------------------------------------------------ */
+
+void loom_group_free(loom_group *g) {
+    if (g)
+        head(g)->ops->free(g);
+}
+
 loom_comm *loom_group_comm(loom_group *g, int rank) {
-    return g && rank >= 0 && rank < g->world ? &g->comms[rank] : NULL;
+    if (!g || rank < 0 || rank >= head(g)->world)
+        return NULL;
+    if (head(g)->ops == &local_ops)
+        return &g->comms[rank];
+    return loom__mpi_comm(g, rank);
 }
 int loom_comm_rank(const loom_comm *c) {
     return c->rank;
 }
 int loom_comm_world(const loom_comm *c) {
-    return c->g->world;
+    return head(c->g)->world;
 }
-uint64_t loom_comm_seq(const loom_comm *c) { /* read by watchdogs on other threads */
-    return atomic_load(&c->g->seq_of[c->rank]);
+uint64_t loom_comm_seq(const loom_comm *c) {
+    return atomic_load(&c->seq);
 }
+loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
+    return head(c->g)->ops->allreduce(c, buf, n, op);
+}
+loom_status loom_comm_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
+    if (root < 0 || root >= head(c->g)->world)
+        return loom__error(LOOM_EINVAL, "loom_comm_broadcast: root %d of %d ranks", root,
+                           head(c->g)->world);
+    return head(c->g)->ops->broadcast(c, buf, n, root);
+}
+loom_status loom_comm_allgather(loom_comm *c, const float *in, int64_t n, float *out) {
+    return head(c->g)->ops->allgather(c, in, n, out);
+}
+loom_status loom_comm_barrier(loom_comm *c) {
+    return head(c->g)->ops->barrier(c);
+}
+void loom_comm_abort(loom_comm *c, const char *reason) {
+    head(c->g)->ops->abort(c, reason);
+}
+
+/* ---- local: threads in shared memory ------------------------------------------------------------
+ */
 
 static void fail_group(loom_group *g, loom_status s, const char *reason) {
     pthread_mutex_lock(&g->mu);
@@ -89,7 +119,7 @@ static void fail_group(loom_group *g, loom_status s, const char *reason) {
     pthread_mutex_unlock(&g->mu);
 }
 
-void loom_comm_abort(loom_comm *c, const char *reason) {
+static void local_abort(loom_comm *c, const char *reason) {
     fail_group(c->g, LOOM_EABORTED, reason);
 }
 
@@ -107,10 +137,10 @@ static void name_missing(loom_comm *c, char *buf, size_t size) {
     size_t k = (size_t)snprintf(buf, size,
                                 "watchdog: device %d waited %.1f s in collective #%llu "
                                 "for device(s)",
-                                c->rank, g->timeout, (unsigned long long)c->seq);
-    for (int r = 0; r < g->world && k < size; r++) {
-        uint64_t s = atomic_load(&g->seq_of[r]);
-        if (s < c->seq)
+                                c->rank, g->h.timeout, (unsigned long long)atomic_load(&c->seq));
+    for (int r = 0; r < g->h.world && k < size; r++) {
+        uint64_t s = atomic_load(&g->comms[r].seq);
+        if (s < atomic_load(&c->seq))
             k += (size_t)snprintf(buf + k, size - k, " %d (at #%llu)", r, (unsigned long long)s);
     }
 }
@@ -119,10 +149,10 @@ static loom_status barrier(loom_comm *c) {
     loom_group *g = c->g;
     if (atomic_load(&g->aborted))
         return aborted(g);
-    if (g->world == 1)
+    if (g->h.world == 1)
         return LOOM_OK;
     uint64_t gen = atomic_load(&g->gen);
-    if (atomic_fetch_add(&g->count, 1) == g->world - 1) {
+    if (atomic_fetch_add(&g->count, 1) == g->h.world - 1) {
         atomic_store(&g->count, 0);
         pthread_mutex_lock(&g->mu);
         atomic_fetch_add(&g->gen, 1);
@@ -141,7 +171,7 @@ static loom_status barrier(loom_comm *c) {
     }
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
-    double t = (double)dl.tv_nsec * 1e-9 + g->timeout;
+    double t = (double)dl.tv_nsec * 1e-9 + g->h.timeout;
     dl.tv_sec += (time_t)t;
     dl.tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
     pthread_mutex_lock(&g->mu);
@@ -163,13 +193,12 @@ static loom_status barrier(loom_comm *c) {
 
 /* Starts a collective: counts it and publishes this rank's buffer. */
 static loom_status enter(loom_comm *c, const void *buf) {
-    c->seq++;
-    atomic_store(&c->g->seq_of[c->rank], c->seq);
+    atomic_fetch_add(&c->seq, 1);
     c->g->ptr[c->rank] = buf;
     return barrier(c);
 }
 
-static void slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi) {
+void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi) {
     int64_t per = n / world, extra = n % world;
     *lo = rank * per + (rank < extra ? rank : extra);
     *hi = *lo + per + (rank < extra ? 1 : 0);
@@ -216,7 +245,7 @@ REDUCE_SLICE(reduce_slice, )
 REDUCE_SLICE(reduce_slice512, __attribute__((target("avx512f"))))
 #endif
 
-static void reduce(float *const *p, int w, int64_t lo, int64_t hi, bool mean) {
+void loom__reduce_slice(float *const *p, int w, int64_t lo, int64_t hi, bool mean) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
         reduce_slice512(p, w, lo, hi, mean);
@@ -226,22 +255,19 @@ static void reduce(float *const *p, int w, int64_t lo, int64_t hi, bool mean) {
     reduce_slice(p, w, lo, hi, mean);
 }
 
-loom_status loom_comm_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
+static loom_status local_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
     loom_status s = enter(c, buf);
     if (s)
         return s;
     loom_group *g = c->g;
-    int w = g->world;
+    int w = g->h.world;
     int64_t lo, hi;
-    slice(n, w, c->rank, &lo, &hi);
-    reduce((float *const *)(uintptr_t)g->ptr, w, lo, hi, op == LOOM_REDUCE_MEAN);
+    loom__slice(n, w, c->rank, &lo, &hi);
+    loom__reduce_slice((float *const *)(uintptr_t)g->ptr, w, lo, hi, op == LOOM_REDUCE_MEAN);
     return barrier(c);
 }
 
-loom_status loom_comm_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
-    if (root < 0 || root >= c->g->world)
-        return loom__error(LOOM_EINVAL, "loom_comm_broadcast: root %d of %d ranks", root,
-                           c->g->world);
+static loom_status local_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
     loom_status s = enter(c, buf);
     if (s)
         return s;
@@ -250,15 +276,19 @@ loom_status loom_comm_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
     return barrier(c);
 }
 
-loom_status loom_comm_allgather(loom_comm *c, const float *in, int64_t n, float *out) {
+static loom_status local_allgather(loom_comm *c, const float *in, int64_t n, float *out) {
     loom_status s = enter(c, in);
     if (s)
         return s;
-    for (int r = 0; r < c->g->world && n > 0; r++)
+    for (int r = 0; r < c->g->h.world && n > 0; r++)
         memcpy(out + (size_t)r * (size_t)n, c->g->ptr[r], sizeof(float) * (size_t)n);
     return barrier(c);
 }
 
-loom_status loom_comm_barrier(loom_comm *c) {
+static loom_status local_barrier(loom_comm *c) {
     return enter(c, NULL);
 }
+
+static const loom__group_ops local_ops = {"local",         local_allreduce, local_broadcast,
+                                          local_allgather, local_barrier,   local_abort,
+                                          local_free};

@@ -1,9 +1,10 @@
 /*
- * info.c - what this build of loom is and has: version, backends, BLAS, devices, the default
- * dataset.
+ * info.c - what this build of loom is and has: version, backends, BLAS, devices, MPI and the
+ * launcher that started this process, the default dataset.
  */
 #include "../backend/internal.h"
 #include "../compile/internal.h"
+#include "../dist/internal.h"
 
 #include <sys/stat.h>
 
@@ -23,6 +24,7 @@ void loom_info(char *buf, size_t size) {
              "matmul: %s\n"
              "blas: %s (one thread per device)\n"
              "devices: %d (one per core this process may run on)\n"
+             "mpi: %s; launcher: %s\n"
              "dataset: %s (%s)\n",
              LOOM_VERSION, cc ? cc : "unavailable: no C compiler",
              backend ? backend
@@ -31,6 +33,10 @@ void loom_info(char *buf, size_t size) {
              loom__use_own_gemm()     ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
              : loom__gemm_available() ? "BLAS (LOOM_MATMUL=blas)"
                                       : "BLAS (no AVX-512)",
-             loom__blas_name(), devices, data,
+             loom__blas_name(), devices,
+             loom__mpi_version() ? loom__mpi_version()
+                                 : "not built in (install libopenmpi-dev, rebuild)",
+             loom_mpi_launcher() ? loom_mpi_launcher() : "none (not started by mpirun or mpiexec)",
+             data,
              stat(data, &st) == 0 ? "found" : "missing: apt-get install dataset-fashion-mnist");
 }

@@ -1,0 +1,53 @@
+/*
+ * dist/internal.h - the collective interface behind loom_comm_*: a group is a table of
+ * operations and the state of one implementation, `local` (ranks are threads of this process,
+ * comm.c) or `mpi` (ranks are processes of an MPI job, mpi.c). Everything above dist calls the
+ * public loom_comm_* functions and never knows which one runs. Never installed.
+ *
+ * Both implementations reduce the same way (each rank reduces 1/world of the elements, adding
+ * ranks 0..world-1 in order, loom__reduce_slice), so results are bitwise identical on every rank,
+ * from run to run, and between a local group and an MPI group of the same world.
+ */
+#ifndef LOOM_DIST_INTERNAL_H
+#define LOOM_DIST_INTERNAL_H
+
+#include "../core/internal.h"
+
+#include <stdatomic.h>
+
+typedef struct {
+    const char *name; /* "local", "mpi" */
+    loom_status (*allreduce)(loom_comm *c, float *buf, int64_t n, loom_reduce_op op);
+    loom_status (*broadcast)(loom_comm *c, float *buf, int64_t n, int root);
+    loom_status (*allgather)(loom_comm *c, const float *in, int64_t n, float *out);
+    loom_status (*barrier)(loom_comm *c);
+    void (*abort)(loom_comm *c, const char *reason);
+    void (*free)(loom_group *g);
+} loom__group_ops;
+
+/* What every group starts with; an implementation's state follows in its own struct. */
+typedef struct {
+    const loom__group_ops *ops;
+    int world;
+    double timeout; /* seconds a rank waits in a collective */
+} loom__group_head;
+
+struct loom_comm {
+    loom_group *g;
+    int rank;
+    atomic_uint_fast64_t seq; /* collectives entered (read by watchdogs on other threads) */
+    uint64_t barriers;
+};
+
+/* Elements [lo, hi) of the rows p[0..w) set, in every row, to their sum over rows 0..w-1 in
+ * order (divided by w for a mean): the one reduction of every implementation. */
+void loom__reduce_slice(float *const *p, int w, int64_t lo, int64_t hi, bool mean);
+/* Rank `rank`'s share [lo, hi) of n elements split over world ranks. */
+void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
+
+/* mpi.c: this process's handle of an MPI group (NULL for another rank's: it lives elsewhere), and
+ * the MPI library's name and version (NULL when built without MPI). */
+loom_comm *loom__mpi_comm(loom_group *g, int rank);
+const char *loom__mpi_version(void);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * mpi.c - the MPI implementation of the collective interface: one rank per process of an MPI job
+ * (MPI_COMM_WORLD, duplicated per group). Collectives are MPI's non-blocking ones, waited for
+ * until the group's deadline; the all-reduce is the local group's algorithm over the network
+ * (each rank receives everyone's share of its 1/world of the elements, MPI_Ialltoallv, adds them
+ * in rank order with loom__reduce_slice, and the shares are gathered back, MPI_Iallgatherv), so
+ * its results are bitwise those of a local group of the same world, on every rank and every run,
+ * whatever algorithm MPI picks. A rank whose collective does not complete by the deadline, or
+ * that aborts the group, ends the whole job with MPI_Abort after one line naming it (host, pid),
+ * the collective and the reason: no rank is left blocked. Built only where CMake found MPI
+ * (LOOM_HAVE_MPI); elsewhere loom_group_mpi_new says so.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *loom_mpi_launcher(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE"))
+        return "mpirun (Open MPI)";
+    if (getenv("PMI_SIZE") || getenv("PMI_RANK"))
+        return "mpiexec (PMI)";
+    if (getenv("PMIX_RANK"))
+        return "a PMIx launcher";
+    return NULL;
+}
+
+#ifndef LOOM_HAVE_MPI
+
+loom_group *loom_group_mpi_new(double timeout_s) {
+    (void)timeout_s;
+    loom__error(LOOM_EUNSUPPORTED, "loom_group_mpi_new: this loom was built without MPI "
+                                   "(install libopenmpi-dev and rebuild)");
+    return NULL;
+}
+
+loom_comm *loom__mpi_comm(loom_group *g, int rank) {
+    (void)g, (void)rank;
+    return NULL;
+}
+
+const char *loom__mpi_version(void) {
+    return NULL;
+}
+
+#else
+
+#    include <mpi.h>
+
+typedef struct {
+    loom__group_head h; /* first: the interface reads it */
+    MPI_Comm comm;
+    loom_comm self;
+    float *scratch; /* the all-reduce's received shares */
+    size_t scratch_size;
+    int *counts; /* 4 x world: send counts and displacements, receive counts and displacements */
+    char where[300]; /* "rank R (host H, pid P)" */
+} mpi_group;
+
+static const loom__group_ops mpi_ops;
+
+static mpi_group *of(loom_comm *c) {
+    return (mpi_group *)(void *)c->g;
+}
+
+const char *loom__mpi_version(void) {
+    static char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    v[strcspn(v, ",\n")] = 0;
+    return v;
+}
+
+static void finalize(void) {
+    MPI_Finalize();
+}
+
+/* MPI once per process, with threads allowed to call it (the devices' threads do); finalized at
+ * exit. */
+static loom_status init_mpi(void) {
+    int done = 0, provided = 0;
+    MPI_Initialized(&done);
+    if (!done) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+            return loom__error(LOOM_EUNSUPPORTED, "loom_group_mpi_new: MPI_Init_thread failed");
+        atexit(finalize);
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+        return loom__error(LOOM_EUNSUPPORTED,
+                           "loom_group_mpi_new: this MPI gives threads level %d, loom needs "
+                           "MPI_THREAD_SERIALIZED or more",
+                           provided);
+    return LOOM_OK;
+}
+
+loom_group *loom_group_mpi_new(double timeout_s) {
+    if (timeout_s < 0 || init_mpi()) {
+        if (timeout_s < 0)
+            loom__error(LOOM_EINVAL, "loom_group_mpi_new: timeout %g", timeout_s);
+        return NULL;
+    }
+    mpi_group *g = loom__calloc(1, sizeof *g);
+    int world = 0, rank = 0;
+    if (!g || MPI_Comm_dup(MPI_COMM_WORLD, &g->comm) != MPI_SUCCESS) {
+        loom__free(g);
+        loom__error(LOOM_ENOMEM, "loom_group_mpi_new: cannot set up the communicator");
+        return NULL;
+    }
+    MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_size(g->comm, &world);
+    MPI_Comm_rank(g->comm, &rank);
+    g->h = (loom__group_head){&mpi_ops, world, timeout_s > 0 ? timeout_s : 60.0};
+    g->self.g = (loom_group *)(void *)g, g->self.rank = rank;
+    atomic_init(&g->self.seq, 0);
+    g->counts = loom__calloc(4 * (size_t)world, sizeof(int));
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    snprintf(g->where, sizeof g->where, "rank %d (host %s, pid %ld)", rank, host, (long)getpid());
+    if (!g->counts) {
+        mpi_ops.free((loom_group *)(void *)g);
+        return NULL;
+    }
+    return (loom_group *)(void *)g;
+}
+
+loom_comm *loom__mpi_comm(loom_group *grp, int rank) {
+    mpi_group *g = (mpi_group *)(void *)grp;
+    return rank == g->self.rank ? &g->self : NULL;
+}
+
+static void mpi_free(loom_group *grp) {
+    mpi_group *g = (mpi_group *)(void *)grp;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized)
+        MPI_Comm_free(&g->comm);
+    loom__free(g->scratch);
+    loom__free(g->counts);
+    loom__free(g);
+}
+
+/* Ends the job: one line naming this rank and the reason, then MPI_Abort (every rank exits). */
+static void mpi_abort(loom_comm *c, const char *reason) {
+    loom__log(LOOM_LOG_ERROR, "%s: %s", of(c)->where, reason);
+    MPI_Abort(of(c)->comm, 1);
+}
+
+static const char *what(int kind) {
+    static const char *names[] = {"all-reduce", "broadcast", "all-gather", "barrier"};
+    return names[kind];
+}
+
+/* Waits for request r until the deadline; past it (or on an MPI error) the job is aborted. */
+static loom_status wait_for(loom_comm *c, MPI_Request *r, int kind, int rc) {
+    mpi_group *g = of(c);
+    char why[512];
+    if (rc != MPI_SUCCESS) {
+        char err[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, err, &len);
+        snprintf(why, sizeof why, "collective #%llu (%s) failed: %s",
+                 (unsigned long long)atomic_load(&c->seq), what(kind), err);
+        mpi_abort(c, why);
+        return loom__error(LOOM_EABORTED, "%s", why);
+    }
+    double end = loom__now() + g->h.timeout;
+    for (int i = 0;; i++) {
+        int done = 0;
+        MPI_Test(r, &done, MPI_STATUS_IGNORE);
+        if (done)
+            return LOOM_OK;
+        if (i > 1000) { /* past the first microseconds: let the other threads run */
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+        if (i % 64 == 0 && loom__now() > end)
+            break;
+    }
+    snprintf(why, sizeof why,
+             "watchdog: waited %.1f s in collective #%llu (%s) for the other ranks; the job is "
+             "aborted",
+             g->h.timeout, (unsigned long long)atomic_load(&c->seq), what(kind));
+    mpi_abort(c, why);
+    return loom__error(LOOM_ETIMEDOUT, "%s", why);
+}
+
+static loom_status too_large(int64_t n) {
+    return loom__error(LOOM_ERANGE, "MPI collective of %lld floats: more than 2^31", (long long)n);
+}
+
+static loom_status mpi_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduce_op op) {
+    mpi_group *g = of(c);
+    int w = g->h.world, me = c->rank;
+    atomic_fetch_add(&c->seq, 1);
+    if (n > INT32_MAX)
+        return too_large(n);
+    if (w > 256)
+        return loom__error(LOOM_EUNSUPPORTED, "MPI all-reduce over %d ranks: at most 256", w);
+    if (w == 1 || n == 0) /* (a mean over one rank is the value itself) */
+        return LOOM_OK;
+    int64_t lo, hi, mlo, mhi;
+    loom__slice(n, w, me, &mlo, &mhi);
+    int share = (int)(mhi - mlo);
+    if (loom__scratch((void **)&g->scratch, &g->scratch_size,
+                      sizeof(float) * ((size_t)share * (size_t)w + 1)))
+        return LOOM_ENOMEM;
+    int *sc = g->counts, *sd = sc + w, *rc = sd + w, *rd = rc + w;
+    for (int r = 0; r < w; r++) {
+        loom__slice(n, w, r, &lo, &hi);
+        sc[r] = (int)(hi - lo), sd[r] = (int)lo; /* my elements of r's share, to r */
+        rc[r] = share, rd[r] = r * share;        /* r's elements of my share */
+    }
+    MPI_Request req;
+    loom_status s = wait_for(
+        c, &req, 0,
+        MPI_Ialltoallv(buf, sc, sd, MPI_FLOAT, g->scratch, rc, rd, MPI_FLOAT, g->comm, &req));
+    if (s)
+        return s;
+    float *rows[256];
+    for (int r = 0; r < w; r++)
+        rows[r] = g->scratch + (size_t)r * (size_t)share;
+    loom__reduce_slice(rows, w, 0, share, op == LOOM_REDUCE_MEAN);
+    memcpy(buf + mlo, rows[0], sizeof(float) * (size_t)share);
+    for (int r = 0; r < w; r++)
+        rc[r] = sc[r], rd[r] = sd[r]; /* every share back to everyone, in place */
+    return wait_for(
+        c, &req, 0,
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, rc, rd, MPI_FLOAT, g->comm, &req));
+}
+
+static loom_status mpi_broadcast(loom_comm *c, float *buf, int64_t n, int root) {
+    atomic_fetch_add(&c->seq, 1);
+    if (n > INT32_MAX)
+        return too_large(n);
+    MPI_Request req;
+    return wait_for(c, &req, 1, MPI_Ibcast(buf, (int)n, MPI_FLOAT, root, of(c)->comm, &req));
+}
+
+static loom_status mpi_allgather(loom_comm *c, const float *in, int64_t n, float *out) {
+    atomic_fetch_add(&c->seq, 1);
+    if (n * of(c)->h.world > INT32_MAX)
+        return too_large(n * of(c)->h.world);
+    MPI_Request req;
+    return wait_for(
+        c, &req, 2,
+        MPI_Iallgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, of(c)->comm, &req));
+}
+
+static loom_status mpi_barrier(loom_comm *c) {
+    atomic_fetch_add(&c->seq, 1);
+    MPI_Request req;
+    return wait_for(c, &req, 3, MPI_Ibarrier(of(c)->comm, &req));
+}
+
+static const loom__group_ops mpi_ops = {"mpi",       mpi_allreduce, mpi_broadcast, mpi_allgather,
+                                        mpi_barrier, mpi_abort,     mpi_free};
+
+#endif
