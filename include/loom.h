@@ -530,12 +530,17 @@ LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
  * own workspace; a graph set to run on them is compiled once and run by every device on its shard
  * of each batch, gradients averaged by all-reduces inside the step. */
 typedef struct loom_devices loom_devices;
+/* Which processes the devices span: AUTO, those of the MPI job that started this process (an MPI
+ * launcher's environment, loom_mpi_launcher(), and loom built with MPI), else this process
+ * alone; LOCAL, this process alone; MPI, the MPI job's (EUNSUPPORTED without MPI). */
+typedef enum { LOOM_DIST_AUTO, LOOM_DIST_LOCAL, LOOM_DIST_MPI } loom_dist;
 typedef struct {
     int count;            /* 0 means one per core this process may run on (its CPU affinity) */
     double timeout_s;     /* deadline of a step and of each collective (0 means 60 s) */
     int64_t bucket_bytes; /* gradients are all-reduced in buckets of about this size (0: 1 MiB) */
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
     bool no_pin;          /* leave the worker threads unpinned */
+    loom_dist dist;       /* across processes: see loom_dist */
 } loom_devices_config;
 /* Starts the worker threads. NULL on bad config or failure (loom_last_error). Steps are counted
  * from 1 over every run on these devices (training and evaluation alike). For testing failure
@@ -544,7 +549,22 @@ typedef struct {
 LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);
 /* Stops the workers. Graphs using d must be freed first. */
 LOOM_API void loom_devices_free(loom_devices *d);
+/* The devices of this process. */
 LOOM_API int loom_devices_count(const loom_devices *d);
+/* Across the processes of an MPI job (loom_dist): every process's devices (world = processes x
+ * count; every process has as many), and this process's rank (0 alone). A batch is split over
+ * the world's devices, device p * count + i being process p's i-th; gradients are averaged over
+ * all of them (summed in shared memory within a process, then across processes in process
+ * order); replicas are broadcast from process 0 and compared by checksum across processes; a
+ * failure in any process ends the whole job (MPI_Abort) after one line naming it. Under MPI,
+ * loom_graph_wait, loom_item and loom_tensor_gather are collectives: every process calls them,
+ * in the same order (the loss and the gathered rows are the whole world's). */
+LOOM_API int loom_devices_world(const loom_devices *d);
+LOOM_API int loom_devices_process(const loom_devices *d);
+/* Fails the devices for `reason`: every device waiting in or entering a step stops (EABORTED);
+ * across the processes of an MPI job the whole job ends (MPI_Abort) after one line naming this
+ * process (rank, host, pid) and the reason, and this call does not return. */
+LOOM_API void loom_devices_abort(loom_devices *d, const char *reason);
 /* Runs g's steps on d from now on; call before recording the first node of a step (shards depend
  * on the device count). g's model is replicated from device 0 (the model's own slabs) at the next
  * run and whenever loom_model_touch() says it changed; replicas are verified by checksum. A

@@ -491,12 +491,12 @@ void loom__graph_keep(loom_graph *g) {
     const loom__program *p = g->last;
     if (!p || g->kept || !g->runner)
         return;
-    const void **kept = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->n * g->ndev));
+    const void **kept = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->n * g->nlocal));
     for (int64_t i = 0; kept && i < g->n; i++) {
         const loom_tensor *t = g->nodes[i];
         size_t bytes = loom__dtype_size((loom_dtype)t->dtype) * (size_t)loom_tensor_numel(t);
-        for (int d = 0; kept && t->is_output && d < g->ndev; d++)
-            if (!(kept[i * g->ndev + d] = loom__arena_copy(
+        for (int d = 0; kept && t->is_output && d < g->nlocal; d++)
+            if (!(kept[i * g->nlocal + d] = loom__arena_copy(
                       &g->arena, g->runner->data(g->runner_ctx, p, (int32_t)i, d), bytes)))
                 kept = NULL;
     }
@@ -507,18 +507,35 @@ void loom__graph_keep(loom_graph *g) {
 
 const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d) {
     if (g->kept && p == g->last)
-        return g->kept[id * g->ndev + d];
+        return g->kept[id * g->nlocal + d];
     if (g->runner)
         return g->runner->data(g->runner_ctx, p, id, d);
     loom__bind b = here_bind(g, g->last_inputs);
     return loom__addr(p, &b, id);
 }
 
+/* The first element of node id of p on every device of every process, in device order, into
+ * all[0..g->ndev) (across processes, a collective); false if it cannot be had. */
+static bool device_values(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt,
+                          double *all) {
+    double mine[256];
+    for (int d = 0; d < g->nlocal && d < 256; d++)
+        mine[d] = loom__first_value(dt, loom__node_data(g, p, id, d));
+    if (g->nlocal == g->ndev) {
+        memcpy(all, mine, sizeof(double) * (size_t)g->nlocal);
+        return true;
+    }
+    return g->runner->allgather(g->runner_ctx, mine, sizeof(double) * (size_t)g->nlocal, all) ==
+           LOOM_OK;
+}
+
 double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt) {
-    double sum = 0;
-    for (int d = 0; d < g->ndev; d++)
-        sum += loom__first_value(dt, loom__node_data(g, p, id, d));
-    return sum / g->ndev;
+    double *all = loom__malloc(sizeof(double) * (size_t)g->ndev), sum = 0;
+    bool ok = all && device_values(g, p, id, dt, all);
+    for (int d = 0; ok && d < g->ndev; d++)
+        sum += all[d];
+    loom__free(all);
+    return ok ? sum / g->ndev : NAN;
 }
 
 /* One device, on this thread. */
@@ -578,16 +595,25 @@ loom_status loom_graph_submit(loom_graph *g) {
     return LOOM_OK;
 }
 
-/* ERANGE naming the devices whose loss (node id of p) is NaN or infinite, if any. The step has
- * run whole (anomaly detection is what stops one at its loss), so the caller stops training. */
-static loom_status check_loss(const loom_graph *g, const loom__program *p, int32_t id) {
+/* The mean of the loss over every device (node id of p; *mean), and ERANGE naming the first
+ * device whose loss is NaN or infinite. Such a step has run whole (anomaly detection is what
+ * stops one at its loss), so the caller stops training. Across processes, a collective. */
+static loom_status step_loss(const loom_graph *g, const loom__program *p, int32_t id,
+                             double *mean) {
     int first = -1, bad = 0;
-    double v = 0;
-    for (int d = 0; d < g->ndev; d++) {
-        double x = loom__first_value((loom_dtype)g->loss_dtype, loom__node_data(g, p, id, d));
-        if (!isfinite(x))
-            first = first < 0 ? d : first, v = first == d ? x : v, bad++;
+    double v = 0, sum = 0, *all = loom__malloc(sizeof(double) * (size_t)g->ndev);
+    *mean = NAN;
+    if (!all || !device_values(g, p, id, (loom_dtype)g->loss_dtype, all)) {
+        loom__free(all);
+        return loom__error(LOOM_ENOMEM, "the loss of every device: out of memory");
     }
+    for (int d = 0; d < g->ndev; d++) {
+        sum += all[d];
+        if (!isfinite(all[d]))
+            first = first < 0 ? d : first, v = first == d ? all[d] : v, bad++;
+    }
+    loom__free(all);
+    *mean = sum / g->ndev;
     if (!bad)
         return LOOM_OK;
     char where[64] = "";
@@ -606,10 +632,9 @@ loom_status loom__graph_finish(loom_graph *g) {
         return LOOM_OK;
     loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->ended_status;
     bool ran = !st;
-    g->ended_loss =
-        ran && g->loss_id >= 0 ? loom__node_mean(g, p, g->loss_id, (loom_dtype)g->loss_dtype) : NAN;
+    g->ended_loss = NAN;
     if (ran && g->loss_id >= 0)
-        st = check_loss(g, p, g->loss_id);
+        st = step_loss(g, p, g->loss_id, &g->ended_loss);
     g->ended_status = st;
     if (ran && !g->inflight_reset) /* (a non-finite loss's outputs stay readable) */
         g->last = p;

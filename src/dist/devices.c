@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "../backend/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -66,8 +67,13 @@ struct loom_devices {
     loom__runner runner;
     loom_graph *inflight; /* the graph whose step the devices are running (submitted), or NULL */
     loom_graph *holder;   /* the graph whose last step's results the devices' memory holds */
-    loom__arena arena;    /* that step's input bindings: its graph may be reset meanwhile */
-    bool spare_cpu;       /* fewer devices than CPUs: the controller may spin while a step runs */
+    /* the processes these devices span (an MPI job; NULL: this process alone): this one's rank
+     * prank of nproc, each with n devices, world in all */
+    loom_group *procs;
+    loom_comm *pcomm;
+    int prank, nproc, world;
+    loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
+    bool spare_cpu;    /* fewer devices than CPUs: the controller may spin while a step runs */
 };
 
 /* With a CPU to spare (fewer devices than CPUs), spin-then-sleep: a device polls for its next
@@ -90,10 +96,26 @@ static void spin_until(const uint64_t *word, uint64_t from, double seconds) {
     }
 }
 
+/* A step's all-reduce. Across processes it is hierarchical: the local devices sum in shared
+ * memory, device 0 of each process sums those sums across the processes (in process order) and
+ * divides by every device of every process for a mean, and its result is broadcast locally; with
+ * one device per process the additions are those of one process's devices, in the same order. */
 static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_op op) {
     device *d = ctx;
+    loom_devices *D = d->owner;
     double t0 = loom__now();
-    loom_status s = loom_comm_allreduce(d->comm, buf, n, op);
+    loom_status s;
+    if (D->nproc == 1) {
+        s = loom_comm_allreduce(d->comm, buf, n, op);
+    } else {
+        s = loom_comm_allreduce(d->comm, buf, n, LOOM_REDUCE_SUM);
+        if (!s && d->index == 0)
+            s = loom_comm_allreduce(D->pcomm, buf, n, LOOM_REDUCE_SUM);
+        for (int64_t i = 0; !s && d->index == 0 && op == LOOM_REDUCE_MEAN && i < n; i++)
+            buf[i] /= (float)D->world;
+        if (!s && D->n > 1)
+            s = loom_comm_broadcast(d->comm, buf, n, 0);
+    }
     d->coll += loom__now() - t0;
     d->coll_bytes += n * (int64_t)sizeof(float);
     return s;
@@ -103,49 +125,65 @@ static float *slab_of(loom_devices *D, device *d, int s) {
     return d->index == 0 ? D->model->slab[s] : d->slab[s];
 }
 
-/* Replication job: broadcast device 0's slabs, then compare checksums of every replica. */
+/* Compares checksum `mine` with every rank's of c: EINTERNAL naming the first that differs. */
+static loom_status same_checksum(loom_comm *c, uint64_t mine, const char *unit) {
+    int w = loom_comm_world(c);
+    float packed[2], *all = loom__malloc(sizeof(float) * 2 * (size_t)w);
+    if (!all)
+        return LOOM_ENOMEM;
+    memcpy(packed, &mine, sizeof mine);
+    loom_status st = loom_comm_allgather(c, packed, 2, all);
+    for (int r = 0; !st && r < w; r++) {
+        uint64_t theirs;
+        memcpy(&theirs, all + 2 * r, sizeof theirs);
+        if (theirs != mine)
+            st = loom__error(LOOM_EINTERNAL,
+                             "replica checksum of %s %d (%016llx) differs from %s %d's (%016llx) "
+                             "after the broadcast",
+                             unit, r, (unsigned long long)theirs, unit, loom_comm_rank(c),
+                             (unsigned long long)mine);
+    }
+    loom__free(all);
+    return st;
+}
+
+/* Replication job: process 0's device 0's slabs (the model's) broadcast to device 0 of every
+ * process, then to every device; then the checksums of every replica compared. */
 static loom_status replicate(loom_devices *D, device *d) {
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
         int64_t len = D->model->len[s];
-        loom_status st = loom_comm_broadcast(d->comm, slab_of(D, d, s), len, 0);
+        loom_status st = D->nproc > 1 && d->index == 0
+                             ? loom_comm_broadcast(D->pcomm, slab_of(D, d, s), len, 0)
+                             : LOOM_OK;
+        if (!st)
+            st = loom_comm_broadcast(d->comm, slab_of(D, d, s), len, 0);
         if (st)
             return st;
     }
-    if (D->n == 1) /* nothing to compare with */
+    if (D->world == 1) /* nothing to compare with */
         return LOOM_OK;
     loom__hash h;
     loom__hash_init(&h);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         loom__hash_large(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
     uint64_t mine = loom__hash_final(&h);
-    float packed[2], *all = loom__malloc(sizeof(float) * 2 * (size_t)D->n);
-    if (!all)
-        return LOOM_ENOMEM;
-    memcpy(packed, &mine, sizeof mine);
-    loom_status st = loom_comm_allgather(d->comm, packed, 2, all);
-    for (int r = 0; !st && r < D->n; r++) {
-        uint64_t theirs;
-        memcpy(&theirs, all + 2 * r, sizeof theirs);
-        if (theirs != mine)
-            st = loom__error(LOOM_EINTERNAL,
-                             "replica checksum of device %d (%016llx) differs from "
-                             "device %d's (%016llx) after the broadcast",
-                             r, (unsigned long long)theirs, d->index, (unsigned long long)mine);
-    }
-    loom__free(all);
+    loom_status st = D->n > 1 ? same_checksum(d->comm, mine, "device") : LOOM_OK;
+    if (!st && D->nproc > 1 && d->index == 0)
+        st = same_checksum(D->pcomm, mine, "process");
     return st;
 }
 
 static void run_job(loom_devices *D, device *d) {
     double t0 = loom__now();
+    int gd = D->prank * D->n + d->index; /* among every process's devices */
     d->coll = 0;
     loom_status st;
     if (D->job == JOB_REPLICATE)
         st = replicate(D, d);
-    else if (d->index == D->fault_dev && D->step == D->fault_step && !D->fault_hang)
+    else if (gd == D->fault_dev && D->step == D->fault_step && !D->fault_hang)
         st = loom__error(LOOM_EINTERNAL, "fault injected by LOOM_FAULT=%d:%lld", D->fault_dev,
                          (long long)D->fault_step);
-    else if (d->index == D->fault_dev && D->step == D->fault_step) {
+    else if (gd == D->fault_dev && D->step == D->fault_step) {
         double hang = 2 * D->c.timeout_s + 2.0; /* past the controller's deadline and grace */
         struct timespec ts = {(time_t)hang, (long)(fmod(hang, 1.0) * 1e9)};
         nanosleep(&ts, NULL); /* a device that stops answering, then comes back */
@@ -157,8 +195,7 @@ static void run_job(loom_devices *D, device *d) {
         snprintf(d->msg, sizeof d->msg, "%s", loom_last_error());
         if (st != LOOM_EABORTED && st != LOOM_ETIMEDOUT) {
             char why[640];
-            snprintf(why, sizeof why, "device %d, step %lld: %s", d->index, (long long)D->step,
-                     d->msg);
+            snprintf(why, sizeof why, "device %d, step %lld: %s", gd, (long long)D->step, d->msg);
             loom_comm_abort(d->comm, why);
         }
     }
@@ -230,7 +267,8 @@ static loom_status collect(loom_devices *D) {
     device *d = &D->dev[cause];
     if (d->st == LOOM_EABORTED || d->st == LOOM_ETIMEDOUT)
         return loom__error(d->st, "%s", d->msg);
-    return loom__error(d->st, "device %d, step %lld: %s", cause, (long long)D->step, d->msg);
+    return loom__error(d->st, "device %d, step %lld: %s", D->prank * D->n + cause,
+                       (long long)D->step, d->msg);
 }
 
 /* Starts the current job on every device. */
@@ -278,14 +316,14 @@ static loom_status finish(loom_devices *D) {
             uint64_t seq = loom_comm_seq(D->dev[i].comm);
             lo = seq < lo ? seq : lo, hi = seq > hi ? seq : hi;
             if (!D->dev[i].done)
-                k += (size_t)snprintf(msg + k, sizeof msg - k, " device %d (collective #%llu)", i,
-                                      (unsigned long long)seq);
+                k += (size_t)snprintf(msg + k, sizeof msg - k, " device %d (collective #%llu)",
+                                      D->prank * D->n + i, (unsigned long long)seq);
         }
         if (lo < hi && k < sizeof msg) { /* the others wait in a collective these never reached */
             k += (size_t)snprintf(msg + k, sizeof msg - k, "; device(s)");
             for (int i = 0; i < D->n && k < sizeof msg; i++)
                 if (loom_comm_seq(D->dev[i].comm) == lo)
-                    k += (size_t)snprintf(msg + k, sizeof msg - k, " %d", i);
+                    k += (size_t)snprintf(msg + k, sizeof msg - k, " %d", D->prank * D->n + i);
             if (k < sizeof msg)
                 snprintf(msg + k, sizeof msg - k, " did not reach collective #%llu",
                          (unsigned long long)lo + 1);
@@ -302,10 +340,21 @@ static loom_status finish(loom_devices *D) {
     return st;
 }
 
+/* finish(), and across processes a failure ends the job: the others would wait for this one. */
+static loom_status finish_all(loom_devices *D) {
+    loom_status st = finish(D);
+    if (st && D->nproc > 1) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        loom_comm_abort(D->pcomm, why); /* (does not return under MPI) */
+    }
+    return st;
+}
+
 /* Runs the current job on every device and waits, within the deadline. */
 static loom_status dispatch(loom_devices *D) {
     start(D);
-    return finish(D);
+    return finish_all(D);
 }
 
 /* Replicas follow the model: same sizes, same values (broadcast and verified). */
@@ -361,7 +410,8 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
-        if ((st = loom__bind_inputs(g, &D->arena, i, D->n, src, in, &g->rows_real[i])))
+        if ((st = loom__bind_inputs(g, &D->arena, D->prank * D->n + i, D->world, src, in,
+                                    &g->rows_real[i])))
             return st;
         d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
@@ -418,7 +468,7 @@ static loom_status devices_wait(void *ctx, loom_graph *g) {
     loom_devices *D = ctx;
     if (D->inflight != g)
         return LOOM_OK;
-    loom_status st = finish(D);
+    loom_status st = finish_all(D);
     D->inflight = NULL;
     add_metrics(D, g);
     return st;
@@ -427,6 +477,15 @@ static loom_status devices_wait(void *ctx, loom_graph *g) {
 static const void *devices_data(void *ctx, const loom__program *p, int32_t id, int d) {
     loom_devices *D = ctx;
     return p ? loom__addr(p, &D->dev[d].bind, id) : NULL;
+}
+
+static loom_status devices_allgather(void *ctx, const void *mine, size_t bytes, void *all) {
+    loom_devices *D = ctx;
+    if (D->nproc == 1) {
+        memcpy(all, mine, bytes);
+        return LOOM_OK;
+    }
+    return loom_comm_allgather(D->pcomm, mine, (int64_t)(bytes / sizeof(float)), all);
 }
 
 static void devices_forget(void *ctx, const loom_graph *g) {
@@ -479,6 +538,31 @@ static int start_pinned(device *d) {
     return rc;
 }
 
+/* The processes these devices span (loom_dist): an MPI job's, whose processes must all have as
+ * many devices; else this process alone. */
+static loom_status join_processes(loom_devices *D) {
+    D->prank = 0, D->nproc = 1, D->world = D->n;
+    loom_dist mode = D->c.dist;
+    if (mode == LOOM_DIST_LOCAL ||
+        (mode == LOOM_DIST_AUTO && (!loom_mpi_launcher() || !loom__mpi_version())))
+        return LOOM_OK;
+    if (!(D->procs = loom_group_mpi_new(D->c.timeout_s)))
+        return LOOM_EUNSUPPORTED; /* (its message is the reason) */
+    D->pcomm = loom__mpi_self(D->procs);
+    D->prank = loom_comm_rank(D->pcomm), D->nproc = loom_comm_world(D->pcomm);
+    float mine = (float)D->n, *all = loom__malloc(sizeof(float) * (size_t)D->nproc);
+    loom_status st = all ? loom_comm_allgather(D->pcomm, &mine, 1, all) : LOOM_ENOMEM;
+    for (int p = 0; !st && p < D->nproc; p++)
+        if (all[p] != mine)
+            st = loom__error(LOOM_EINVAL,
+                             "loom_devices_new: process %d has %d devices, process %d has %d: "
+                             "start every process with the same number (--devices)",
+                             D->prank, D->n, p, (int)all[p]);
+    loom__free(all);
+    D->world = D->nproc * D->n;
+    return st;
+}
+
 loom_devices *loom_devices_new(const loom_devices_config *c) {
     loom_devices_config cfg = c ? *c : (loom_devices_config){0};
     int cpus[1024], ncpu = available_cpus(cpus, 1024);
@@ -495,14 +579,15 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     D->c = cfg;
     D->n = cfg.count;
     D->spare_cpu = ncpu > D->n;
-    D->runner = (loom__runner){devices_submit, devices_wait, devices_data, devices_forget};
+    D->runner = (loom__runner){devices_submit, devices_wait, devices_data, devices_forget,
+                               devices_allgather};
     parse_fault(D);
     pthread_mutex_init(&D->mu, NULL);
     pthread_cond_init(&D->go, NULL);
     pthread_cond_init(&D->done, NULL);
     D->group = loom_group_local_new(D->n, cfg.timeout_s);
     D->dev = loom__calloc((size_t)D->n, sizeof *D->dev);
-    if (!D->group || !D->dev) {
+    if (!D->group || !D->dev || join_processes(D)) {
         loom_devices_free(D);
         return NULL;
     }
@@ -560,6 +645,7 @@ void loom_devices_free(loom_devices *D) {
     loom__free(D->dev);
     loom__arena_free(&D->arena);
     loom_group_free(D->group);
+    loom_group_free(D->procs);
     pthread_mutex_destroy(&D->mu);
     pthread_cond_destroy(&D->go);
     pthread_cond_destroy(&D->done);
@@ -568,6 +654,21 @@ void loom_devices_free(loom_devices *D) {
 
 int loom_devices_count(const loom_devices *D) {
     return D->n;
+}
+
+void loom_devices_abort(loom_devices *D, const char *reason) {
+    if (D && D->nproc > 1)
+        loom_comm_abort(D->pcomm, reason);
+    else if (D)
+        loom_comm_abort(D->dev[0].comm, reason);
+}
+
+int loom_devices_world(const loom_devices *D) {
+    return D->world;
+}
+
+int loom_devices_process(const loom_devices *D) {
+    return D->prank;
 }
 
 loom_status loom_graph_set_devices(loom_graph *g, loom_devices *D) {
@@ -581,7 +682,7 @@ loom_status loom_graph_set_devices(loom_graph *g, loom_devices *D) {
         g->runner->forget(g->runner_ctx, g);
     g->runner = &D->runner;
     g->runner_ctx = D;
-    g->ndev = D->n;
+    g->ndev = D->world, g->nlocal = D->n, g->dev0 = D->prank * D->n;
     g->bucket_bytes = D->c.bucket_bytes;
     g->detect_anomaly = D->c.detect_anomaly;
     return LOOM_OK;

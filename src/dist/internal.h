@@ -48,6 +48,7 @@ void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
 /* mpi.c: this process's handle of an MPI group (NULL for another rank's: it lives elsewhere), and
  * the MPI library's name and version (NULL when built without MPI). */
 loom_comm *loom__mpi_comm(loom_group *g, int rank);
+loom_comm *loom__mpi_self(loom_group *g); /* this process's handle */
 const char *loom__mpi_version(void);
 
 #endif

@@ -42,6 +42,11 @@ loom_comm *loom__mpi_comm(loom_group *g, int rank) {
     return NULL;
 }
 
+loom_comm *loom__mpi_self(loom_group *g) {
+    (void)g;
+    return NULL;
+}
+
 const char *loom__mpi_version(void) {
     return NULL;
 }
@@ -131,6 +136,10 @@ loom_group *loom_group_mpi_new(double timeout_s) {
 loom_comm *loom__mpi_comm(loom_group *grp, int rank) {
     mpi_group *g = (mpi_group *)(void *)grp;
     return rank == g->self.rank ? &g->self : NULL;
+}
+
+loom_comm *loom__mpi_self(loom_group *grp) {
+    return &((mpi_group *)(void *)grp)->self;
 }
 
 static void mpi_free(loom_group *grp) {

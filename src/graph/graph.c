@@ -54,7 +54,7 @@ loom_graph *loom_graph_new(loom_model *m) {
     loom_graph *g = loom__calloc(1, sizeof *g);
     if (g) {
         g->model = m;
-        g->ndev = 1;
+        g->ndev = g->nlocal = 1;
         g->batch_rows = -1;
         g->ended_loss = NAN;
     }
@@ -329,20 +329,39 @@ double loom_item(const loom_tensor *t) {
     return loom__node_mean(t->g, t->g->last, t->id, (loom_dtype)t->dtype);
 }
 
+/* The real rows of global device gd's shard of the last step's batch (rows_real, computed as
+ * loom__bind_inputs computes it, for the devices of other processes too). */
+static int64_t real_rows(const loom_graph *g, int gd) {
+    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + g->ndev - 1) / g->ndev;
+    int64_t r = b - gd * local;
+    return r < 0 ? 0 : r < local ? r : local;
+}
+
 int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     if (!t || !t->ndim || !loom_tensor_data(t))
         return -1;
     const loom_graph *g = t->g;
-    size_t row = loom__dtype_size((loom_dtype)t->dtype) *
-                 (size_t)(loom_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1));
+    size_t block = loom__dtype_size((loom_dtype)t->dtype) * (size_t)loom_tensor_numel(t);
+    size_t row = block / (size_t)(t->shape[0] ? t->shape[0] : 1);
+    bool across = g->nlocal < g->ndev; /* devices of other processes: everyone's copies, first */
+    char *mine = across ? loom__malloc(block * (size_t)g->nlocal + 1) : NULL;
+    char *all = across ? loom__malloc(block * (size_t)g->ndev + 1) : NULL;
+    for (int d = 0; across && mine && d < g->nlocal; d++)
+        memcpy(mine + (size_t)d * block, loom__node_data(g, g->last, t->id, d), block);
+    if (across && (!mine || !all ||
+                   g->runner->allgather(g->runner_ctx, mine, block * (size_t)g->nlocal, all))) {
+        loom__free(mine), loom__free(all);
+        return -1;
+    }
     int64_t rows = 0;
-    for (int d = 0; d < g->ndev; d++) {
-        int64_t r = g->rows_real ? g->rows_real[d] : t->shape[0];
+    for (int d = 0; d < (across ? g->ndev : g->nlocal); d++) {
+        int64_t r = g->rows_real ? real_rows(g, across ? d : g->dev0 + d) : t->shape[0];
         r = r < t->shape[0] ? r : t->shape[0];
-        const void *src = loom__node_data(g, g->last, t->id, d);
+        const char *src = across ? all + (size_t)d * block : loom__node_data(g, g->last, t->id, d);
         memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
         rows += r;
     }
+    loom__free(mine), loom__free(all);
     return rows;
 }
 

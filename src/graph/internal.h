@@ -106,6 +106,9 @@ typedef struct {
     const void *(*data)(void *ctx, const loom__program *p, int32_t id, int d);
     /* g (its steps ended) leaves these devices: freed, or set to run elsewhere */
     void (*forget)(void *ctx, const loom_graph *g);
+    /* all = every process's `bytes` of `mine`, in process order (a collective across the
+     * processes when the devices span several; a copy otherwise) */
+    loom_status (*allgather)(void *ctx, const void *mine, size_t bytes, void *all);
 } loom__runner;
 
 struct loom_graph {
@@ -140,7 +143,9 @@ struct loom_graph {
     /* devices: set by loom_graph_set_devices() before the first node */
     const loom__runner *runner;
     void *runner_ctx;
-    int ndev;
+    int ndev;   /* devices the batch is split over: those of every process */
+    int nlocal; /* of which this process runs nlocal, from device index dev0 on */
+    int dev0;
     int64_t bucket_bytes;
     bool detect_anomaly;
     /* this step's batch: global rows (-1 before a batch input), its mask and count inputs */
@@ -220,8 +225,9 @@ loom_status loom__graph_finish(loom_graph *g);
 void loom__graph_keep(loom_graph *g);
 /* The first element of a tensor's data of dtype dt, as a double. */
 double loom__first_value(loom_dtype dt, const void *p);
-/* Device d's copy of node id of program p after its step (the graph's own without devices), and
- * the mean of its first element over the devices (a loss: normalised so that this is global). */
+/* Local device d's copy of node id of program p after its step (the graph's own without
+ * devices), and the mean of its first element over every device of every process (a loss:
+ * normalised so that this is global; across processes a collective). */
 const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d);
 double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt);
 

@@ -89,6 +89,10 @@ loom_status loom_accelerator_run(loom_accelerator *a) {
     return loom_graph_run(a->g);
 }
 
+const loom_devices *loom__accelerator_devs(const loom_accelerator *a) {
+    return a->devs;
+}
+
 const int32_t *loom__accelerator_labels(const loom_accelerator *a) {
     return a->batch.y;
 }

@@ -16,6 +16,15 @@ struct loom_trainer {
     int64_t logits_cap;
 };
 
+/* The devices of every process (the batch is split over them), and whether this process is the
+ * MPI job's first (or alone): the one that reports progress. */
+static int world(const loom_trainer *t) {
+    return loom_devices_world(loom__accelerator_devs(t->acc));
+}
+static bool first_process(const loom_trainer *t) {
+    return loom_devices_process(loom__accelerator_devs(t->acc)) == 0;
+}
+
 loom_trainer *loom_trainer_new(const loom_trainer_config *c) {
     loom_trainer_config cfg = c ? *c : (loom_trainer_config){0};
     cfg.max_epochs = cfg.max_epochs > 0 ? cfg.max_epochs : 1;
@@ -69,7 +78,7 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
         loom_status s = loom_accelerator_run(t->acc);
         if (s)
             return s;
-        int64_t rows = loom_tensor_shape(y)[0] * loom_accelerator_devices(t->acc);
+        int64_t rows = loom_tensor_shape(y)[0] * world(t);
         int64_t classes = loom_tensor_shape(z)[1];
         if (loom__grow((void **)&t->logits, &t->logits_cap, rows * classes, sizeof(float)))
             return LOOM_ENOMEM;
@@ -97,7 +106,7 @@ static loom_status wait_step(loom_trainer *t, loom_graph *g, double *loss) {
 static void step_ended(loom_trainer *t, int64_t epoch, double loss) {
     t->m.last_loss = loss;
     t->m.steps++;
-    if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0)
+    if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0 && first_process(t))
         loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
                   (long long)t->m.steps, t->m.last_loss);
 }
@@ -122,7 +131,7 @@ static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_l
         if ((s = loom__accelerator_submit(t->acc)))
             return s;
         running = true;
-        samples += loom_tensor_shape(y)[0] * loom_accelerator_devices(t->acc);
+        samples += loom_tensor_shape(y)[0] * world(t);
         *done = t->c.max_steps > 0 && ++submitted >= t->c.max_steps;
     }
     if (running) {
@@ -148,7 +157,7 @@ loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
         double acc = NAN;
         if (!s && val && fns->validation_step)
             s = loom_trainer_validate(t, fns, val, &acc);
-        if (!s && t->c.log_every > 0)
+        if (!s && t->c.log_every > 0 && first_process(t))
             loom__log(LOOM_LOG_INFO,
                       "epoch %lld: loss %.4f, validation accuracy %.4f, %.0f "
                       "samples/s",

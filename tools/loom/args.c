@@ -12,18 +12,33 @@
 #include <string.h>
 
 static FILE *errors; /* where cli_fail writes: stderr unless cli_set_errors said otherwise */
+static bool held;    /* cli_hold_errors: the first message is kept, not written */
+static char first[1024];
 
 void cli_set_errors(FILE *f) {
     errors = f;
 }
 
+void cli_hold_errors(void) {
+    held = true;
+}
+
+const char *cli_held_error(void) {
+    return first[0] ? first : NULL;
+}
+
 int cli_fail(const char *fmt, ...) {
-    FILE *out = errors ? errors : stderr;
     va_list ap;
     va_start(ap, fmt);
-    fputs("loom: ", out);
-    vfprintf(out, fmt, ap);
-    fputc('\n', out);
+    if (held) {
+        if (!first[0])
+            vsnprintf(first, sizeof first, fmt, ap);
+    } else {
+        FILE *out = errors ? errors : stderr;
+        fputs("loom: ", out);
+        vfprintf(out, fmt, ap);
+        fputc('\n', out);
+    }
     va_end(ap);
     return 1;
 }
@@ -70,7 +85,15 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         ok = parse_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
                                                                                 "most 256, got %s",
                                                                                 v));
-    else if (!strcmp(f, "--timeout"))
+    else if (!strcmp(f, "--dist")) {
+        ok = v && (!strcmp(v, "auto") || !strcmp(v, "local") || !strcmp(v, "mpi"));
+        if (!ok)
+            cli_fail("--dist: expected auto, local or mpi, got '%s'", v ? v : "");
+        else
+            o->dist = !strcmp(v, "local") ? LOOM_DIST_LOCAL
+                      : !strcmp(v, "mpi") ? LOOM_DIST_MPI
+                                          : LOOM_DIST_AUTO;
+    } else if (!strcmp(f, "--timeout"))
         ok = parse_num(f, v, 1e-3, &o->timeout);
     else if (!strcmp(f, "--seed")) {
         if ((ok = parse_int(f, v, 0, &n)))

@@ -17,6 +17,7 @@ typedef struct {
     int64_t devices; /* 0: one per core */
     double timeout;  /* seconds, 0: the library's default */
     bool detect_anomaly;
+    int dist; /* loom_dist: auto (0), local, mpi */
     double lr, momentum, weight_decay;
     bool lr_set, nesterov, no_shuffle, drop_last;
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */
@@ -34,5 +35,10 @@ int cli_train(const train_opts *o);
  * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_set_errors(FILE *f);
+/* From now on cli_fail keeps its first message instead of writing it (an MPI job's process
+ * reports it once, naming itself, as it ends the job: loom_devices_abort); cli_held_error gives
+ * it, or NULL. */
+void cli_hold_errors(void);
+const char *cli_held_error(void);
 
 #endif

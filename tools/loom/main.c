@@ -30,7 +30,10 @@ static const char usage[] =
     "  --init FILE         initial weights (safetensors, PyTorch state_dict names)\n"
     "  --save FILE         write the trained weights (safetensors) after training\n"
     "  --log-dir DIR       write DIR/metrics.csv\n"
-    "  --devices N|auto    data-parallel devices, one per core by default (auto)\n"
+    "  --devices N|auto    data-parallel devices of this process, one per core it may run on\n"
+    "                      by default (auto; under mpirun, per process: give each the same)\n"
+    "  --dist auto|local|mpi  across the processes of an MPI job (auto: when started by\n"
+    "                      mpirun or mpiexec), or this process alone\n"
     "  --timeout S         seconds before a stuck step fails every device (default 60)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
     "                      or infinite (without it training stops after that step)\n";

@@ -118,6 +118,7 @@ typedef struct {
     int64_t samples, warm_samples;
     double last_acc;
     loom_devices *devs;
+    bool writer;                      /* process 0 of the job: prints, logs and saves */
     double started, first_step_at;    /* process start to the end of the first step */
     int64_t step_nodes, step_kernels; /* of a training step (the graph's last run is evaluation) */
 } run_state;
@@ -238,10 +239,22 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     const loom_layer *layers = loom_recipe(o->recipe, &r->m.flatten);
     if (!layers)
         return cli_fail("train: %s", loom_last_error());
-    /* the outputs first: a path that cannot be written fails now, not after the training */
-    if (!o->eval_only && o->save && check_save(o->save))
+    /* the devices first (across the processes of an MPI job: only process 0 writes), then the
+     * outputs: a path that cannot be written fails now, not after the training */
+    r->devs = loom_devices_new(&(loom_devices_config){.count = (int)o->devices,
+                                                      .timeout_s = o->timeout,
+                                                      .detect_anomaly = o->detect_anomaly,
+                                                      .dist = (loom_dist)o->dist});
+    if (!r->devs)
+        return cli_fail("%s", loom_last_error());
+    r->writer = loom_devices_process(r->devs) == 0;
+    if (loom_devices_world(r->devs) > loom_devices_count(r->devs))
+        cli_hold_errors(); /* one line for the job, from the process that failed, as it ends it */
+    if (!r->writer && !freopen("/dev/null", "w", stdout)) /* progress: process 0's */
+        return cli_fail("cannot quiet the output of process %d", loom_devices_process(r->devs));
+    if (r->writer && !o->eval_only && o->save && check_save(o->save))
         return 1;
-    if (!o->eval_only && o->log_dir && !(r->log = open_log(o->log_dir)))
+    if (r->writer && !o->eval_only && o->log_dir && !(r->log = open_log(o->log_dir)))
         return 1;
     loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
@@ -256,9 +269,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
         return cli_fail("--init: %s", loom_last_error());
     r->test = *test;
     r->m.g = loom_graph_new(model);
-    r->devs = loom_devices_new(&(loom_devices_config){
-        .count = (int)o->devices, .timeout_s = o->timeout, .detect_anomaly = o->detect_anomaly});
-    if (!r->m.g || !r->devs || loom_graph_set_devices(r->m.g, r->devs))
+    if (!r->m.g || loom_graph_set_devices(r->m.g, r->devs))
         return cli_fail("%s", loom_last_error());
     if (o->eval_only)
         return 0;
@@ -309,10 +320,15 @@ int cli_train(const train_opts *o) {
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
     if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)) && !stop_signal)
         printf("test accuracy: %.4f\n", r.last_acc);
-    if (!rc && !o->eval_only)
-        printf("loom: training %s on %d device%s, %lld samples, batch %lld, %s lr %g\n", o->recipe,
-               loom_devices_count(r.devs), loom_devices_count(r.devs) > 1 ? "s" : "",
-               (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
+    if (!rc && !o->eval_only) {
+        int world = loom_devices_world(r.devs), here = loom_devices_count(r.devs);
+        char procs[64] = "";
+        if (world > here)
+            snprintf(procs, sizeof procs, " (%d in each of %d processes)", here, world / here);
+        printf("loom: training %s on %d device%s%s, %lld samples, batch %lld, %s lr %g\n",
+               o->recipe, world, world > 1 ? "s" : "", procs, (long long)loom_dataset_count(train),
+               (long long)o->batch, o->optimizer, o->lr);
+    }
     bool done = false;
     for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !stop_signal; e++)
         rc = train_epoch(&r, e, &done);
@@ -343,7 +359,7 @@ int cli_train(const train_opts *o) {
         loom_metrics_format(&mt, buf, sizeof buf);
         printf("%s\n", buf);
     }
-    if (!rc && o->save) {
+    if (!rc && o->save && r.writer) {
         if (loom_model_save(model, o->save))
             rc = cli_fail("--save: %s", loom_last_error());
         else
@@ -351,6 +367,8 @@ int cli_train(const train_opts *o) {
     }
     if (r.log)
         fclose(r.log);
+    if (rc && cli_held_error()) /* across processes: this one failed, the job ends with it */
+        loom_devices_abort(r.devs, cli_held_error());
     loom_graph_free(r.m.g);
     loom_devices_free(r.devs);
     loom_loader_free(r.loader);

@@ -1,0 +1,260 @@
+/*
+ * test_mpi_train.c - `loom train` across the processes of an MPI job, through the command as a
+ * user runs it (mpirun ... build/loom train ...), against the same training in one process:
+ *   20 steps in file order, 2 processes x 1 device against 1 process x 2 devices, both recipes:
+ *     the saved weights bitwise equal (the same shards, the same additions in the same order),
+ *     and the test accuracy (each test sample counted once across the processes) the same; the
+ *     MLP against 1 device within 1e-5 (normwise); a repeated 2-process run bitwise identical;
+ *     3 processes x 1 device against 1 x 3 bitwise;
+ *   faults, each ending the whole job non-zero within its deadline with one line naming the
+ *     process: a step failing on process 1's device (LOOM_FAULT), a device that hangs, a process
+ *     that fails before training (a bad --init on one process: mpirun's MPMD form), and a process
+ *     SIGKILLed mid-training.
+ * Usage: test_mpi_train MPIEXEC LOOM (ctest passes both).
+ */
+#include "harness.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *mpiexec, *loom_bin;
+static char tmp[512];
+
+static void nap(double seconds) {
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs a shell command line with its output in tmp/<log>; its exit status (or -1). */
+static int sh(const char *log, const char *fmt, ...) {
+    char cmd[4096], line[4700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(line, sizeof line, "%s > '%s/%s' 2>&1", cmd, tmp, log);
+    int rc = system(line);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* `loom train` of recipe, 20 steps in file order, saving tmp/<name>.st: in np processes of
+ * `devices` devices under mpirun (np 0: one process, no launcher). */
+static bool train(const char *recipe, int np, int devices, const char *name) {
+    char args[1024];
+    snprintf(args, sizeof args,
+             "'%s' train %s --steps 20 --no-shuffle --devices %d --timeout 30 --save '%s/%s.st'",
+             loom_bin, recipe, devices, tmp, name);
+    char log[128];
+    snprintf(log, sizeof log, "%s.log", name);
+    int rc = np ? sh(log, "timeout 300 '%s' -np %d %s", mpiexec, np, args)
+                : sh(log, "timeout 300 %s", args);
+    if (rc != 0)
+        fprintf(stderr, "%s: exit %d (see %s/%s)\n", name, rc, tmp, log);
+    return rc == 0;
+}
+
+/* The normwise difference of two weights files (max |a - b| / max |b| over every tensor), or
+ * INFINITY if either cannot be read or they differ in their tensors. */
+static double difference(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s.st", tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s.st", tmp, b);
+    loom_tensor_file *fa, *fb;
+    if (loom_tensor_file_read(pa, &fa))
+        return INFINITY;
+    if (loom_tensor_file_read(pb, &fb)) {
+        loom_tensor_file_free(fa);
+        return INFINITY;
+    }
+    double diff = 0, scale = 0;
+    bool same = loom_tensor_file_count(fa) == loom_tensor_file_count(fb);
+    for (int i = 0; same && i < loom_tensor_file_count(fa); i++) {
+        const char *name = loom_tensor_file_name(fa, i);
+        int na, nb;
+        const int64_t *sa, *sb;
+        const float *x = loom_tensor_file_get(fa, name, NULL, &na, &sa);
+        const float *y = loom_tensor_file_get(fb, name, NULL, &nb, &sb);
+        same = y && na == nb && !memcmp(sa, sb, sizeof(int64_t) * (size_t)na);
+        int64_t n = 1;
+        for (int d = 0; same && d < na; d++)
+            n *= sa[d];
+        for (int64_t k = 0; same && k < n; k++)
+            diff = fmax(diff, fabs((double)x[k] - y[k])), scale = fmax(scale, fabs(y[k]));
+    }
+    loom_tensor_file_free(fa);
+    loom_tensor_file_free(fb);
+    return same ? diff / (scale > 0 ? scale : 1) : INFINITY;
+}
+
+/* The "test accuracy: X" line of a run's log. */
+static double accuracy(const char *name) {
+    char path[600], line[256];
+    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+    FILE *f = fopen(path, "r");
+    double acc = NAN;
+    while (f && fgets(line, sizeof line, f))
+        sscanf(line, "test accuracy: %lf", &acc);
+    if (f)
+        fclose(f);
+    return acc;
+}
+
+TEST(two_processes_equal_one_process_with_two_devices) {
+    const char *recipes[2] = {"fmnist-mlp", "fmnist-cnn"};
+    for (int i = 0; i < 2; i++) {
+        char p2[64], l2[64];
+        snprintf(p2, sizeof p2, "%s-2x1", recipes[i]);
+        snprintf(l2, sizeof l2, "%s-1x2", recipes[i]);
+        ASSERT(train(recipes[i], 2, 1, p2));
+        ASSERT(train(recipes[i], 0, 2, l2));
+        double d = difference(p2, l2);
+        fprintf(stderr, "%s: 2 processes x 1 device vs 1 x 2: %.3g (test accuracy %.4f, %.4f)\n",
+                recipes[i], d, accuracy(p2), accuracy(l2));
+        ASSERT(d == 0.0);
+        ASSERT(accuracy(p2) == accuracy(l2) && !isnan(accuracy(p2)));
+    }
+    ASSERT(train("fmnist-mlp", 0, 1, "fmnist-mlp-1x1"));
+    double d1 = difference("fmnist-mlp-2x1", "fmnist-mlp-1x1");
+    fprintf(stderr, "fmnist-mlp: 2 processes x 1 device vs 1 device: %.3g\n", d1);
+    ASSERT(d1 <= 1e-5);
+    ASSERT(train("fmnist-mlp", 2, 1, "fmnist-mlp-2x1-again"));
+    ASSERT(difference("fmnist-mlp-2x1", "fmnist-mlp-2x1-again") == 0.0);
+    ASSERT(train("fmnist-mlp", 3, 1, "fmnist-mlp-3x1"));
+    ASSERT(train("fmnist-mlp", 0, 3, "fmnist-mlp-1x3"));
+    ASSERT(difference("fmnist-mlp-3x1", "fmnist-mlp-1x3") == 0.0);
+    /* only process 0 prints its progress */
+    char path[600], line[256];
+    snprintf(path, sizeof path, "%s/fmnist-mlp-3x1.log", tmp);
+    FILE *f = fopen(path, "r");
+    int accuracies = 0;
+    while (f && fgets(line, sizeof line, f))
+        accuracies += strncmp(line, "test accuracy:", 14) == 0;
+    if (f)
+        fclose(f);
+    ASSERT_EQ(accuracies, 1);
+}
+
+/* Whether tmp/<log> holds `want` (a fixed string) and, when one_line, nothing else on a line
+ * starting with "loom:". */
+static bool log_has(const char *log, const char *want) {
+    char path[600], line[1024];
+    snprintf(path, sizeof path, "%s/%s", tmp, log);
+    FILE *f = fopen(path, "r");
+    bool found = false;
+    while (f && fgets(line, sizeof line, f))
+        found = found || strstr(line, want);
+    if (f)
+        fclose(f);
+    if (!found)
+        fprintf(stderr, "%s does not say '%s'\n", path, want);
+    return found;
+}
+
+TEST(a_fault_in_one_process_ends_the_job_naming_it) {
+    char base[1024];
+    snprintf(base, sizeof base, "'%s' train fmnist-mlp --devices 1 --steps 50 --timeout 2",
+             loom_bin);
+    double t0 = now();
+    int rc = sh("fault.log", "timeout 60 '%s' -np 2 -x LOOM_FAULT=1:3 %s", mpiexec, base);
+    double dt = now() - t0;
+    fprintf(stderr, "a step failing on process 1: exit %d after %.1f s\n", rc, dt);
+    ASSERT(rc != 0 && rc != 124 && dt < 30);
+    ASSERT(log_has("fault.log", ": device 1, step 3: fault injected by LOOM_FAULT=1:3"));
+    ASSERT(log_has("fault.log", "rank 1 (host "));
+
+    t0 = now();
+    rc = sh("hang.log", "timeout 60 '%s' -np 2 -x LOOM_FAULT=1:3:hang %s", mpiexec, base);
+    dt = now() - t0;
+    fprintf(stderr, "a device hanging in process 1: exit %d after %.1f s (deadline 2 s)\n", rc, dt);
+    ASSERT(rc != 0 && rc != 124 && dt < 30);
+    ASSERT(log_has("hang.log", "watchdog"));
+
+    t0 = now(); /* MPMD: process 1 gets a bad --init and fails before training */
+    rc = sh("init.log", "timeout 60 '%s' -np 1 %s : -np 1 %s --init /nonexistent.safetensors",
+            mpiexec, base, base);
+    dt = now() - t0;
+    fprintf(stderr, "process 1 failing before training: exit %d after %.1f s\n", rc, dt);
+    ASSERT(rc != 0 && rc != 124 && dt < 30);
+    ASSERT(log_has("init.log", "--init: /nonexistent.safetensors: cannot open"));
+    ASSERT(log_has("init.log", "rank 1 (host "));
+}
+
+/* The pid of the loom process of rank `rank` under the mpirun whose pid is `launcher`, or 0. */
+static pid_t rank_pid(pid_t launcher, int rank) {
+    char cmd[512], line[64];
+    snprintf(cmd, sizeof cmd,
+             "for p in $(pgrep -P %d); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+             "grep -qx OMPI_COMM_WORLD_RANK=%d && echo $p; done",
+             (int)launcher, rank);
+    FILE *f = popen(cmd, "r");
+    pid_t pid = f && fgets(line, sizeof line, f) ? (pid_t)atoi(line) : 0;
+    if (f)
+        pclose(f);
+    return pid;
+}
+
+TEST(a_killed_process_ends_the_job) {
+    char log[600];
+    snprintf(log, sizeof log, "%s/killed.log", tmp);
+    pid_t launcher = fork();
+    if (launcher == 0) {
+        if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0)
+            _exit(127);
+        execlp(mpiexec, mpiexec, "-np", "2", loom_bin, "train", "fmnist-cnn", "--devices", "1",
+               "--epochs", "3", "--timeout", "5", (char *)NULL);
+        _exit(127);
+    }
+    pid_t victim = 0;
+    for (int i = 0; i < 200 && !victim; i++) {
+        nap(0.05);
+        victim = rank_pid(launcher, 1);
+    }
+    ASSERT(victim > 0);
+    nap(2); /* mid-training */
+    double t0 = now();
+    kill(victim, SIGKILL);
+    int status = 0;
+    pid_t done = 0;
+    while (now() - t0 < 30 && !(done = waitpid(launcher, &status, WNOHANG)))
+        nap(0.02);
+    double dt = now() - t0;
+    if (!done) {
+        kill(launcher, SIGKILL);
+        waitpid(launcher, &status, 0);
+    }
+    fprintf(stderr, "process 1 SIGKILLed: the job ended after %.1f s, exit %d\n", dt,
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    ASSERT(done == launcher && WIFEXITED(status) && WEXITSTATUS(status) != 0 && dt < 10);
+    ASSERT(log_has("killed.log", "signal 9"));
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MPIEXEC LOOM\n", argv[0]);
+        return 2;
+    }
+    mpiexec = argv[1], loom_bin = argv[2];
+    test_tmp(tmp, sizeof tmp, "mpi-train");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", tmp);
+    if (system(cmd) != 0)
+        return 1;
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    setenv("OMPI_MCA_btl", "self,vader", 1); /* this machine only */
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    RUN(two_processes_equal_one_process_with_two_devices);
+    RUN(a_fault_in_one_process_ends_the_job_naming_it);
+    RUN(a_killed_process_ends_the_job);
+    return HARNESS_EXIT();
+}
