@@ -5,7 +5,8 @@
  *     the saved weights bitwise equal (the same shards, the same additions in the same order),
  *     and the test accuracy (each test sample counted once across the processes) the same; the
  *     MLP against 1 device within 1e-5 (normwise); a repeated 2-process run bitwise identical;
- *     3 processes x 1 device against 1 x 3 bitwise;
+ *     3 processes x 1 device against 1 x 3 bitwise; 2 processes x 2 devices (a sum within each
+ *     process, then across them) against 1 x 4 within 1e-6;
  *   faults, each ending the whole job non-zero within its deadline with one line naming the
  *     process: a step failing on process 1's device (LOOM_FAULT), a device that hangs, a process
  *     that fails before training (a bad --init on one process: mpirun's MPMD form), and a process
@@ -131,6 +132,13 @@ TEST(two_processes_equal_one_process_with_two_devices) {
     ASSERT(train("fmnist-mlp", 3, 1, "fmnist-mlp-3x1"));
     ASSERT(train("fmnist-mlp", 0, 3, "fmnist-mlp-1x3"));
     ASSERT(difference("fmnist-mlp-3x1", "fmnist-mlp-1x3") == 0.0);
+    /* devices in shared memory within each process, then across them: 2 x 2 against 1 x 4 (the
+     * additions associate differently: within float rounding) */
+    ASSERT(train("fmnist-mlp", 2, 2, "fmnist-mlp-2x2"));
+    ASSERT(train("fmnist-mlp", 0, 4, "fmnist-mlp-1x4"));
+    double d4 = difference("fmnist-mlp-2x2", "fmnist-mlp-1x4");
+    fprintf(stderr, "fmnist-mlp: 2 processes x 2 devices vs 1 x 4: %.3g\n", d4);
+    ASSERT(d4 <= 1e-6);
     /* only process 0 prints its progress */
     char path[600], line[256];
     snprintf(path, sizeof path, "%s/fmnist-mlp-3x1.log", tmp);
