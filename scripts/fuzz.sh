@@ -25,8 +25,8 @@ for t in "${targets[@]}"; do
     TMPDIR=$tmpdir XDG_CACHE_HOME=$work/cache "$build/tests/fuzz/fuzz_$t" -fork="$jobs" -ignore_crashes=1 -max_total_time="$seconds" \
         -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$work/" "$work" "$corpus" >"$log" 2>&1
     set -e
-    rate=$(grep -o 'exec/s:\? [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$' || true)
     runs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#' || true)
+    rate=$((${runs:-0} / seconds))
     crashes=$(ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* 2>/dev/null | wc -l || true)
     for c in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do
         [ -e "$c" ] && cp "$c" "$corpus/regression-$(sha1sum "$c" | cut -c1-16)"
