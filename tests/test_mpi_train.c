@@ -7,6 +7,7 @@
  *     MLP against 1 device within 1e-5 (normwise); a repeated 2-process run bitwise identical;
  *     3 processes x 1 device against 1 x 3 bitwise; 2 processes x 2 devices (a sum within each
  *     process, then across them) against 1 x 4 within 1e-6;
+ *   the three API levels' examples under mpirun: the last loss and test accuracy of one process;
  *   faults, each ending the whole job non-zero within its deadline with one line naming the
  *     process: a step failing on process 1's device (LOOM_FAULT), a device that hangs, a process
  *     that fails before training (a bad --init on one process: mpirun's MPMD form), and a process
@@ -129,9 +130,12 @@ TEST(two_processes_equal_one_process_with_two_devices) {
     ASSERT(d1 <= 1e-5);
     ASSERT(train("fmnist-mlp", 2, 1, "fmnist-mlp-2x1-again"));
     ASSERT(difference("fmnist-mlp-2x1", "fmnist-mlp-2x1-again") == 0.0);
+    /* 3 processes: batches of 128 and the test set's 250 do not divide by 3, so the last shards
+     * are padded, one process's device holding the padding */
     ASSERT(train("fmnist-mlp", 3, 1, "fmnist-mlp-3x1"));
     ASSERT(train("fmnist-mlp", 0, 3, "fmnist-mlp-1x3"));
     ASSERT(difference("fmnist-mlp-3x1", "fmnist-mlp-1x3") == 0.0);
+    ASSERT(accuracy("fmnist-mlp-3x1") == accuracy("fmnist-mlp-1x3"));
     /* devices in shared memory within each process, then across them: 2 x 2 against 1 x 4 (the
      * additions associate differently: within float rounding) */
     ASSERT(train("fmnist-mlp", 2, 2, "fmnist-mlp-2x2"));
@@ -149,6 +153,51 @@ TEST(two_processes_equal_one_process_with_two_devices) {
     if (f)
         fclose(f);
     ASSERT_EQ(accuracies, 1);
+}
+
+/* The first line of tmp/<log> that starts with `key` (whatever follows it, into out). */
+static bool first_line(const char *log, const char *key, char *out, size_t size) {
+    char path[600], line[512];
+    snprintf(path, sizeof path, "%s/%s", tmp, log);
+    FILE *f = fopen(path, "r");
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, key);
+        if ((found = at != NULL))
+            snprintf(out, size, "%s", at);
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* The examples of the three API levels run unchanged under mpirun: 2 processes x 1 device give
+ * the last loss and the test accuracy of 1 process x 2 devices. */
+TEST(the_examples_run_unchanged_under_mpirun) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", loom_bin);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    const char *examples[3] = {"cnn_low", "cnn_mid", "cnn_high"};
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(
+            sh("ex2.log", "timeout 300 '%s' -np 2 '%s/example_%s' 1 8", mpiexec, dir, examples[i]),
+            0);
+        ASSERT_EQ(sh("ex1.log", "timeout 300 '%s/example_%s' 2 8", dir, examples[i]), 0);
+        char l2[256], l1[256], a2[256], a1[256];
+        ASSERT(first_line("ex2.log", "last loss", l2, sizeof l2));
+        ASSERT(first_line("ex1.log", "last loss", l1, sizeof l1));
+        ASSERT(first_line("ex2.log", "test accuracy", a2, sizeof a2));
+        ASSERT(first_line("ex1.log", "test accuracy", a1, sizeof a1));
+        fprintf(stderr, "example_%s: 2 processes: %.*s, %.*s; 1 process x 2: %.*s, %.*s\n",
+                examples[i], (int)strcspn(l2, "\n"), l2, (int)strcspn(a2, "\n"), a2,
+                (int)strcspn(l1, "\n"), l1, (int)strcspn(a1, "\n"), a1);
+        double x1 = NAN, x2 = NAN, y1 = NAN, y2 = NAN; /* (cnn_high adds its samples/s) */
+        sscanf(l1, "last loss %lf", &x1), sscanf(l2, "last loss %lf", &x2);
+        sscanf(a1, "test accuracy: %lf", &y1), sscanf(a2, "test accuracy: %lf", &y2);
+        ASSERT(x1 == x2 && y1 == y2 && !isnan(x1) && !isnan(y1));
+    }
 }
 
 /* Whether tmp/<log> holds `want` (a fixed string) and, when one_line, nothing else on a line
@@ -262,6 +311,7 @@ int main(int argc, char **argv) {
     setenv("OMPI_MCA_btl", "self,vader", 1); /* this machine only */
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     RUN(two_processes_equal_one_process_with_two_devices);
+    RUN(the_examples_run_unchanged_under_mpirun);
     RUN(a_fault_in_one_process_ends_the_job_naming_it);
     RUN(a_killed_process_ends_the_job);
     return HARNESS_EXIT();
