@@ -43,6 +43,7 @@ expect_fail "--init: /nonexistent.safetensors: cannot open" train fmnist-mlp --s
 expect_fail "--devices: expected an integer >= 1, got 'two'" train fmnist-mlp --devices two
 expect_fail "--devices: expected an integer >= 1, got '0'" train fmnist-mlp --devices 0
 expect_fail "--timeout: expected a number" train fmnist-mlp --timeout -3
+expect_fail "--dist: expected auto, local or mpi, got 'grpc'" train fmnist-mlp --dist grpc
 printf 'garbage' >"$tmp/bad.safetensors"
 expect_fail "truncated" train fmnist-mlp --steps 1 --init "$tmp/bad.safetensors"
 

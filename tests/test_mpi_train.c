@@ -97,16 +97,29 @@ static double difference(const char *a, const char *b) {
     return same ? diff / (scale > 0 ? scale : 1) : INFINITY;
 }
 
-/* The "test accuracy: X" line of a run's log. */
-static double accuracy(const char *name) {
-    char path[600], line[256];
-    snprintf(path, sizeof path, "%s/%s.log", tmp, name);
+/* The first line of tmp/<log> that holds `key`: from key on, into out. */
+static bool first_line(const char *log, const char *key, char *out, size_t size) {
+    char path[600], line[512];
+    snprintf(path, sizeof path, "%s/%s", tmp, log);
     FILE *f = fopen(path, "r");
-    double acc = NAN;
-    while (f && fgets(line, sizeof line, f))
-        sscanf(line, "test accuracy: %lf", &acc);
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, key);
+        if ((found = at != NULL))
+            snprintf(out, size, "%s", at);
+    }
     if (f)
         fclose(f);
+    return found;
+}
+
+/* The "test accuracy: X" of a run's log. */
+static double accuracy(const char *name) {
+    char log[128], line[512];
+    double acc = NAN;
+    snprintf(log, sizeof log, "%s.log", name);
+    if (first_line(log, "test accuracy: ", line, sizeof line))
+        sscanf(line, "test accuracy: %lf", &acc);
     return acc;
 }
 
@@ -155,22 +168,6 @@ TEST(two_processes_equal_one_process_with_two_devices) {
     ASSERT_EQ(accuracies, 1);
 }
 
-/* The first line of tmp/<log> that starts with `key` (whatever follows it, into out). */
-static bool first_line(const char *log, const char *key, char *out, size_t size) {
-    char path[600], line[512];
-    snprintf(path, sizeof path, "%s/%s", tmp, log);
-    FILE *f = fopen(path, "r");
-    bool found = false;
-    while (f && !found && fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, key);
-        if ((found = at != NULL))
-            snprintf(out, size, "%s", at);
-    }
-    if (f)
-        fclose(f);
-    return found;
-}
-
 /* The examples of the three API levels run unchanged under mpirun: 2 processes x 1 device give
  * the last loss and the test accuracy of 1 process x 2 devices. */
 TEST(the_examples_run_unchanged_under_mpirun) {
@@ -200,19 +197,12 @@ TEST(the_examples_run_unchanged_under_mpirun) {
     }
 }
 
-/* Whether tmp/<log> holds `want` (a fixed string) and, when one_line, nothing else on a line
- * starting with "loom:". */
+/* Whether tmp/<log> holds `want` (says which, if not). */
 static bool log_has(const char *log, const char *want) {
-    char path[600], line[1024];
-    snprintf(path, sizeof path, "%s/%s", tmp, log);
-    FILE *f = fopen(path, "r");
-    bool found = false;
-    while (f && fgets(line, sizeof line, f))
-        found = found || strstr(line, want);
-    if (f)
-        fclose(f);
+    char line[512];
+    bool found = first_line(log, want, line, sizeof line);
     if (!found)
-        fprintf(stderr, "%s does not say '%s'\n", path, want);
+        fprintf(stderr, "%s/%s does not say '%s'\n", tmp, log, want);
     return found;
 }
 
