@@ -535,7 +535,8 @@ typedef struct loom_devices loom_devices;
  * alone; LOCAL, this process alone; MPI, the MPI job's (EUNSUPPORTED without MPI). */
 typedef enum { LOOM_DIST_AUTO, LOOM_DIST_LOCAL, LOOM_DIST_MPI } loom_dist;
 typedef struct {
-    int count;            /* 0 means one per core this process may run on (its CPU affinity) */
+    int count;            /* 0 means one per core this process may run on (its CPU affinity;
+                           * across processes, its share among those on its machine) */
     double timeout_s;     /* deadline of a step and of each collective (0 means 60 s) */
     int64_t bucket_bytes; /* gradients are all-reduced in buckets of about this size (0: 1 MiB) */
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */

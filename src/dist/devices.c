@@ -538,10 +538,10 @@ static int start_pinned(device *d) {
     return rc;
 }
 
-/* The processes these devices span (loom_dist): an MPI job's, whose processes must all have as
- * many devices; else this process alone. */
-static loom_status join_processes(loom_devices *D) {
-    D->prank = 0, D->nproc = 1, D->world = D->n;
+/* The processes these devices span (loom_dist): an MPI job's, or this process alone; this one's
+ * rank among them and among those on its machine (*node_rank of *node_size). */
+static loom_status join_processes(loom_devices *D, int *node_rank, int *node_size) {
+    D->prank = 0, D->nproc = 1, *node_rank = 0, *node_size = 1;
     loom_dist mode = D->c.dist;
     if (mode == LOOM_DIST_LOCAL ||
         (mode == LOOM_DIST_AUTO && (!loom_mpi_launcher() || !loom__mpi_version())))
@@ -550,6 +550,15 @@ static loom_status join_processes(loom_devices *D) {
         return LOOM_EUNSUPPORTED; /* (its message is the reason) */
     D->pcomm = loom__mpi_self(D->procs);
     D->prank = loom_comm_rank(D->pcomm), D->nproc = loom_comm_world(D->pcomm);
+    loom__mpi_node(D->procs, node_rank, node_size);
+    return LOOM_OK;
+}
+
+/* Every process must have as many devices (the batch's shards are counted on that). */
+static loom_status same_counts(loom_devices *D) {
+    D->world = D->nproc * D->n;
+    if (D->nproc == 1)
+        return LOOM_OK;
     float mine = (float)D->n, *all = loom__malloc(sizeof(float) * (size_t)D->nproc);
     loom_status st = all ? loom_comm_allgather(D->pcomm, &mine, 1, all) : LOOM_ENOMEM;
     for (int p = 0; !st && p < D->nproc; p++)
@@ -559,17 +568,14 @@ static loom_status join_processes(loom_devices *D) {
                              "start every process with the same number (--devices)",
                              D->prank, D->n, p, (int)all[p]);
     loom__free(all);
-    D->world = D->nproc * D->n;
     return st;
 }
 
 loom_devices *loom_devices_new(const loom_devices_config *c) {
     loom_devices_config cfg = c ? *c : (loom_devices_config){0};
     int cpus[1024], ncpu = available_cpus(cpus, 1024);
-    if (cfg.count == 0)
-        cfg.count = ncpu > 0 ? ncpu : 1;
     cfg.timeout_s = cfg.timeout_s > 0 ? cfg.timeout_s : 60.0;
-    if (cfg.count < 1 || cfg.count > 256 || cfg.bucket_bytes < 0) {
+    if (cfg.count < 0 || cfg.count > 256 || cfg.bucket_bytes < 0) {
         loom__error(LOOM_EINVAL, "loom_devices_new: %d devices (expected 1 to 256)", cfg.count);
         return NULL;
     }
@@ -577,24 +583,33 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     if (!D)
         return NULL;
     D->c = cfg;
-    D->n = cfg.count;
-    D->spare_cpu = ncpu > D->n;
     D->runner = (loom__runner){devices_submit, devices_wait, devices_data, devices_forget,
                                devices_allgather};
     parse_fault(D);
     pthread_mutex_init(&D->mu, NULL);
     pthread_cond_init(&D->go, NULL);
     pthread_cond_init(&D->done, NULL);
+    /* across processes, the machine's CPUs are shared with the other processes on it: by
+     * default each gets its part, and its devices the CPUs after those of the processes before
+     * it (where the launcher bound each process to its own CPUs, those are all it sees) */
+    int node_rank, node_size;
+    if (join_processes(D, &node_rank, &node_size)) {
+        loom_devices_free(D);
+        return NULL;
+    }
+    int part = ncpu / node_size > 0 ? ncpu / node_size : 1;
+    D->n = D->c.count = cfg.count ? cfg.count : ncpu > 0 ? part : 1;
+    D->spare_cpu = ncpu > D->n * node_size;
     D->group = loom_group_local_new(D->n, cfg.timeout_s);
     D->dev = loom__calloc((size_t)D->n, sizeof *D->dev);
-    if (!D->group || !D->dev || join_processes(D)) {
+    if (!D->group || !D->dev || same_counts(D)) {
         loom_devices_free(D);
         return NULL;
     }
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
         d->owner = D, d->index = i;
-        d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[i % ncpu];
+        d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[(node_rank * D->n + i) % ncpu];
         d->comm = loom_group_comm(D->group, i);
         if (start_pinned(d) != 0 && pthread_create(&d->thread, NULL, worker, d) != 0) {
             loom__error(LOOM_EINTERNAL, "loom_devices_new: cannot start device %d: %s", i,

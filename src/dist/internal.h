@@ -49,6 +49,8 @@ void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
  * the MPI library's name and version (NULL when built without MPI). */
 loom_comm *loom__mpi_comm(loom_group *g, int rank);
 loom_comm *loom__mpi_self(loom_group *g); /* this process's handle */
+/* This process's rank among the group's processes on its machine, and how many those are. */
+void loom__mpi_node(const loom_group *g, int *rank, int *size);
 const char *loom__mpi_version(void);
 
 #endif

@@ -49,6 +49,11 @@ loom_comm *loom__mpi_self(loom_group *g) {
     return NULL;
 }
 
+void loom__mpi_node(const loom_group *g, int *rank, int *size) {
+    (void)g;
+    *rank = 0, *size = 1;
+}
+
 const char *loom__mpi_version(void) {
     return NULL;
 }
@@ -64,7 +69,8 @@ typedef struct {
     float *scratch; /* the all-reduce's received shares */
     size_t scratch_size;
     int *counts; /* 4 x world: send counts and displacements, receive counts and displacements */
-    char where[300]; /* "rank R (host H, pid P)" */
+    char where[300];          /* "rank R (host H, pid P)" */
+    int node_rank, node_size; /* among the processes on this machine */
     /* the watchdog: a thread that ends the job when a collective outlasts the deadline */
     pthread_t watch;
     bool watching;
@@ -130,6 +136,14 @@ loom_group *loom_group_mpi_new(double timeout_s) {
     MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
     MPI_Comm_size(g->comm, &world);
     MPI_Comm_rank(g->comm, &rank);
+    MPI_Comm node;
+    g->node_rank = 0, g->node_size = 1;
+    if (MPI_Comm_split_type(g->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) ==
+        MPI_SUCCESS) {
+        MPI_Comm_rank(node, &g->node_rank);
+        MPI_Comm_size(node, &g->node_size);
+        MPI_Comm_free(&node);
+    }
     g->h = (loom__group_head){&mpi_ops, world, timeout_s > 0 ? timeout_s : 60.0};
     g->self.g = (loom_group *)(void *)g, g->self.rank = rank;
     atomic_init(&g->self.seq, 0);
@@ -157,6 +171,11 @@ loom_comm *loom__mpi_comm(loom_group *grp, int rank) {
 
 loom_comm *loom__mpi_self(loom_group *grp) {
     return &((mpi_group *)(void *)grp)->self;
+}
+
+void loom__mpi_node(const loom_group *grp, int *rank, int *size) {
+    const mpi_group *g = (const mpi_group *)(const void *)grp;
+    *rank = g->node_rank, *size = g->node_size;
 }
 
 static void mpi_free(loom_group *grp) {
