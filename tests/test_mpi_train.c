@@ -224,6 +224,7 @@ TEST(a_fault_in_one_process_ends_the_job_naming_it) {
     fprintf(stderr, "a device hanging in process 1: exit %d after %.1f s (deadline 2 s)\n", rc, dt);
     ASSERT(rc != 0 && rc != 124 && dt < 30);
     ASSERT(log_has("hang.log", "watchdog"));
+    ASSERT(log_has("hang.log", "not reached by rank 1")); /* the hung one, named by the others */
 
     t0 = now(); /* MPMD: process 1 gets a bad --init and fails before training */
     rc = sh("init.log", "timeout 60 '%s' -np 1 %s : -np 1 %s --init /nonexistent.safetensors",

@@ -79,7 +79,11 @@ typedef struct {
     bool stop;
     _Atomic double since; /* when the collective running began (0: none) */
     atomic_int kind;      /* which one */
+    MPI_Comm wcomm;       /* the watchdogs' own messages: where each rank is */
+    bool ask;             /* threads may call MPI at once: the watchdog can ask the others */
 } mpi_group;
+
+enum { TAG_WHERE = 1, TAG_HERE = 2 }; /* a watchdog's question, and the answer */
 
 static const loom__group_ops mpi_ops;
 static void *watchdog(void *arg);
@@ -134,6 +138,9 @@ loom_group *loom_group_mpi_new(double timeout_s) {
         return NULL;
     }
     MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+    int level = 0;
+    MPI_Query_thread(&level);
+    g->ask = level >= MPI_THREAD_MULTIPLE && MPI_Comm_dup(g->comm, &g->wcomm) == MPI_SUCCESS;
     MPI_Comm_size(g->comm, &world);
     MPI_Comm_rank(g->comm, &rank);
     MPI_Comm node;
@@ -193,6 +200,8 @@ static void mpi_free(loom_group *grp) {
     MPI_Finalized(&finalized);
     if (!finalized)
         MPI_Comm_free(&g->comm);
+    if (!finalized && g->ask)
+        MPI_Comm_free(&g->wcomm);
     loom__free(g->scratch);
     loom__free(g->counts);
     loom__free(g);
@@ -212,6 +221,69 @@ static const char *what(int kind) {
 /* The watchdog thread: polls the collective running (if any) and ends the job when it has
  * lasted past the deadline. Blocking collectives are MPI's fastest (its non-blocking ones ran at
  * 0.6-0.7x here), so the deadline is kept from beside them. */
+/* Answers the other watchdogs' questions: this rank's collective count (seq). */
+static void answer(mpi_group *g) {
+    int flag = 1;
+    while (flag) {
+        MPI_Status st;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_WHERE, g->wcomm, &flag, &st);
+        if (!flag)
+            break;
+        int dummy;
+        MPI_Recv(&dummy, 1, MPI_INT, st.MPI_SOURCE, TAG_WHERE, g->wcomm, MPI_STATUS_IGNORE);
+        unsigned long long seq = atomic_load(&g->self.seq);
+        MPI_Send(&seq, 1, MPI_UNSIGNED_LONG_LONG, st.MPI_SOURCE, TAG_HERE, g->wcomm);
+    }
+}
+
+/* The watchdog's message for a collective past its deadline: which ranks never reached it, by
+ * asking their watchdogs (they answer whatever their own threads are doing) for 0.5 s. */
+static void name_laggards(mpi_group *g, char *why, size_t size) {
+    int w = g->h.world, me = g->self.rank, dummy = 0;
+    unsigned long long mine = atomic_load(&g->self.seq), *at = loom__calloc((size_t)w, 8);
+    MPI_Request *req = loom__calloc(2 * (size_t)w, sizeof *req);
+    size_t k = (size_t)snprintf(why, size,
+                                "watchdog: waited %.1f s in collective #%llu (%s) for the other "
+                                "ranks; the job is aborted",
+                                g->h.timeout, mine, what(atomic_load(&g->kind)));
+    if (!g->ask || !at || !req) {
+        loom__free(at), loom__free(req);
+        return;
+    }
+    for (int r = 0; r < w; r++) {
+        req[2 * r] = req[2 * r + 1] = MPI_REQUEST_NULL;
+        if (r != me) {
+            MPI_Isend(&dummy, 1, MPI_INT, r, TAG_WHERE, g->wcomm, &req[2 * r]);
+            MPI_Irecv(&at[r], 1, MPI_UNSIGNED_LONG_LONG, r, TAG_HERE, g->wcomm, &req[2 * r + 1]);
+        }
+    }
+    int done = 0;
+    for (double end = loom__now() + 0.5; !done && loom__now() < end;) {
+        answer(g); /* (another rank may be asking meanwhile) */
+        MPI_Testall(2 * w, req, &done, MPI_STATUSES_IGNORE);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    const char *head[2] = {"; not reached by ", "; no answer from "};
+    for (int pass = 0; pass < 2; pass++) {
+        bool first = true;
+        for (int r = 0; r < w && k < size; r++) {
+            int got = 0;
+            if (r != me)
+                MPI_Test(&req[2 * r + 1], &got, MPI_STATUS_IGNORE);
+            bool behind = r != me && (got || req[2 * r + 1] == MPI_REQUEST_NULL) && at[r] < mine;
+            bool silent = r != me && !got && req[2 * r + 1] != MPI_REQUEST_NULL;
+            if ((pass == 0 && behind) || (pass == 1 && silent)) {
+                k +=
+                    (size_t)snprintf(why + k, size - k, pass ? "%srank %d" : "%srank %d (at #%llu)",
+                                     first ? head[pass] : ", ", r, at[r]);
+                first = false;
+            }
+        }
+    }
+    loom__free(at), loom__free(req); /* (the job ends: requests left pending do not matter) */
+}
+
 static void *watchdog(void *arg) {
     mpi_group *g = arg;
     pthread_mutex_lock(&g->mu);
@@ -222,14 +294,14 @@ static void *watchdog(void *arg) {
         if (ts.tv_nsec >= 1000000000)
             ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        if (g->stop)
+            break;
+        if (g->ask)
+            answer(g);
         double since = atomic_load(&g->since);
-        if (!g->stop && since > 0 && loom__now() - since > g->h.timeout) {
-            char why[512];
-            snprintf(why, sizeof why,
-                     "watchdog: waited %.1f s in collective #%llu (%s) for the other ranks; the "
-                     "job is aborted",
-                     g->h.timeout, (unsigned long long)atomic_load(&g->self.seq),
-                     what(atomic_load(&g->kind)));
+        if (since > 0 && loom__now() - since > g->h.timeout) {
+            char why[1024];
+            name_laggards(g, why, sizeof why);
             mpi_abort(&g->self, why);
         }
     }
