@@ -562,6 +562,10 @@ LOOM_API int loom_devices_count(const loom_devices *d);
  * in the same order (the loss and the gathered rows are the whole world's). */
 LOOM_API int loom_devices_world(const loom_devices *d);
 LOOM_API int loom_devices_process(const loom_devices *d);
+/* Whether any process passed true: a collective across the processes of an MPI job (every
+ * process calls it, in the same order), `mine` itself alone. For decisions every process must
+ * take at the same step, such as stopping on a signal one of them received. */
+LOOM_API bool loom_devices_any(loom_devices *d, bool mine);
 /* Fails the devices for `reason`: every device waiting in or entering a step stops (EABORTED);
  * across the processes of an MPI job the whole job ends (MPI_Abort) after one line naming this
  * process (rank, host, pid) and the reason, and this call does not return. */

@@ -11,7 +11,8 @@
  *   faults, each ending the whole job non-zero within its deadline with one line naming the
  *     process: a step failing on process 1's device (LOOM_FAULT), a device that hangs, a process
  *     that fails before training (a bad --init on one process: mpirun's MPMD form), and a process
- *     SIGKILLed mid-training.
+ *     SIGKILLed mid-training; SIGTERM to mpirun stops every process at the same step, with one
+ *     line and metrics.csv whole.
  * Usage: test_mpi_train MPIEXEC LOOM (ctest passes both).
  */
 #include "harness.h"
@@ -285,6 +286,75 @@ TEST(a_killed_process_ends_the_job) {
     ASSERT(log_has("killed.log", "signal 9"));
 }
 
+/* SIGTERM to mpirun (which passes it on to every process): the processes agree to stop at the
+ * same step (loom_devices_any), process 0 says so once, and metrics.csv ends on that step's whole
+ * row. */
+TEST(a_signal_stops_every_process_at_the_same_step) {
+    char out[600], csv[600];
+    snprintf(out, sizeof out, "%s/signal.log", tmp);
+    snprintf(csv, sizeof csv, "%s/signal-logs/metrics.csv", tmp);
+    remove(csv);
+    pid_t launcher = fork();
+    if (launcher == 0) {
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s/signal-logs", tmp);
+        if (!freopen(out, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(127);
+        execlp(mpiexec, mpiexec, "-np", "2", loom_bin, "train", "fmnist-cnn", "--devices", "1",
+               "--epochs", "3", "--log-dir", dir, (char *)NULL);
+        _exit(127);
+    }
+    int rows = 0;
+    for (int i = 0; i < 600 && rows < 3; i++) {
+        nap(0.05);
+        FILE *f = fopen(csv, "r");
+        char line[256];
+        rows = -1; /* the header */
+        while (f && fgets(line, sizeof line, f))
+            rows++;
+        if (f)
+            fclose(f);
+    }
+    ASSERT(rows >= 3);
+    double t0 = now();
+    kill(launcher, SIGTERM);
+    int status = 0;
+    pid_t done = 0;
+    while (now() - t0 < 30 && !(done = waitpid(launcher, &status, WNOHANG)))
+        nap(0.02);
+    if (!done) {
+        kill(launcher, SIGKILL);
+        waitpid(launcher, &status, 0);
+    }
+    double dt = now() - t0;
+    char line[512], last[256] = "";
+    ASSERT(first_line("signal.log", "stopped by SIGTERM after step ", line, sizeof line));
+    long step = -1;
+    sscanf(line, "stopped by SIGTERM after step %ld", &step);
+    FILE *f = fopen(csv, "r");
+    int bad = 0;
+    while (f && fgets(last, sizeof last, f)) {
+        int commas = 0;
+        for (const char *c = last; *c; c++)
+            commas += *c == ',';
+        bad += commas != 5 || !strchr(last, '\n');
+    }
+    if (f)
+        fclose(f);
+    fprintf(stderr, "SIGTERM to mpirun: ended after %.1f s; %.*s; metrics.csv ends %s", dt,
+            (int)strcspn(line, "\n"), line, last);
+    ASSERT(done == launcher && dt < 10);
+    ASSERT_EQ(bad, 0);
+    ASSERT_EQ(atol(last), step);
+    int lines = 0; /* one line of the job: process 0's */
+    f = fopen(out, "r");
+    while (f && fgets(line, sizeof line, f))
+        lines += strncmp(line, "loom: stopped", 13) == 0;
+    if (f)
+        fclose(f);
+    ASSERT_EQ(lines, 1);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MPIEXEC LOOM\n", argv[0]);
@@ -305,5 +375,6 @@ int main(int argc, char **argv) {
     RUN(the_examples_run_unchanged_under_mpirun);
     RUN(a_fault_in_one_process_ends_the_job_naming_it);
     RUN(a_killed_process_ends_the_job);
+    RUN(a_signal_stops_every_process_at_the_same_step);
     return HARNESS_EXIT();
 }

@@ -72,6 +72,10 @@ struct loom_devices {
     loom_group *procs;
     loom_comm *pcomm;
     int prank, nproc, world;
+    /* the same processes for the host's own collectives (the loss, gathered outputs, agreeing to
+     * stop): a communicator of their own, never the one device 0 may be using meanwhile */
+    loom_group *hprocs;
+    loom_comm *hcomm;
     loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
     bool spare_cpu;    /* fewer devices than CPUs: the controller may spin while a step runs */
 };
@@ -485,7 +489,7 @@ static loom_status devices_allgather(void *ctx, const void *mine, size_t bytes, 
         memcpy(all, mine, bytes);
         return LOOM_OK;
     }
-    return loom_comm_allgather(D->pcomm, mine, (int64_t)(bytes / sizeof(float)), all);
+    return loom_comm_allgather(D->hcomm, mine, (int64_t)(bytes / sizeof(float)), all);
 }
 
 static void devices_forget(void *ctx, const loom_graph *g) {
@@ -546,9 +550,11 @@ static loom_status join_processes(loom_devices *D, int *node_rank, int *node_siz
     if (mode == LOOM_DIST_LOCAL ||
         (mode == LOOM_DIST_AUTO && (!loom_mpi_launcher() || !loom__mpi_version())))
         return LOOM_OK;
-    if (!(D->procs = loom_group_mpi_new(D->c.timeout_s)))
+    if (!(D->procs = loom_group_mpi_new(D->c.timeout_s)) ||
+        !(D->hprocs = loom_group_mpi_new(D->c.timeout_s)))
         return LOOM_EUNSUPPORTED; /* (its message is the reason) */
     D->pcomm = loom__mpi_self(D->procs);
+    D->hcomm = loom__mpi_self(D->hprocs);
     D->prank = loom_comm_rank(D->pcomm), D->nproc = loom_comm_world(D->pcomm);
     loom__mpi_node(D->procs, node_rank, node_size);
     return LOOM_OK;
@@ -661,6 +667,7 @@ void loom_devices_free(loom_devices *D) {
     loom__arena_free(&D->arena);
     loom_group_free(D->group);
     loom_group_free(D->procs);
+    loom_group_free(D->hprocs);
     pthread_mutex_destroy(&D->mu);
     pthread_cond_destroy(&D->go);
     pthread_cond_destroy(&D->done);
@@ -669,6 +676,15 @@ void loom_devices_free(loom_devices *D) {
 
 int loom_devices_count(const loom_devices *D) {
     return D->n;
+}
+
+bool loom_devices_any(loom_devices *D, bool mine) {
+    if (D->nproc == 1)
+        return mine;
+    float v = mine ? 1.0f : 0.0f;
+    if (loom_comm_allreduce(D->hcomm, &v, 1, LOOM_REDUCE_SUM)) /* (an MPI failure ends the job) */
+        return true;
+    return v > 0;
 }
 
 void loom_devices_abort(loom_devices *D, const char *reason) {

@@ -20,6 +20,17 @@
 /* SIGINT or SIGTERM received (0: none). The training loop stops at the next step boundary, the
  * step running ends, every file is left whole, and the command exits 128 + the signal. */
 static volatile sig_atomic_t stop_signal;
+static loom_devices *agreeing; /* across processes: they stop together (loom_devices_any) */
+
+/* Whether to stop at this step boundary: a signal here or, across processes, in any of them
+ * (each stops at the same step; the signal that stops one is reported by it). */
+static bool stopping(void) {
+    bool stop = stop_signal != 0;
+    if (agreeing && loom_devices_world(agreeing) > loom_devices_count(agreeing) &&
+        loom_devices_any(agreeing, stop) && !stop)
+        stop_signal = SIGTERM;
+    return stop_signal != 0;
+}
 
 static void on_stop(int sig) {
     stop_signal = sig;
@@ -72,7 +83,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
         return cli_fail("evaluation: %s", loom_last_error());
     loom_batch b;
     int64_t correct = 0, seen = 0;
-    while (!stop_signal && loom_loader_next(l, &b)) {
+    while (!stopping() && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
         loom_tensor *y, *logits = forward(m, &b, &y);
         loom_output(logits);
@@ -176,7 +187,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     epoch_state e = {epoch, 0, loom_loader_batches(r->loader), 0, t0, 0};
     int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
     loom_loader_start_epoch(r->loader, epoch);
-    while (!*done && !stop_signal && loom_loader_next(r->loader, &b)) {
+    while (!*done && !stopping() && loom_loader_next(r->loader, &b)) {
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
@@ -248,6 +259,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     if (!r->devs)
         return cli_fail("%s", loom_last_error());
     r->writer = loom_devices_process(r->devs) == 0;
+    agreeing = r->devs;
     if (loom_devices_world(r->devs) > loom_devices_count(r->devs))
         cli_hold_errors(); /* one line for the job, from the process that failed, as it ends it */
     if (!r->writer && !freopen("/dev/null", "w", stdout)) /* progress: process 0's */
@@ -332,11 +344,12 @@ int cli_train(const train_opts *o) {
     bool done = false;
     for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !stop_signal; e++)
         rc = train_epoch(&r, e, &done);
-    if (!rc && stop_signal) {
-        cli_fail("stopped by %s after step %lld: %s%s",
-                 stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)r.step,
-                 r.log ? "metrics.csv ends with that step; " : "",
-                 o->save ? "no weights saved" : "nothing else written");
+    if (!rc && stop_signal) { /* (process 0's line, across processes: they all stopped here) */
+        if (r.writer)
+            fprintf(stderr, "loom: stopped by %s after step %lld: %s%s\n",
+                    stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)r.step,
+                    r.log ? "metrics.csv ends with that step; " : "",
+                    o->save ? "no weights saved" : "nothing else written");
         rc = 128 + stop_signal;
     }
     if (!rc && !o->eval_only) {
@@ -370,6 +383,7 @@ int cli_train(const train_opts *o) {
     if (rc && cli_held_error()) /* across processes: this one failed, the job ends with it */
         loom_devices_abort(r.devs, cli_held_error());
     loom_graph_free(r.m.g);
+    agreeing = NULL;
     loom_devices_free(r.devs);
     loom_loader_free(r.loader);
     loom_optim_free(r.opt);
