@@ -8,6 +8,7 @@
  *     3 processes x 1 device against 1 x 3 bitwise; 2 processes x 2 devices (a sum within each
  *     process, then across them) against 1 x 4 within 1e-6;
  *   the three API levels' examples under mpirun: the last loss and test accuracy of one process;
+ *   a bad argument (the same in every process): one line for the job;
  *   faults, each ending the whole job non-zero within its deadline with one line naming the
  *     process: a step failing on process 1's device (LOOM_FAULT), a device that hangs, a process
  *     that fails before training (a bad --init on one process: mpirun's MPMD form), and a process
@@ -226,6 +227,23 @@ TEST(a_fault_in_one_process_ends_the_job_naming_it) {
     ASSERT(rc != 0 && rc != 124 && dt < 30);
     ASSERT(log_has("hang.log", "watchdog"));
     ASSERT(log_has("hang.log", "not reached by rank 1")); /* the hung one, named by the others */
+
+    /* a bad argument, the same in every process: one line for the job (process 0's) */
+    rc =
+        sh("args.log", "timeout 60 '%s' -np 2 '%s' train fmnist-mlp --epochs 0", mpiexec, loom_bin);
+    ASSERT(rc != 0 && rc != 124);
+    char line[512];
+    ASSERT(
+        first_line("args.log", "--epochs: expected an integer >= 1, got '0'", line, sizeof line));
+    char path[600];
+    snprintf(path, sizeof path, "%s/args.log", tmp);
+    FILE *f = fopen(path, "r");
+    int said = 0;
+    while (f && fgets(line, sizeof line, f))
+        said += strstr(line, "--epochs: expected") != NULL;
+    if (f)
+        fclose(f);
+    ASSERT_EQ(said, 1);
 
     t0 = now(); /* MPMD: process 1 gets a bad --init and fails before training */
     rc = sh("init.log", "timeout 60 '%s' -np 1 %s : -np 1 %s --init /nonexistent.safetensors",

@@ -38,6 +38,15 @@ static const char usage[] =
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
     "                      or infinite (without it training stops after that step)\n";
 
+/* This process's rank as an MPI launcher's environment gives it (-1: none). */
+static int launcher_rank(void) {
+    const char *vars[3] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(vars[i]))
+            return atoi(getenv(vars[i]));
+    return -1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
@@ -60,7 +69,14 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) {
         train_opts o;
+        /* under an MPI launcher every process parses the same arguments: process 0 alone says
+         * what is wrong with them (one line for the job) */
+        FILE *quiet = launcher_rank() > 0 ? fopen("/dev/null", "w") : NULL;
+        if (quiet)
+            cli_set_errors(quiet);
         int rc = cli_parse_train(argc, argv, !strcmp(argv[1], "eval"), &o);
+        if (quiet)
+            cli_set_errors(NULL), fclose(quiet);
         return rc ? rc : cli_train(&o);
     }
     cli_fail("unknown command '%s' (expected train, eval, info or cache clear; see loom --help)",
