@@ -437,10 +437,9 @@ loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, 
 }
 
 loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
-                              const void *const *src, const void **inputs, int64_t *rows) {
+                              const void *const *src, const void **inputs) {
     int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
-    int64_t start = d * local, real = b - start < 0 ? 0 : b - start < local ? b - start : local;
-    *rows = real;
+    int64_t start = d * local, real = loom__shard_rows(g, d, ndev);
     for (int64_t i = 0; i < g->n; i++) {
         const loom_tensor *t = g->nodes[i];
         if (t->op != LOOM_OP_INPUT)
@@ -514,28 +513,31 @@ const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t
     return loom__addr(p, &b, id);
 }
 
-/* The first element of node id of p on every device of every process, in device order, into
- * all[0..g->ndev) (across processes, a collective); false if it cannot be had. */
-static bool device_values(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt,
-                          double *all) {
-    double mine[256];
-    for (int d = 0; d < g->nlocal && d < 256; d++)
-        mine[d] = loom__first_value(dt, loom__node_data(g, p, id, d));
-    if (g->nlocal == g->ndev) {
-        memcpy(all, mine, sizeof(double) * (size_t)g->nlocal);
-        return true;
+/* The first element of node id of p on every device of every process, in device order (across
+ * processes, a collective): in buf (room for 256) up to 256 devices, beyond in memory the caller
+ * frees (not buf); NULL if it cannot be had. No allocation in a step of up to 256 devices. */
+static double *device_values(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt,
+                             double *buf) {
+    double *all = g->ndev <= 256 ? buf : loom__malloc(sizeof(double) * (size_t)g->ndev);
+    double mine[256], *here = g->nlocal == g->ndev ? all : mine;
+    for (int d = 0; all && d < g->nlocal; d++)
+        here[d] = loom__first_value(dt, loom__node_data(g, p, id, d));
+    if (all && here == mine &&
+        g->runner->allgather(g->runner_ctx, mine, sizeof(double) * (size_t)g->nlocal, all)) {
+        if (all != buf)
+            loom__free(all);
+        return NULL;
     }
-    return g->runner->allgather(g->runner_ctx, mine, sizeof(double) * (size_t)g->nlocal, all) ==
-           LOOM_OK;
+    return all;
 }
 
 double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt) {
-    double *all = loom__malloc(sizeof(double) * (size_t)g->ndev), sum = 0;
-    bool ok = all && device_values(g, p, id, dt, all);
-    for (int d = 0; ok && d < g->ndev; d++)
+    double buf[256], sum = 0, *all = device_values(g, p, id, dt, buf);
+    for (int d = 0; all && d < g->ndev; d++)
         sum += all[d];
-    loom__free(all);
-    return ok ? sum / g->ndev : NAN;
+    if (all && all != buf)
+        loom__free(all);
+    return all ? sum / g->ndev : NAN;
 }
 
 /* One device, on this thread. */
@@ -545,13 +547,12 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
     size_t slots = sizeof(void *) * (size_t)(g->ninputs + 1);
     const void **inputs = loom__arena_alloc(&g->arena, slots);
     const void **src = loom__arena_alloc(&g->arena, slots);
-    g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t));
-    if (!inputs || !src || !g->rows_real)
+    if (!inputs || !src)
         return loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory");
     /* the step ends before submit returns: it reads the caller's buffers in place */
     loom_status st = loom__input_sources(g, &g->arena, false, src);
     if (!st)
-        st = loom__bind_inputs(g, &g->arena, 0, 1, src, inputs, g->rows_real);
+        st = loom__bind_inputs(g, &g->arena, 0, 1, src, inputs);
     if (st)
         return st;
     loom__bind b = here_bind(g, inputs);
@@ -601,18 +602,17 @@ loom_status loom_graph_submit(loom_graph *g) {
 static loom_status step_loss(const loom_graph *g, const loom__program *p, int32_t id,
                              double *mean) {
     int first = -1, bad = 0;
-    double v = 0, sum = 0, *all = loom__malloc(sizeof(double) * (size_t)g->ndev);
+    double v = 0, sum = 0, buf[256], *all = device_values(g, p, id, (loom_dtype)g->loss_dtype, buf);
     *mean = NAN;
-    if (!all || !device_values(g, p, id, (loom_dtype)g->loss_dtype, all)) {
-        loom__free(all);
+    if (!all)
         return loom__error(LOOM_ENOMEM, "the loss of every device: out of memory");
-    }
     for (int d = 0; d < g->ndev; d++) {
         sum += all[d];
         if (!isfinite(all[d]))
             first = first < 0 ? d : first, v = first == d ? all[d] : v, bad++;
     }
-    loom__free(all);
+    if (all != buf)
+        loom__free(all);
     *mean = sum / g->ndev;
     if (!bad)
         return LOOM_OK;

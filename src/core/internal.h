@@ -73,6 +73,9 @@ typedef struct {
 const loom__env *loom__getenv(void);
 
 double loom__now(void); /* monotonic seconds */
+struct timespec;
+/* The CLOCK_REALTIME instant `seconds` (>= 0) from now, as pthread_cond_timedwait takes it. */
+void loom__deadline_in(struct timespec *ts, double seconds);
 
 /* cpus.c: a device thread pinned to `cpu` holds it (hold) and lets it go (!hold); a helper
  * thread (and the thread that runs the devices' steps) calls loom__keep_off_held_cpus() before

@@ -84,6 +84,13 @@ void loom__assert_fail(const char *file, int line, const char *cond) {
     abort();
 }
 
+void loom__deadline_in(struct timespec *ts, double seconds) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    double t = (double)ts->tv_nsec * 1e-9 + (seconds > 0 ? seconds : 0);
+    ts->tv_sec += (time_t)t;
+    ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+}
+
 double loom__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -170,10 +170,7 @@ static loom_status barrier(loom_comm *c) {
 #endif
     }
     struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    double t = (double)dl.tv_nsec * 1e-9 + g->h.timeout;
-    dl.tv_sec += (time_t)t;
-    dl.tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
+    loom__deadline_in(&dl, g->h.timeout);
     pthread_mutex_lock(&g->mu);
     int rc = 0;
     while (atomic_load(&g->gen) == gen && !atomic_load(&g->aborted) && rc != ETIMEDOUT)

@@ -234,17 +234,10 @@ static void *worker(void *arg) {
     }
 }
 
-static void deadline_in(struct timespec *ts, double seconds) {
-    clock_gettime(CLOCK_REALTIME, ts);
-    double t = (double)ts->tv_nsec * 1e-9 + seconds;
-    ts->tv_sec += (time_t)t;
-    ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
-}
-
 /* Waits for all devices until `seconds` pass; true if all finished. Called with D->mu held. */
 static bool wait_done(loom_devices *D, double seconds) {
     struct timespec dl;
-    deadline_in(&dl, seconds > 0 ? seconds : 0);
+    loom__deadline_in(&dl, seconds);
     int rc = 0;
     while (D->ndone < (uint64_t)D->n && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&D->done, &D->mu, &dl);
@@ -393,9 +386,8 @@ static void huge_pages(void *p, size_t n) {
 
 static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
     loom__arena_reset(&D->arena); /* no step is running: the last one's bindings are done with */
-    g->rows_real = loom__arena_alloc(&g->arena, sizeof(int64_t) * (size_t)D->n);
     const void **src = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
-    if (!g->rows_real || !src)
+    if (!src)
         return LOOM_ENOMEM;
     /* the step runs on after submit returns: it reads copies of the inputs (all but borrowed
      * ones), taken now, so that the host may change its buffers at once */
@@ -414,8 +406,7 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
-        if ((st = loom__bind_inputs(g, &D->arena, D->prank * D->n + i, D->world, src, in,
-                                    &g->rows_real[i])))
+        if ((st = loom__bind_inputs(g, &D->arena, D->prank * D->n + i, D->world, src, in)))
             return st;
         d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)

@@ -289,10 +289,7 @@ static void *watchdog(void *arg) {
     pthread_mutex_lock(&g->mu);
     while (!g->stop) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000)
-            ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        loom__deadline_in(&ts, 0.02);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         if (g->stop)
             break;

@@ -92,7 +92,6 @@ void loom_graph_reset(loom_graph *g) {
     g->last = NULL;
     g->batch_rows = -1;
     g->mask_node = g->count_node = NULL;
-    g->rows_real = NULL;
 }
 
 const char *loom_graph_error(const loom_graph *g) {
@@ -204,6 +203,12 @@ static loom_tensor *bound_input(loom_graph *g, loom__role role, int ndim, const 
         t->role = (uint8_t)role;
     }
     return t;
+}
+
+int64_t loom__shard_rows(const loom_graph *g, int d, int ndev) {
+    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
+    int64_t r = b - d * local;
+    return r < 0 ? 0 : r < local ? r : local;
 }
 
 loom_tensor *loom__batch_mask(loom_graph *g) {
@@ -329,14 +334,6 @@ double loom_item(const loom_tensor *t) {
     return loom__node_mean(t->g, t->g->last, t->id, (loom_dtype)t->dtype);
 }
 
-/* The real rows of global device gd's shard of the last step's batch (rows_real, computed as
- * loom__bind_inputs computes it, for the devices of other processes too). */
-static int64_t real_rows(const loom_graph *g, int gd) {
-    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + g->ndev - 1) / g->ndev;
-    int64_t r = b - gd * local;
-    return r < 0 ? 0 : r < local ? r : local;
-}
-
 int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     if (!t || !t->ndim || !loom_tensor_data(t))
         return -1;
@@ -355,7 +352,7 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     }
     int64_t rows = 0;
     for (int d = 0; d < (across ? g->ndev : g->nlocal); d++) {
-        int64_t r = g->rows_real ? real_rows(g, across ? d : g->dev0 + d) : t->shape[0];
+        int64_t r = loom__shard_rows(g, across ? d : g->dev0 + d, g->ndev);
         r = r < t->shape[0] ? r : t->shape[0];
         const char *src = across ? all + (size_t)d * block : loom__node_data(g, g->last, t->id, d);
         memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);

@@ -151,7 +151,6 @@ struct loom_graph {
     /* this step's batch: global rows (-1 before a batch input), its mask and count inputs */
     int64_t batch_rows;
     loom_tensor *mask_node, *count_node;
-    int64_t *rows_real; /* real rows of each device's shard in the last run (arena) */
 };
 
 struct loom_param {
@@ -195,6 +194,9 @@ void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset)
 /* A scalar of x's dtype broadcast against nothing (shape ()). */
 loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
 
+/* The real rows (not padding) of device d's shard when this step's batch is split over ndev
+ * devices (0 without a batch input). */
+int64_t loom__shard_rows(const loom_graph *g, int d, int ndev);
 /* The batch's mask (local rows) and count (scalar) inputs; see loom__role. */
 loom_tensor *loom__batch_mask(loom_graph *g);
 loom_tensor *loom__batch_count(loom_graph *g);
@@ -213,9 +215,9 @@ void loom__programs_free(loom_graph *g);
  * at submit whatever the host does meanwhile; without, the caller's buffers. */
 loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, const void **src);
 /* Input pointers for device d of ndev, from the sources above (padded shards, masks and counts
- * built in the arena); *rows gets the real rows of d's batch shard. */
+ * built in the arena). */
 loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
-                              const void *const *src, const void **inputs, int64_t *rows);
+                              const void *const *src, const void **inputs);
 /* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
  * another graph's step before starting one. */
 loom_status loom__graph_finish(loom_graph *g);
