@@ -255,6 +255,18 @@ TEST(a_fault_in_one_process_ends_the_job_naming_it) {
     ASSERT(log_has("init.log", "rank 1 (host "));
 }
 
+/* Waits for child pid to exit, at most 30 s from t0 (then kills it): whether it exited. */
+static bool wait_exit(pid_t pid, double t0, int *status) {
+    pid_t done = 0;
+    while (now() - t0 < 30 && !(done = waitpid(pid, status, WNOHANG)))
+        nap(0.02);
+    if (!done) {
+        kill(pid, SIGKILL);
+        waitpid(pid, status, 0);
+    }
+    return done == pid;
+}
+
 /* The pid of the loom process of rank `rank` under the mpirun whose pid is `launcher`, or 0. */
 static pid_t rank_pid(pid_t launcher, int rank) {
     char cmd[512], line[64];
@@ -289,18 +301,12 @@ TEST(a_killed_process_ends_the_job) {
     nap(2); /* mid-training */
     double t0 = now();
     kill(victim, SIGKILL);
-    int status = 0;
-    pid_t done = 0;
-    while (now() - t0 < 30 && !(done = waitpid(launcher, &status, WNOHANG)))
-        nap(0.02);
+    int status;
+    bool done = wait_exit(launcher, t0, &status);
     double dt = now() - t0;
-    if (!done) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, &status, 0);
-    }
     fprintf(stderr, "process 1 SIGKILLed: the job ended after %.1f s, exit %d\n", dt,
             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-    ASSERT(done == launcher && WIFEXITED(status) && WEXITSTATUS(status) != 0 && dt < 10);
+    ASSERT(done && WIFEXITED(status) && WEXITSTATUS(status) != 0 && dt < 10);
     ASSERT(log_has("killed.log", "signal 9"));
 }
 
@@ -336,14 +342,8 @@ TEST(a_signal_stops_every_process_at_the_same_step) {
     ASSERT(rows >= 3);
     double t0 = now();
     kill(launcher, SIGTERM);
-    int status = 0;
-    pid_t done = 0;
-    while (now() - t0 < 30 && !(done = waitpid(launcher, &status, WNOHANG)))
-        nap(0.02);
-    if (!done) {
-        kill(launcher, SIGKILL);
-        waitpid(launcher, &status, 0);
-    }
+    int status;
+    bool done = wait_exit(launcher, t0, &status);
     double dt = now() - t0;
     char line[512], last[256] = "";
     ASSERT(first_line("signal.log", "stopped by SIGTERM after step ", line, sizeof line));
@@ -361,7 +361,7 @@ TEST(a_signal_stops_every_process_at_the_same_step) {
         fclose(f);
     fprintf(stderr, "SIGTERM to mpirun: ended after %.1f s; %.*s; metrics.csv ends %s", dt,
             (int)strcspn(line, "\n"), line, last);
-    ASSERT(done == launcher && dt < 10);
+    ASSERT(done && dt < 10);
     ASSERT_EQ(bad, 0);
     ASSERT_EQ(atol(last), step);
     int lines = 0; /* one line of the job: process 0's */

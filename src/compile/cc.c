@@ -70,13 +70,8 @@ static unsigned char *slurp(const char *path, int64_t *size) {
     if (loom__open_regular(path, &fd, size))
         return NULL;
     unsigned char *buf = *size > 0 && *size <= MAX_ENTRY ? loom__malloc((size_t)*size) : NULL;
-    size_t got = 0;
-    while (buf && got < (size_t)*size) {
-        ssize_t r = read(fd, buf + got, (size_t)*size - got);
-        if (r <= 0)
-            loom__free(buf), buf = NULL;
-        got += r > 0 ? (size_t)r : 0;
-    }
+    if (buf && loom__read_at(fd, path, buf, (size_t)*size, 0, "a kernel cache entry"))
+        loom__free(buf), buf = NULL;
     close(fd);
     return buf;
 }

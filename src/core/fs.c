@@ -3,7 +3,8 @@
  * $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>), created with its parents on demand.
  * (LOOM_DATA_CACHE can move or turn off the data part: see data/dataset.c.) Also the two
  * safeguards of every file loom reads or writes: only regular files are opened for reading (a
- * FIFO would block, a directory reads as garbage), and a writer's stale temporary files go.
+ * FIFO would block, a directory reads as garbage), read at an offset to the byte asked for, and
+ * a writer's stale temporary files go.
  */
 #include "internal.h"
 
@@ -133,4 +134,20 @@ int loom__remove_stale_temps(const char *path) {
     }
     closedir(d);
     return removed;
+}
+
+loom_status loom__read_at(int fd, const char *path, void *buf, size_t n, uint64_t at,
+                          const char *what) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(at + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return loom__error(LOOM_EIO, "%s: cannot read %zu bytes of %s at byte %llu: %s", path,
+                               n, what, (unsigned long long)at,
+                               r < 0 ? strerror(errno) : "the file ended");
+        got += (size_t)r;
+    }
+    return LOOM_OK;
 }

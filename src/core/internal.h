@@ -93,6 +93,10 @@ bool loom__mkdirs(char *path); /* mkdir -p */
  * refused at once (never blocked on). *fd and *size (bytes) on success; ENOTFOUND or EIO with the
  * path and what it is otherwise. */
 loom_status loom__open_regular(const char *path, int *fd, int64_t *size);
+/* Reads n bytes at byte `at` of fd (path names it); EIO naming `what` and where if they are not
+ * all there. */
+loom_status loom__read_at(int fd, const char *path, void *buf, size_t n, uint64_t at,
+                          const char *what);
 /* Removes the temporary files that a killed writer of `path` left (path.tmp.<pid>, or
  * path.tmp.<pid>.<anything>, with no such process); returns how many. */
 int loom__remove_stale_temps(const char *path);

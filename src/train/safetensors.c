@@ -303,23 +303,6 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
 /* safetensors' own bound on the header (MAX_HEADER_SIZE in the reference reader). */
 #define MAX_HEADER 100000000u
 
-/* Reads n bytes at offset `at` of fd; EIO naming what and where if they are not all there. */
-static loom_status read_at(int fd, const char *path, void *buf, size_t n, uint64_t at,
-                           const char *what) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(at + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return loom__error(LOOM_EIO, "%s: cannot read %zu bytes of %s at byte %llu: %s", path,
-                               n, what, (unsigned long long)at,
-                               r < 0 ? strerror(errno) : "the file ended");
-        got += (size_t)r;
-    }
-    return LOOM_OK;
-}
-
 /* The file is read in the order it is checked: the header length against the file's size, the
  * header, the entries against the data's size, and only then the tensors, each into a buffer of
  * its checked size; nothing is allocated that the file does not hold. */
@@ -338,7 +321,7 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
                         "an 8-byte header length",
                         path, (long long)size);
     else
-        s = read_at(fd, path, len8, 8, 0, "header length");
+        s = loom__read_at(fd, path, len8, 8, 0, "header length");
     for (int i = 0; !s && i < 8; i++)
         hlen |= (uint64_t)len8[i] << (8 * i);
     if (!s && hlen > (uint64_t)size - 8)
@@ -353,7 +336,7 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     if (!s && !hdr)
         s = LOOM_ENOMEM;
     if (!s)
-        s = read_at(fd, path, hdr, (size_t)hlen, 8, "header");
+        s = loom__read_at(fd, path, hdr, (size_t)hlen, 8, "header");
     loom_tensor_file *f = s ? NULL : loom__calloc(1, sizeof *f);
     if (!s && !f)
         s = LOOM_ENOMEM;
@@ -369,7 +352,7 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
         if (!(e->data = loom__malloc(e->end - e->begin + 1)))
             s = LOOM_ENOMEM;
         else
-            s = read_at(fd, path, e->data, e->end - e->begin, 8 + hlen + e->begin, e->name);
+            s = loom__read_at(fd, path, e->data, e->end - e->begin, 8 + hlen + e->begin, e->name);
     }
     close(fd);
     loom__free(hdr);
