@@ -26,3 +26,4 @@ for spec in fmnist-mlp:400 fmnist-cnn:150; do
         "$(echo "$two / $one" | bc -l)" "$ddp" "$(echo "$two / $ddp" | bc -l)"
 done
 mpirun -np 2 build/bench_allreduce
+mpirun --oversubscribe -np 3 build/bench_allreduce

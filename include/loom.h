@@ -504,6 +504,13 @@ LOOM_API loom_group *loom_group_mpi_new(double timeout_s);
 /* The MPI launcher that started this process, from its environment ("mpirun (Open MPI)", ...), or
  * NULL. Static string, thread-safe. */
 LOOM_API const char *loom_mpi_launcher(void);
+/* Memory for buffers that g's collectives work on (as MPI_Alloc_mem): where g's ranks are
+ * processes of one machine, memory every one of them maps, which the all-reduce reads and writes
+ * in place when every rank's buffer is such memory (no copies through MPI); elsewhere ordinary
+ * memory. Any buffer works with every collective; these are the fastest. NULL: out of memory.
+ * Release with loom_group_release (same size), before freeing g. */
+LOOM_API void *loom_group_alloc(loom_group *g, size_t bytes);
+LOOM_API void loom_group_release(loom_group *g, void *p, size_t bytes);
 /* Rank r's handle, owned by the group; one thread uses it at a time. */
 LOOM_API loom_comm *loom_group_comm(loom_group *g, int rank);
 LOOM_API int loom_comm_rank(const loom_comm *c);

@@ -20,6 +20,11 @@ for np in 1 2 3 4; do
         fail "$np processes: $(tail -5 "$tmp/out")"
     fi
 done
+if timeout 60 "$mpiexec" -np 2 "$bin" leave >"$tmp/out" 2>&1; then
+    echo "ok   exiting with a group and devices alive: exit 0"
+else
+    fail "exiting with a group and devices alive: $(head -5 "$tmp/out")"
+fi
 for fault in hang abort; do
     t0=$(date +%s.%N)
     timeout 60 "$mpiexec" -np 3 "$bin" $fault >"$tmp/out" 2>&1

@@ -478,8 +478,10 @@ loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int nd
     return LOOM_OK;
 }
 
-/* The bindings of a step run here: the graph's workspace and the model's slabs. */
+/* The bindings of a step run here: the graph's workspace and the model's slabs (made current:
+ * a step of another graph on devices ends first, and slabs lent to devices come back). */
 static loom__bind here_bind(const loom_graph *g, const void **inputs) {
+    loom__model_settle(g->model);
     loom__bind b = {.ws = g->workspace, .inputs = inputs};
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         b.slab[s] = g->model ? g->model->slab[s] : NULL;

@@ -104,6 +104,21 @@ loom_status loom_comm_barrier(loom_comm *c) {
 void loom_comm_abort(loom_comm *c, const char *reason) {
     head(c->g)->ops->abort(c, reason);
 }
+void *loom__group_shared(loom_group *g, size_t bytes) {
+    return head(g)->ops->shared ? head(g)->ops->shared(g, bytes) : NULL;
+}
+/* (the implementation's release tells its own memory from ordinary memory) */
+bool loom__group_unshare(loom_group *g, void *p, size_t bytes) {
+    return p && head(g)->ops->unshare && head(g)->ops->unshare(g, p, bytes);
+}
+void *loom_group_alloc(loom_group *g, size_t bytes) {
+    void *p = g ? loom__group_shared(g, bytes) : NULL;
+    return p ? p : loom__malloc(bytes ? bytes : 1);
+}
+void loom_group_release(loom_group *g, void *p, size_t bytes) {
+    if (!g || !loom__group_unshare(g, p, bytes))
+        loom__free(p);
+}
 
 /* ---- local: threads in shared memory ------------------------------------------------------------
  */
@@ -286,6 +301,8 @@ static loom_status local_barrier(loom_comm *c) {
     return enter(c, NULL);
 }
 
-static const loom__group_ops local_ops = {"local",         local_allreduce, local_broadcast,
-                                          local_allgather, local_barrier,   local_abort,
-                                          local_free};
+/* (threads share all memory: nothing to allocate specially) */
+static const loom__group_ops local_ops = {
+    "local",       local_allreduce, local_broadcast, local_allgather,
+    local_barrier, local_abort,     local_free,      NULL,
+    NULL};

@@ -76,6 +76,11 @@ struct loom_devices {
      * stop): a communicator of their own, never the one device 0 may be using meanwhile */
     loom_group *hprocs;
     loom_comm *hcomm;
+    /* device 0's gradients where the processes' all-reduce reads them in place (lend_grads),
+     * and the model that lent them */
+    float *grads;
+    size_t grads_bytes;
+    loom_model *lent;
     loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
     bool spare_cpu;    /* fewer devices than CPUs: the controller may spin while a step runs */
 };
@@ -111,6 +116,8 @@ static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_o
     loom_status s;
     if (D->nproc == 1) {
         s = loom_comm_allreduce(d->comm, buf, n, op);
+    } else if (D->n == 1) { /* the processes are the devices: a mean over them is the mean */
+        s = loom_comm_allreduce(D->pcomm, buf, n, op);
     } else {
         s = loom_comm_allreduce(d->comm, buf, n, LOOM_REDUCE_SUM);
         if (!s && d->index == 0)
@@ -126,7 +133,55 @@ static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_o
 }
 
 static float *slab_of(loom_devices *D, device *d, int s) {
+    if (d->index == 0 && s == LOOM_SLAB_GRAD && D->lent && D->lent == D->model)
+        return D->grads;
     return d->index == 0 ? D->model->slab[s] : d->slab[s];
+}
+
+/* Device 0's gradients across processes. Where the processes' group has memory that the others
+ * map (an MPI job on one machine), its all-reduce reads every process's gradients in place, so
+ * device 0 keeps them there rather than in the model's slab: the model lends them
+ * (loom_model.away), the host's next look at the model copies them back, and the next step after
+ * it copies them in again. Elsewhere device 0 uses the model's own. */
+static void loan_ended(void *lender, loom_model *m) {
+    (void)m;
+    ((loom_devices *)lender)->lent = NULL;
+}
+
+static void return_grads(loom_devices *D) {
+    loom_model *m = D->lent;
+    if (!m)
+        return;
+    loom__model_settle(m); /* the values come back */
+    m->lender = NULL, m->lent_end = NULL;
+    D->lent = NULL;
+}
+
+static void lend_grads(loom_devices *D, loom_model *m) {
+    size_t need = sizeof(float) * (size_t)m->len[LOOM_SLAB_GRAD];
+    if (D->nproc == 1 || need == 0)
+        return;
+    if (D->lent != m) {
+        return_grads(D);
+        if (m->lender) { /* other devices' loan ends */
+            loom__model_settle(m);
+            m->lent_end(m->lender, m);
+            m->lender = NULL;
+        }
+    }
+    if (need > D->grads_bytes) {
+        return_grads(D);
+        loom__group_unshare(D->procs, D->grads, D->grads_bytes);
+        D->grads = loom__group_shared(D->procs, need);
+        D->grads_bytes = D->grads ? need : 0;
+    }
+    if (!D->grads) /* (no memory to share: MPI copies them) */
+        return;
+    m->lender = D, m->lent_end = loan_ended, D->lent = m;
+    if (!m->away[LOOM_SLAB_GRAD]) {
+        memcpy(D->grads, m->slab[LOOM_SLAB_GRAD], need);
+        m->away[LOOM_SLAB_GRAD] = D->grads;
+    }
 }
 
 /* Compares checksum `mine` with every rank's of c: EINTERNAL naming the first that differs. */
@@ -356,6 +411,7 @@ static loom_status dispatch(loom_devices *D) {
 
 /* Replicas follow the model: same sizes, same values (broadcast and verified). */
 static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
+    lend_grads(D, m);
     if (D->synced_model == m && D->synced_version == m->version)
         return LOOM_OK;
     for (int i = 1; i < D->n; i++)
@@ -541,8 +597,8 @@ static loom_status join_processes(loom_devices *D, int *node_rank, int *node_siz
     if (mode == LOOM_DIST_LOCAL ||
         (mode == LOOM_DIST_AUTO && (!loom_mpi_launcher() || !loom__mpi_version())))
         return LOOM_OK;
-    if (!(D->procs = loom_group_mpi_new(D->c.timeout_s)) ||
-        !(D->hprocs = loom_group_mpi_new(D->c.timeout_s)))
+    if (!(D->procs = loom__group_mpi(D->c.timeout_s, true)) ||
+        !(D->hprocs = loom__group_mpi(D->c.timeout_s, false)))
         return LOOM_EUNSUPPORTED; /* (its message is the reason) */
     D->pcomm = loom__mpi_self(D->procs);
     D->hcomm = loom__mpi_self(D->hprocs);
@@ -654,6 +710,8 @@ void loom_devices_free(loom_devices *D) {
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             loom__free(D->dev[i].slab[s]);
     }
+    return_grads(D);
+    loom__group_unshare(D->procs, D->grads, D->grads_bytes);
     loom__free(D->dev);
     loom__arena_free(&D->arena);
     loom_group_free(D->group);

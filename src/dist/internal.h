@@ -23,6 +23,10 @@ typedef struct {
     loom_status (*barrier)(loom_comm *c);
     void (*abort)(loom_comm *c, const char *reason);
     void (*free)(loom_group *g);
+    /* memory that this group's all-reduce reads in place from the other ranks (NULL: none
+     * needed, any memory will do, or none to be had), and its release */
+    void *(*shared)(loom_group *g, size_t bytes);
+    bool (*unshare)(loom_group *g, void *p, size_t bytes); /* false: not this memory */
 } loom__group_ops;
 
 /* What every group starts with; an implementation's state follows in its own struct. */
@@ -45,6 +49,28 @@ void loom__reduce_slice(float *const *p, int w, int64_t lo, int64_t hi, bool mea
 /* Rank `rank`'s share [lo, hi) of n elements split over world ranks. */
 void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi);
 
+/* loom__group_ops.shared and unshare of g: NULL where it has none (any memory will do) */
+void *loom__group_shared(loom_group *g, size_t bytes);
+bool loom__group_unshare(loom_group *g, void *p, size_t bytes); /* false: not g's memory */
+
+/* shm.c: segments of memory that the processes of one machine (rank of size) all map, named
+ * after `job`; see there. new creates this process's, attach (once every rank has created its
+ * own) maps the others', unlink (once every rank has attached) removes the files. */
+typedef struct loom__shm loom__shm;
+loom__shm *loom__shm_new(const char *job, int rank, int size);
+loom_status loom__shm_attach(loom__shm *n, const char *job);
+void loom__shm_unlink(loom__shm *n);
+void loom__shm_free(loom__shm *n);
+/* A buffer in this process's segment (NULL when it is full or /dev/shm is), and its release. */
+void *loom__shm_alloc(loom__shm *n, size_t bytes);
+bool loom__shm_release(loom__shm *n, void *p, size_t bytes); /* false: not in it */
+/* Every rank's buf (count floats) set to the sum over ranks in order (a mean: divided by the
+ * ranks), read and written in place; false, with nothing done on any rank, unless every rank's
+ * buf lies in its segment. A collective of all the node's ranks, with no deadline of its own. */
+bool loom__shm_allreduce(loom__shm *n, float *buf, int64_t count, bool mean);
+
+/* mpi.c: an MPI group; with `node`, its processes all on one machine share memory (shm.c) */
+loom_group *loom__group_mpi(double timeout_s, bool node);
 /* mpi.c: this process's handle of an MPI group (NULL for another rank's: it lives elsewhere), and
  * the MPI library's name and version (NULL when built without MPI). */
 loom_comm *loom__mpi_comm(loom_group *g, int rank);

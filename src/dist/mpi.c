@@ -30,10 +30,14 @@ const char *loom_mpi_launcher(void) {
     return NULL;
 }
 
+loom_group *loom_group_mpi_new(double timeout_s) {
+    return loom__group_mpi(timeout_s, true);
+}
+
 #ifndef LOOM_HAVE_MPI
 
-loom_group *loom_group_mpi_new(double timeout_s) {
-    (void)timeout_s;
+loom_group *loom__group_mpi(double timeout_s, bool node) {
+    (void)timeout_s, (void)node;
     loom__error(LOOM_EUNSUPPORTED, "loom_group_mpi_new: this loom was built without MPI "
                                    "(install libopenmpi-dev and rebuild)");
     return NULL;
@@ -62,7 +66,7 @@ const char *loom__mpi_version(void) {
 
 #    include <mpi.h>
 
-typedef struct {
+typedef struct mpi_group {
     loom__group_head h; /* first: the interface reads it */
     MPI_Comm comm;
     loom_comm self;
@@ -71,16 +75,18 @@ typedef struct {
     int *counts; /* 4 x world: send counts and displacements, receive counts and displacements */
     char where[300];          /* "rank R (host H, pid P)" */
     int node_rank, node_size; /* among the processes on this machine */
+    loom__shm *node;          /* memory the processes share, when they are all on this machine */
     /* the watchdog: a thread that ends the job when a collective outlasts the deadline */
     pthread_t watch;
     bool watching;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
-    _Atomic double since; /* when the collective running began (0: none) */
-    atomic_int kind;      /* which one */
-    MPI_Comm wcomm;       /* the watchdogs' own messages: where each rank is */
-    bool ask;             /* threads may call MPI at once: the watchdog can ask the others */
+    _Atomic double since;   /* when the collective running began (0: none) */
+    atomic_int kind;        /* which one */
+    MPI_Comm wcomm;         /* the watchdogs' own messages: where each rank is */
+    bool ask;               /* threads may call MPI at once: the watchdog can ask the others */
+    struct mpi_group *next; /* the groups alive (their watchdogs stop before MPI is finalized) */
 } mpi_group;
 
 enum { TAG_WHERE = 1, TAG_HERE = 2 }; /* a watchdog's question, and the answer */
@@ -100,7 +106,26 @@ const char *loom__mpi_version(void) {
     return v;
 }
 
+static pthread_mutex_t alive_mu = PTHREAD_MUTEX_INITIALIZER;
+static mpi_group *alive;
+
+static void stop_watchdog(mpi_group *g) {
+    if (!g->watching)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->stop = true;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->watch, NULL);
+    g->watching = false;
+}
+
+/* At exit: a group still alive (its program did not free it) keeps its watchdog off MPI first. */
 static void finalize(void) {
+    pthread_mutex_lock(&alive_mu);
+    for (mpi_group *g = alive; g; g = g->next)
+        stop_watchdog(g);
+    pthread_mutex_unlock(&alive_mu);
     MPI_Finalize();
 }
 
@@ -124,7 +149,31 @@ static loom_status init_mpi(void) {
     return LOOM_OK;
 }
 
-loom_group *loom_group_mpi_new(double timeout_s) {
+/* The node's shared memory (shm.c), set up by every process of `node` together: rank 0 names
+ * the job, each creates its segment, maps everyone's, and removes its file. NULL on every rank
+ * (they agree) where any could not: the group then works without. */
+static loom__shm *join_node(MPI_Comm node, int rank, int size) {
+    char job[64] = "";
+    if (rank == 0)
+        snprintf(job, sizeof job, "loom-%ld-%llx", (long)getpid(),
+                 (unsigned long long)(loom__now() * 1e9));
+    MPI_Bcast(job, sizeof job, MPI_CHAR, 0, node);
+    loom__shm *n = loom__shm_new(job, rank, size);
+    int ok = n != NULL, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, node);
+    if (all) {
+        ok = loom__shm_attach(n, job) == LOOM_OK;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, node);
+    }
+    loom__shm_unlink(n); /* every rank has mapped every segment, or given up */
+    if (!all) {
+        loom__shm_free(n);
+        return NULL;
+    }
+    return n;
+}
+
+loom_group *loom__group_mpi(double timeout_s, bool share) {
     if (timeout_s < 0 || init_mpi()) {
         if (timeout_s < 0)
             loom__error(LOOM_EINVAL, "loom_group_mpi_new: timeout %g", timeout_s);
@@ -149,6 +198,8 @@ loom_group *loom_group_mpi_new(double timeout_s) {
         MPI_SUCCESS) {
         MPI_Comm_rank(node, &g->node_rank);
         MPI_Comm_size(node, &g->node_size);
+        if (share && world > 1 && g->node_size == world)
+            g->node = join_node(node, g->node_rank, g->node_size);
         MPI_Comm_free(&node);
     }
     g->h = (loom__group_head){&mpi_ops, world, timeout_s > 0 ? timeout_s : 60.0};
@@ -163,6 +214,9 @@ loom_group *loom_group_mpi_new(double timeout_s) {
     atomic_init(&g->since, 0.0);
     atomic_init(&g->kind, 0);
     g->watching = pthread_create(&g->watch, NULL, watchdog, g) == 0;
+    pthread_mutex_lock(&alive_mu);
+    g->next = alive, alive = g;
+    pthread_mutex_unlock(&alive_mu);
     if (!g->counts || !g->watching) {
         mpi_ops.free((loom_group *)(void *)g);
         loom__error(LOOM_ENOMEM, "loom_group_mpi_new: cannot start the watchdog");
@@ -187,13 +241,14 @@ void loom__mpi_node(const loom_group *grp, int *rank, int *size) {
 
 static void mpi_free(loom_group *grp) {
     mpi_group *g = (mpi_group *)(void *)grp;
-    if (g->watching) {
-        pthread_mutex_lock(&g->mu);
-        g->stop = true;
-        pthread_cond_signal(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        pthread_join(g->watch, NULL);
-    }
+    pthread_mutex_lock(&alive_mu);
+    for (mpi_group **p = &alive; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    stop_watchdog(g);
+    pthread_mutex_unlock(&alive_mu);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     int finalized = 0;
@@ -202,9 +257,18 @@ static void mpi_free(loom_group *grp) {
         MPI_Comm_free(&g->comm);
     if (!finalized && g->ask)
         MPI_Comm_free(&g->wcomm);
+    loom__shm_free(g->node);
     loom__free(g->scratch);
     loom__free(g->counts);
     loom__free(g);
+}
+
+static void *mpi_shared(loom_group *grp, size_t bytes) {
+    return loom__shm_alloc(((mpi_group *)(void *)grp)->node, bytes);
+}
+
+static bool mpi_unshare(loom_group *grp, void *p, size_t bytes) {
+    return loom__shm_release(((mpi_group *)(void *)grp)->node, p, bytes);
 }
 
 /* Ends the job: one line naming this rank and the reason, then MPI_Abort (every rank exits). */
@@ -343,6 +407,8 @@ static loom_status mpi_allreduce(loom_comm *c, float *buf, int64_t n, loom_reduc
         return LOOM_OK;
     }
     enter(c, 0);
+    if (g->node && loom__shm_allreduce(g->node, buf, n, op == LOOM_REDUCE_MEAN))
+        return leave(c, MPI_SUCCESS); /* in place, every rank's buffer in shared memory */
     if (w == 2) { /* one addition an element, and a + b is b + a bit for bit: MPI's own sum */
         loom_status s =
             leave(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, g->comm));
@@ -394,7 +460,8 @@ static loom_status mpi_barrier(loom_comm *c) {
     return leave(c, MPI_Barrier(of(c)->comm));
 }
 
-static const loom__group_ops mpi_ops = {"mpi",       mpi_allreduce, mpi_broadcast, mpi_allgather,
-                                        mpi_barrier, mpi_abort,     mpi_free};
+static const loom__group_ops mpi_ops = {"mpi",         mpi_allreduce, mpi_broadcast,
+                                        mpi_allgather, mpi_barrier,   mpi_abort,
+                                        mpi_free,      mpi_shared,    mpi_unshare};
 
 #endif

@@ -170,9 +170,17 @@ struct loom_model {
     int64_t len[LOOM_SLAB_COUNT], slab_cap[LOOM_SLAB_COUNT];
     uint64_t version;    /* bumped when the host changes slabs: replicas resynchronize */
     loom_graph *running; /* the graph whose submitted step reads and writes the slabs, or NULL */
+    /* A slab may be lent to the devices that run m's steps, which keep it in memory of their
+     * own (device 0's gradients, where other processes read them in place: dist/devices.c):
+     * away[s], when set, holds its current values, and the host's next look copies them back.
+     * lender is who lent it; lent_end(lender, m) ends the loan when m is freed. */
+    float *away[LOOM_SLAB_COUNT];
+    void *lender;
+    void (*lent_end)(void *lender, loom_model *m);
 };
 
-/* Ends the step running on m, if any, before the host reads or changes m's slabs. */
+/* Ends the step running on m, if any, and brings back slabs away, before the host reads or
+ * changes m's slabs. */
 void loom__model_settle(const loom_model *m);
 
 /* model.c: optimizer state, zero-filled; returns its offset in the STATE slab or -1 (ENOMEM). */

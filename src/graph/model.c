@@ -10,9 +10,15 @@
 
 #include <string.h>
 
-void loom__model_settle(const loom_model *m) {
+void loom__model_settle(const loom_model *cm) {
+    loom_model *m = (loom_model *)(uintptr_t)cm; /* (the host's view of m, made current) */
     if (m && m->running)
         loom__graph_finish(m->running);
+    for (int s = 0; m && s < LOOM_SLAB_COUNT; s++)
+        if (m->away[s]) {
+            memcpy(m->slab[s], m->away[s], sizeof(float) * (size_t)m->len[s]);
+            m->away[s] = NULL;
+        }
 }
 
 loom_model *loom_model_new(void) {
@@ -23,6 +29,8 @@ void loom_model_free(loom_model *m) {
     if (!m)
         return;
     loom__model_settle(m); /* (its graph should have been freed first) */
+    if (m->lender)
+        m->lent_end(m->lender, m);
     for (int64_t i = 0; i < m->n; i++) {
         loom__free(m->params[i]->name);
         loom__free(m->params[i]);
