@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/run.sh - training throughput of both recipes, loom on 1 and 2 devices and PyTorch
-# (Debian's python3-torch 1.13) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
+# (its current release from PyPI, bench/torch-venv.sh; PEER_PYTHON overrides) on 1 thread and with DistributedDataParallel (gloo, 2 processes x
 # 1 thread), all measured in this one run: same model, global batch 128, SGD momentum 0.9.
 # Both figures are steady state, STEPS steps after 20 warm-up steps (on one device, the median of
 # three runs): loom's is its own "samples/s ... after 20 warm-up steps" (the training steps' time,
@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 loom=build/loom
 [ -x "$loom" ] && [ -x build/bench_peak ] || { echo "build first: make build"; exit 1; }
+py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
+echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)')"
 # loom's steady state as the peer measures PyTorch's: STEPS steps after 20 warm-up steps
 rate() { "$loom" train "$1" --steps $(($2 + 20)) --devices "$3" 2>/dev/null |
     sed -n 's/.* samples\/s training, \([0-9]*\) after 20 warm-up steps.*/\1/p'; }
@@ -18,10 +20,10 @@ cold=$(mktemp -d)
 trap 'rm -rf "$cold"' EXIT
 cold_compile() { XDG_CACHE_HOME="$cold/$1.$2" "$loom" train "$1" --steps 3 --devices "$2" 2>/dev/null |
     sed -n 's/.*compiles \([0-9]*\) (\([0-9.]*\) s).*/\1 programs in \2 s/p'; }
-torch() { /usr/bin/python3 bench/torch_peer.py "$@" | sed -n 's/^samples\/s //p'; }
+torch() { "$py" bench/torch_peer.py "$@" | sed -n 's/^samples\/s //p'; }
 # start-up to the end of the first step (warm kernel cache) and peak RSS, loom then PyTorch
 startup() { "$loom" train "$1" --steps 3 --devices 1 2>/dev/null | sed -n 's/^start-up to the end of the first step \([0-9.]*\) s; peak RSS \([0-9]*\) MiB$/\1 s, \2 MiB/p'; }
-torch_startup() { /usr/bin/python3 bench/torch_peer.py "$1" 3 | awk '/^startup/ {s=$2} /^maxrss/ {m=$2} END {print s " s, " m " MiB"}'; }
+torch_startup() { "$py" bench/torch_peer.py "$1" 3 | awk '/^startup/ {s=$2} /^maxrss/ {m=$2} END {print s " s, " m " MiB"}'; }
 # FLOP per training sample (forward + weight gradients + the input gradients that are needed)
 flop() { [ "$1" = fmnist-mlp ] && echo 1211392 || echo 15403776; }
 # ... of which loom performs: conv2's forward skips the 21 of 121 positions of each plane that no

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch peer for bench/run.sh: the same model, data, global batch 128 and SGD momentum 0.9 as a
 loom recipe, one thread per process (intra-op and BLAS), steady-state training samples/s after 20
 warm-up steps. Prints "samples/s X", then "startup S" (process start to the end of
 the first step) and "maxrss MiB" of the process running rank 0.
 
-    /usr/bin/python3 bench/torch_peer.py RECIPE STEPS [DDP_PROCESSES]
+    $(bash bench/torch-venv.sh) bench/torch_peer.py RECIPE STEPS [DDP_PROCESSES]
 
 With DDP_PROCESSES > 0: DistributedDataParallel over gloo on 127.0.0.1, each process one thread
 and its slice of every global batch (global batch / processes)."""
