@@ -8,8 +8,8 @@
  * threads of one process: each rank adds its 1/world of the elements over every rank's buffer,
  * in rank order, writing the sum into all of them (loom__reduce_slice), between two barriers
  * kept in rank 0's segment. No copies in or out: MPI's shared-memory transport copies every
- * buffer twice, which made the MLP's gradients 0.39 ms of its 1.25 ms step across two processes
- * against 0.13 ms between the devices of one (bench/RESULTS.md).
+ * buffer in and out, which made crossing processes cost a small model a quarter of its step
+ * (bench/RESULTS.md).
  *
  * The barrier spins briefly, then sleeps on a futex (the processes may be more than the CPUs).
  * It has no deadline of its own: the caller keeps one (mpi.c's watchdog ends the job).

@@ -8,7 +8,31 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+/* The files this process wrote, removed at exit: nothing is left in $TMPDIR (/dev/shm in the
+ * suite). */
+static char fuzz_written[8][512];
+
+static inline void fuzz_remove_files(void) {
+    for (int i = 0; i < 8; i++)
+        if (fuzz_written[i][0])
+            unlink(fuzz_written[i]);
+}
+
+static inline void fuzz_remember(const char *path) {
+    for (int i = 0; i < 8; i++) {
+        if (!strcmp(fuzz_written[i], path))
+            return;
+        if (!fuzz_written[i][0]) {
+            if (i == 0)
+                atexit(fuzz_remove_files);
+            snprintf(fuzz_written[i], sizeof fuzz_written[i], "%s", path);
+            return;
+        }
+    }
+}
 
 /* Writes data to this process's file number `which` (with the suffix); returns its path. */
 static inline const char *fuzz_file(int which, const char *suffix, const uint8_t *data,
@@ -23,6 +47,7 @@ static inline const char *fuzz_file(int which, const char *suffix, const uint8_t
     if (size && fwrite(data, 1, size, f) != size)
         abort();
     fclose(f);
+    fuzz_remember(path[which]);
     return path[which];
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bench/matrix.sh [MODEL...] - the model matrix (bench/matrix.h: the two recipes and ten more
+# built through the public API), each model against PyTorch with the same model and batch, all in
+# this one run: loom on 1 device against PyTorch's best on one thread (eager or torch.compile),
+# and loom on 2 devices against PyTorch's best on 2 cores (2 threads eager or compiled, or DDP
+# with 2 processes x 1 thread). Steady state: loom's trainer and PyTorch each STEPS steps after 20
+# warm-up steps, STEPS sized from the model's FLOP for about 2 s of loom. Also the share of the
+# FMA peak (build/bench_peak, measured now; 2 devices: of twice it) and 2-device scaling.
+# PyTorch is its current release from PyPI (bench/torch-venv.sh; PEER_PYTHON overrides);
+# NO_COMPILE=1 leaves torch.compile out (it compiles for ~40 s a model and mode). Not a test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+[ -x build/bench_matrix ] && [ -x build/bench_peak ] || { echo "build first: make build"; exit 1; }
+py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
+echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $(lscpu | sed -n 's/^Model name: *//p')"
+peak=$(build/bench_peak)
+echo "FMA peak of one core: $peak GFLOP/s"
+models=("$@")
+[ ${#models[@]} -gt 0 ] || mapfile -t models < <(build/bench_matrix --list | cut -d' ' -f1)
+rate() { sed -n 's/^samples\/s //p'; }
+best() { printf '%s\n' "$@" | sort -g | tail -1; }
+printf '%-15s %5s %6s %9s %9s %9s %9s %7s %7s %9s %9s %9s %9s %7s %7s %6s\n' model batch steps \
+    loom1 eager1 compile1 torch1 vs1 peak1 loom2 eager2 compile2 ddp2 vs2 peak2 scale
+for m in "${models[@]}"; do
+    read -r _ batch _ flop _ < <(build/bench_matrix --list | grep "^$m ")
+    # about 2 s of loom at 60 GFLOP/s, 20 to 2000 steps
+    steps=$(echo "s = 2 * 60000000000 / ($flop * $batch); if (s < 20) s = 20; if (s > 2000) s = 2000; scale = 0; s / 1" | bc)
+    l1=$(build/bench_matrix "$m" 1 "$steps" | rate)
+    l2=$(build/bench_matrix "$m" 2 "$steps" | rate)
+    e1=$("$py" bench/torch_matrix.py "$m" eager1 "$steps" | rate)
+    e2=$("$py" bench/torch_matrix.py "$m" eager2 "$steps" | rate)
+    d2=$("$py" bench/torch_matrix.py "$m" ddp2 "$steps" | rate)
+    c1=0 c2=0
+    if [ "${NO_COMPILE:-0}" != 1 ]; then
+        c1=$("$py" bench/torch_matrix.py "$m" compile1 "$steps" 2>/dev/null | rate)
+        c2=$("$py" bench/torch_matrix.py "$m" compile2 "$steps" 2>/dev/null | rate)
+    fi
+    t1=$(best "$e1" "${c1:-0}") t2=$(best "$e2" "${c2:-0}" "$d2")
+    printf '%-15s %5s %6s %9s %9s %9s %9s %6.2fx %6.1f%% %9s %9s %9s %9s %6.2fx %6.1f%% %5.2fx\n' \
+        "$m" "$batch" "$steps" "$l1" "$e1" "${c1:-0}" "$t1" "$(echo "$l1 / $t1" | bc -l)" \
+        "$(echo "100 * $l1 * $flop / ($peak * 1000000000)" | bc -l)" "$l2" "$e2" "${c2:-0}" "$d2" \
+        "$(echo "$l2 / $t2" | bc -l)" "$(echo "100 * $l2 * $flop / (2 * $peak * 1000000000)" | bc -l)" \
+        "$(echo "$l2 / $l1" | bc -l)"
+done

@@ -1,0 +1,138 @@
+/*
+ * test_matrix.c - every model of the benchmark's matrix (bench/matrix.h: MLPs 512 to 2048 wide and
+ * 6 deep, convolutions 3x3 and 5x5 with and without padding, stride 2 without pooling, three conv
+ * layers, batches 32 to 512) trains 20 steps through the low-level API (SGD with momentum, on
+ * synthetic data): compiled on 1 device against the interpreter on this thread, and on 2 devices
+ * against 1, on data it can learn: its loss falls. LOOM_TEST_QUICK (the sanitizer builds) runs 3
+ * steps of at most 16 samples.
+ */
+#include "../bench/matrix.h"
+#include "harness.h"
+
+#include <math.h>
+
+typedef struct {
+    float *params; /* after the steps (malloc'd) */
+    double first_loss, last_loss;
+} result;
+
+/* Step `step`'s batch: each sample its class's fixed pattern plus as much noise (learnable). */
+static void batch_data(int64_t rows, int step, float *x, int32_t *y) {
+    for (int64_t i = 0; i < rows; i++) {
+        y[i] = (int32_t)((i * 7 + step * 3) % 10);
+        for (int64_t j = 0; j < 784; j++)
+            x[i * 784 + j] =
+                (float)(test_rand(900 + (uint64_t)y[i], (uint64_t)j, 0, 0.5) +
+                        test_rand(500 + (uint64_t)step, (uint64_t)(i * 784 + j), 0, 0.5));
+    }
+}
+
+/* Trains mm for `steps` steps of `rows` samples: on `devices` devices (compiled), or with none
+ * (devices 0) interpreted on this thread. false on failure (reported). */
+static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
+    loom_model *m = loom_model_new();
+    loom_sequential *net = loom_sequential_new(m, mm->layers);
+    if (!net) {
+        fprintf(stderr, "FAIL %s: %s\n", mm->name, loom_last_error());
+        harness_failed++;
+        loom_model_free(m);
+        return false;
+    }
+    loom_sequential_init(net, 7);
+    loom_optim *o = loom_sgd_new(m, &(loom_optim_config){.lr = 0.01, .momentum = 0.9});
+    loom_devices *d = devices ? loom_devices_new(&(loom_devices_config){.count = devices}) : NULL;
+    loom_graph *g = loom_graph_new(m);
+    if (d)
+        loom_graph_set_devices(g, d);
+    else
+        loom_graph_set_backend(g, LOOM_BACKEND_INTERP);
+    float *x = malloc(sizeof(float) * (size_t)(rows * 784));
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)rows);
+    bool ok = true;
+    for (int s = 0; s < steps && ok; s++) {
+        batch_data(rows, s, x, y);
+        loom_graph_reset(g);
+        int64_t shape[4] = {rows, 1, 28, 28}, flat[2] = {rows, 784};
+        loom_tensor *in = mm->flat ? loom_input_batch(g, LOOM_F32, 2, flat, x)
+                                   : loom_input_batch(g, LOOM_F32, 4, shape, x);
+        loom_tensor *lab = loom_input_batch(g, LOOM_I32, 1, &rows, y);
+        loom_tensor *loss = loom_cross_entropy(g, loom_sequential_forward(g, net, in), lab);
+        loom_backward(g, loss);
+        loom_optim_step(g, o);
+        if (loom_graph_run(g)) {
+            fprintf(stderr, "FAIL %s, %d devices, step %d: %s\n", mm->name, devices, s,
+                    loom_last_error());
+            harness_failed++;
+            ok = false;
+            break;
+        }
+        double v = loom_item(loss);
+        if (s == 0)
+            r->first_loss = v;
+        r->last_loss = v;
+    }
+    int64_t n = loom_model_numel(m);
+    r->params = malloc(sizeof(float) * (size_t)n);
+    memcpy(r->params, loom_param_data(loom_model_at(m, 0)), sizeof(float) * (size_t)n);
+    free(x), free(y);
+    loom_graph_free(g);
+    loom_devices_free(d);
+    loom_optim_free(o);
+    loom_sequential_free(net);
+    loom_model_free(m);
+    return ok;
+}
+
+/* ||a - b|| / ||b|| over n elements. */
+static double normwise(const float *a, const float *b, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(e / s);
+}
+
+TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
+    bool quick = getenv("LOOM_TEST_QUICK") != NULL;
+    int steps = quick ? 3 : 20;
+    for (int i = 0; i < MATRIX_COUNT; i++) {
+        const matrix_model *mm = &matrix[i];
+        int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
+        result ref = {0}, one = {0}, two = {0};
+        bool ok = train(mm, 0, steps, rows, &ref) && train(mm, 1, steps, rows, &one) &&
+                  train(mm, 2, steps, rows, &two);
+        if (ok) {
+            loom_model *m = loom_model_new();
+            loom_sequential *net = loom_sequential_new(m, mm->layers);
+            int64_t n = loom_model_numel(m);
+            loom_sequential_free(net);
+            loom_model_free(m);
+            double ci = normwise(one.params, ref.params, n),
+                   dd = normwise(two.params, one.params, n);
+            bool bitwise = !memcmp(one.params, ref.params, sizeof(float) * (size_t)n);
+            fprintf(stderr,
+                    "%-15s batch %3lld, %d steps: loss %.4f -> %.4f; compiled vs interpreted "
+                    "%.2g (%s), 2 devices vs 1 %.2g\n",
+                    mm->name, (long long)rows, steps, one.first_loss, one.last_loss, ci,
+                    bitwise ? "bitwise" : "not bitwise", dd);
+            if (!(ci <= 1e-6))
+                fprintf(stderr, "FAIL %s: compiled differs from interpreted by %.3g\n", mm->name,
+                        ci),
+                    harness_failed++;
+            if (!(dd <= 1e-5))
+                fprintf(stderr, "FAIL %s: 2 devices differ from 1 by %.3g\n", mm->name, dd),
+                    harness_failed++;
+            if (!quick && !(one.last_loss < one.first_loss))
+                fprintf(stderr, "FAIL %s: the loss did not fall (%.4f -> %.4f)\n", mm->name,
+                        one.first_loss, one.last_loss),
+                    harness_failed++;
+        }
+        free(ref.params), free(one.params), free(two.params);
+    }
+}
+
+int main(void) {
+    RUN(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1);
+    return HARNESS_EXIT();
+}
