@@ -280,6 +280,8 @@ LOOM_API loom_tensor *loom_exp(loom_graph *g, loom_tensor *a);
 LOOM_API loom_tensor *loom_log(loom_graph *g, loom_tensor *a);
 LOOM_API loom_tensor *loom_sqrt(loom_graph *g, loom_tensor *a);
 LOOM_API loom_tensor *loom_relu(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_tanh(loom_graph *g, loom_tensor *a);
+LOOM_API loom_tensor *loom_erf(loom_graph *g, loom_tensor *a); /* the error function */
 
 /* Reductions over one axis (negative counts from the end), keeping it with size 1. */
 LOOM_API loom_tensor *loom_sum(loom_graph *g, loom_tensor *a, int axis);
@@ -325,6 +327,13 @@ LOOM_API loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, lo
 /* Compositions (their gradients come from the primitives). */
 LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);
 LOOM_API loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis);
+/* GELU, exact: x / 2 (1 + erf(x / sqrt 2)), as torch.nn.GELU() (approximate='none'). */
+LOOM_API loom_tensor *loom_gelu(loom_graph *g, loom_tensor *x);
+/* Layer normalization over the last axis, as torch.nn.LayerNorm(x.shape[-1], eps): (x - mean) /
+ * sqrt(var + eps) with the biased variance, times weight, plus bias; weight and bias (each NULL
+ * for none) have the last axis's size. */
+LOOM_API loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight,
+                                      loom_tensor *bias, double eps);
 /* logits (B, C), labels (B) int32 -> mean negative log-likelihood, shape (). With labels from
  * loom_input_batch, padded rows weigh 0 and the sum is divided by the global real rows / devices,
  * so that the mean over devices (and the averaged gradient) is the global batch's. */

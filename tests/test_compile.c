@@ -31,6 +31,10 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
         return loom_sqrt(g, loom_exp(g, a));
     if (!strcmp(op, "RELU"))
         return loom_relu(g, a);
+    if (!strcmp(op, "TANH"))
+        return loom_tanh(g, a);
+    if (!strcmp(op, "ERF"))
+        return loom_erf(g, a);
     if (!strcmp(op, "ADD"))
         return loom_add(g, a, b);
     if (!strcmp(op, "SUB"))

@@ -97,6 +97,21 @@ static loom_tensor *b_fold(loom_graph *g, loom_tensor **x) {
 static loom_tensor *b_allreduce(loom_graph *g, loom_tensor **x) { /* one device: the identity */
     return loom_allreduce(g, x[0], LOOM_REDUCE_MEAN);
 }
+static loom_tensor *b_tanh(loom_graph *g, loom_tensor **x) {
+    return loom_tanh(g, x[0]);
+}
+static loom_tensor *b_erf(loom_graph *g, loom_tensor **x) {
+    return loom_erf(g, x[0]);
+}
+static loom_tensor *b_gelu(loom_graph *g, loom_tensor **x) {
+    return loom_gelu(g, x[0]);
+}
+static loom_tensor *b_layer_norm(loom_graph *g, loom_tensor **x) { /* (2, 3, 5) over 5 */
+    return loom_layer_norm(g, x[0], x[1], x[2], 1e-5);
+}
+static loom_tensor *b_layer_norm_bare(loom_graph *g, loom_tensor **x) { /* no weight, no bias */
+    return loom_layer_norm(g, x[0], NULL, NULL, 0.1);
+}
 static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) {
     return loom_softmax(g, x[0], 1);
 }
@@ -163,6 +178,11 @@ static const opcase cases[] = {
     {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
     {"POOLMAX", 1, {4}, {S4(2, 3, 5, 6)}, {1}, -2, 2, b_poolmax},
     {"ALLREDUCE", 1, {2}, {S2(2, 3)}, {1}, -2, 2, b_allreduce},
+    {"TANH", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_tanh},
+    {"ERF", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_erf},
+    {"gelu", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
+    {"layer_norm", 3, {3, 1, 1}, {S3(2, 3, 5), S1(5), S1(5)}, {1, 1, 1}, -2, 2, b_layer_norm},
+    {"layer_norm_bare", 1, {2}, {S2(4, 1)}, {1}, -2, 2, b_layer_norm_bare},
     {"softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
     {"log_softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_logsm},
     {"mean_all", 1, {3}, {S3(2, 3, 3)}, {1}, -2, 2, b_mean},
@@ -778,6 +798,49 @@ TEST(forward_only_ops) {
     loom_graph_free(g);
 }
 
+/* GELU against its definition and layer normalization against naive loops, in float32 (the
+ * reference in double), odd sizes; bad shapes are one clear error. */
+TEST(gelu_and_layer_norm_match_naive) {
+    enum { R = 5, N = 37 };
+    static float x[R * N], w[N], bias[N];
+    for (int i = 0; i < R * N; i++)
+        x[i] = (float)test_rand(61, (uint64_t)i, -4, 4);
+    for (int i = 0; i < N; i++)
+        w[i] = (float)test_rand(62, (uint64_t)i, 0.5, 2),
+        bias[i] = (float)test_rand(63, (uint64_t)i, -1, 1);
+    int64_t s[2] = {R, N}, sn[1] = {N};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 2, s, x);
+    loom_tensor *ge = loom_gelu(g, tx);
+    loom_tensor *ln = loom_layer_norm(g, tx, loom_input(g, LOOM_F32, 1, sn, w),
+                                      loom_input(g, LOOM_F32, 1, sn, bias), 1e-5);
+    loom_output(ge), loom_output(ln);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pg = loom_tensor_data(ge), *pl = loom_tensor_data(ln);
+    for (int r = 0; r < R; r++) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < N; i++)
+            mean += x[r * N + i] / (double)N;
+        for (int i = 0; i < N; i++)
+            var += (x[r * N + i] - mean) * (x[r * N + i] - mean) / N;
+        for (int i = 0; i < N; i++) {
+            double v = x[r * N + i];
+            ASSERT_NEAR(pg[r * N + i], 0.5 * v * (1 + erf(v / sqrt(2.0))), 1e-6 * (1 + fabs(v)));
+            double ref = (v - mean) / sqrt(var + 1e-5) * w[i] + bias[i];
+            ASSERT_NEAR(pl[r * N + i], ref, 1e-5 * (1 + fabs(ref)));
+        }
+    }
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    int64_t s4[1] = {4};
+    ASSERT(!loom_layer_norm(g, tx = loom_input(g, LOOM_F32, 2, s, x),
+                            loom_input(g, LOOM_F32, 1, s4, w), NULL, 1e-5));
+    ASSERT_EQ(loom_graph_run(g), LOOM_ESHAPE);
+    ASSERT_STR_CONTAINS(loom_last_error(),
+                        "loom_layer_norm: input (5,37) and weight (4), expected (..., N) and (N)");
+    loom_graph_free(g);
+}
+
 TEST(empty_tensors) {
     int64_t s[2] = {0, 3};
     float dummy = 0;
@@ -794,6 +857,7 @@ TEST(empty_tensors) {
 
 int main(void) {
     RUN(every_op_has_a_case);
+    RUN(gelu_and_layer_norm_match_naive);
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);

@@ -63,6 +63,13 @@ RULE(SQRT) {
 RULE(RELU) {
     gx[0] = loom_where(g, loom_cmpgt(g, t, ZERO), gy, ZERO);
 }
+RULE(TANH) { /* 1 - tanh^2 */
+    gx[0] = loom_mul(g, gy, loom_sub(g, loom__scalar_like(g, gy, 1.0), loom_mul(g, t, t)));
+}
+RULE(ERF) { /* 2 / sqrt(pi) exp(-a^2) */
+    loom_tensor *e = loom_exp(g, loom_neg(g, loom_mul(g, A, A)));
+    gx[0] = loom_mul(g, gy, loom_mul(g, loom__scalar_like(g, gy, 1.1283791670955126), e));
+}
 RULE(ADD) {
     (void)g, (void)t;
     gx[0] = gy;

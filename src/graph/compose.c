@@ -2,7 +2,8 @@
  * compose.c - operations built from primitives, so that their gradients and (later) fusion come
  * for free: reductions over everything, softmax, log-softmax and cross-entropy (the max shift is
  * detached, as its gradient is zero), linear, conv2d (im2col + one matmul), max-pooling (im2col +
- * max, whose gradient goes to the first maximum of each window, as in PyTorch) and flatten.
+ * max, whose gradient goes to the first maximum of each window, as in PyTorch), flatten, GELU
+ * (from erf) and layer normalization.
  */
 #include "internal.h"
 
@@ -37,6 +38,15 @@ loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis) {
     return loom_sub(g, s, loom_log(g, loom_sum(g, loom_exp(g, s), axis)));
 }
 
+loom_tensor *loom_gelu(loom_graph *g, loom_tensor *x) {
+    if (!x)
+        return loom_erf(g, x);
+    loom_tensor *cdf =
+        loom_add(g, loom__scalar_like(g, x, 1.0),
+                 loom_erf(g, loom_mul(g, x, loom__scalar_like(g, x, 0.70710678118654752))));
+    return loom_mul(g, loom_mul(g, x, loom__scalar_like(g, x, 0.5)), cdf);
+}
+
 /* Sticky error "<op>: <what> <shape a> and <shape b>, expected <expect>" (NULL shows as NULL). */
 static loom_tensor *fail_shapes(loom_graph *g, const char *what, const loom_tensor *a,
                                 const char *and_what, const loom_tensor *b, const char *expect) {
@@ -47,6 +57,37 @@ static loom_tensor *fail_shapes(loom_graph *g, const char *what, const loom_tens
         loom__shape_str(b, sb, sizeof sb);
     loom__graph_fail(g, LOOM_ESHAPE, "%s %s %s %s, expected %s", what, sa, and_what, sb, expect);
     return NULL;
+}
+
+loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight, loom_tensor *bias,
+                             double eps) {
+    if (!g || g->err)
+        return NULL;
+    int64_t n = x && x->ndim > 0 ? x->shape[x->ndim - 1] : 0;
+    if (n == 0 || !(eps >= 0)) {
+        char sx[96] = "NULL";
+        if (x)
+            loom__shape_str(x, sx, sizeof sx);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_layer_norm: input %s, eps %g; expected a last axis of size > 0 "
+                         "and eps >= 0",
+                         sx, eps);
+        return NULL;
+    }
+    for (int k = 0; k < 2; k++) {
+        loom_tensor *p = k ? bias : weight;
+        if (p && (p->ndim != 1 || p->shape[0] != n))
+            return fail_shapes(g, "loom_layer_norm: input", x, k ? "and bias" : "and weight", p,
+                               "(..., N) and (N)");
+    }
+    int axis = x->ndim - 1;
+    loom_tensor *inv_n = loom__scalar_like(g, x, 1.0 / (double)n);
+    loom_tensor *xc = loom_sub(g, x, loom_mul(g, loom_sum(g, x, axis), inv_n));
+    loom_tensor *var = loom_mul(g, loom_sum(g, loom_mul(g, xc, xc), axis), inv_n);
+    loom_tensor *y = loom_div(g, xc, loom_sqrt(g, loom_add(g, var, loom__scalar_like(g, x, eps))));
+    if (weight)
+        y = loom_mul(g, y, weight);
+    return bias ? loom_add(g, y, bias) : y;
 }
 
 loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels) {
