@@ -424,6 +424,16 @@ typedef struct {
     bool nesterov;       /* SGD */
     double beta1, beta2; /* AdamW: 0 means 0.9, 0.999 */
     double eps;          /* AdamW: 0 means 1e-8 */
+    /* The learning rate's schedule over the steps (t = 0, 1, ... : loom_optim_step's calls), as
+     * nanoGPT's: lr (t + 1) / (warmup_steps + 1) while t < warmup_steps; then, with decay_steps,
+     * a cosine from lr down to min_lr at step decay_steps, and min_lr after; else lr. */
+    int64_t warmup_steps, decay_steps;
+    double min_lr;
+    /* Clips the gradients' global norm (over every parameter, after they are averaged across
+     * devices, inside the step) to clip_norm, as torch.nn.utils.clip_grad_norm_: each gradient
+     * times min(1, clip_norm / (norm + 1e-6)); 0: no clipping. The update uses the clipped
+     * gradients; the gradient slab keeps the averaged ones. */
+    double clip_norm;
 } loom_optim_config;
 /* Optimizers over every parameter of m, with PyTorch's update formulas. State (momentum buffers,
  * moments) lives in m's persistent slabs. NULL on bad config (loom_last_error). */
@@ -431,6 +441,14 @@ LOOM_API loom_optim *loom_sgd_new(loom_model *m, const loom_optim_config *c);
 LOOM_API loom_optim *loom_adamw_new(loom_model *m, const loom_optim_config *c);
 LOOM_API void loom_optim_free(loom_optim *o);
 LOOM_API void loom_optim_set_lr(loom_optim *o, double lr);
+/* Parameter groups (PyTorch's param_groups, for the weight decay): p takes weight decay wd
+ * instead of the config's. EINVAL for a parameter of another model or a negative wd. */
+LOOM_API loom_status loom_optim_set_weight_decay(loom_optim *o, const loom_param *p, double wd);
+/* nanoGPT's groups: weight decay wd on the parameters of 2 dims or more, none on the others
+ * (biases, norms' weights). */
+LOOM_API void loom_optim_decay_matrices_only(loom_optim *o, double wd);
+/* The learning rate of the step recorded last (after the schedule); before any, the base. */
+LOOM_API double loom_optim_lr(const loom_optim *o);
 /* Records the update of every parameter from its gradient slab into graph g, as step t+1 (t counts
  * previous calls). Must follow loom_backward() in the same step. */
 LOOM_API void loom_optim_step(loom_graph *g, loom_optim *o);

@@ -37,6 +37,10 @@ expect_fail "--lr: expected a number" train fmnist-mlp --lr -1
 expect_fail "--momentum: expected a number >= 0, got 'x1'" train fmnist-mlp --momentum x1
 expect_fail "--optimizer: expected sgd or adamw, got 'rmsprop'" train fmnist-mlp --optimizer rmsprop
 expect_fail "unknown option '--bogus'" train fmnist-mlp --bogus
+expect_fail "--beta2: expected a number < 1, got 1" train fmnist-mlp --optimizer adamw --beta2 1
+expect_fail "--clip-norm: expected a number" train fmnist-mlp --clip-norm -1
+expect_fail "--warmup-steps: expected an integer >= 0, got 'x'" train fmnist-mlp --warmup-steps x
+expect_fail "--decay-steps: expected more than --warmup-steps (10), got 5" train fmnist-mlp --warmup-steps 10 --decay-steps 5
 expect_fail "unexpected argument 'extra'" train fmnist-mlp extra
 expect_fail "apt-get install dataset-fashion-mnist" train fmnist-mlp --data /nonexistent
 expect_fail "--init: /nonexistent.safetensors: cannot open" train fmnist-mlp --steps 1 --init /nonexistent.safetensors

@@ -6,6 +6,8 @@
  */
 #include "harness.h"
 
+#include <math.h>
+
 TEST(shape_errors_are_sticky_and_named) {
     float a[64 * 784 / 64], b[4];
     int64_t sa[2] = {64, 784}, sb[2] = {256, 256};
@@ -223,7 +225,42 @@ TEST(init_follows_pytorch_distributions) {
     loom_model_free(m);
 }
 
+/* The learning-rate schedule step by step against nanoGPT's get_lr written out here, and
+ * configurations that cannot work refused with one clear message. */
+TEST(optimizer_schedule_and_bad_configs) {
+    loom_model *m = loom_model_new(), *other = loom_model_new();
+    int64_t s2[2] = {3, 4}, s1[1] = {4};
+    loom_param *w = loom_model_add(m, "w", 2, s2), *b = loom_model_add(m, "b", 1, s1);
+    loom_param *q = loom_model_add(other, "q", 1, s1);
+    loom_optim *o = loom_adamw_new(
+        m, &(loom_optim_config){.lr = 6e-4, .warmup_steps = 5, .decay_steps = 20, .min_lr = 6e-5});
+    ASSERT(o && w && b && q);
+    loom_graph *g = loom_graph_new(m);
+    for (int t = 0; t < 25; t++) {
+        double want = t < 5    ? 6e-4 * (t + 1) / 6.0
+                      : t > 20 ? 6e-5
+                               : 6e-5 + 0.5 * (1 + cos(3.14159265358979323846 * (t - 5) / 15.0)) *
+                                            (6e-4 - 6e-5);
+        loom_graph_reset(g);
+        loom_optim_step(g, o);
+        ASSERT_NEAR(loom_optim_lr(o), want, 1e-15);
+    }
+    ASSERT_EQ(loom_optim_set_weight_decay(o, q, 0.1), LOOM_EINVAL);
+    ASSERT_STR_CONTAINS(loom_last_error(), "a parameter of another model");
+    ASSERT_EQ(loom_optim_set_weight_decay(o, b, -1), LOOM_EINVAL);
+    ASSERT_EQ(loom_optim_set_weight_decay(o, b, 0), LOOM_OK);
+    loom_graph_free(g);
+    loom_optim_free(o);
+    ASSERT(!loom_adamw_new(m, &(loom_optim_config){.warmup_steps = 10, .decay_steps = 5}));
+    ASSERT_STR_CONTAINS(loom_last_error(), "expected decay_steps > warmup_steps >= 0");
+    ASSERT(!loom_sgd_new(m, &(loom_optim_config){.clip_norm = -1}));
+    ASSERT_STR_CONTAINS(loom_last_error(), "clip norm -1");
+    loom_model_free(m);
+    loom_model_free(other);
+}
+
 int main(void) {
+    RUN(optimizer_schedule_and_bad_configs);
     RUN(init_follows_pytorch_distributions);
     RUN(shape_errors_are_sticky_and_named);
     RUN(dtype_errors_are_named);

@@ -1,6 +1,8 @@
 /*
- * test_paths.c - the optimizers through the paths users take, against PyTorch: AdamW and
- * SGD-nesterov with weight decay on both recipes, 12 steps on batches of 32 Fashion-MNIST training
+ * test_paths.c - the optimizers through the paths users take, against PyTorch: AdamW,
+ * SGD-nesterov with weight decay, and AdamW as nanoGPT trains (parameter groups for the weight
+ * decay, warm-up and cosine learning-rate schedule, gradient clipping: "adamwx") on both
+ * recipes, 12 steps on batches of 32 Fashion-MNIST training
  * images in file order, from PyTorch's initialisation, through the `loom train` command, through
  * loom_trainer_fit and through the accelerator's loop, on 1 and 2 devices. Each of these submits
  * steps the way a user's program does (the command and the trainer record the next step while one
@@ -65,7 +67,17 @@ static bool net_new(net *n) {
     if (!strcmp(opt, "sgdn"))
         c = (loom_optim_config){
             .lr = 0.05, .momentum = 0.9, .nesterov = true, .weight_decay = 5e-4};
-    n->o = !strcmp(opt, "adamw") ? loom_adamw_new(n->m, &c) : loom_sgd_new(n->m, &c);
+    if (!strcmp(opt, "adamwx")) /* nanoGPT's recipe in small: make_golden.py's adamwx */
+        c = (loom_optim_config){.lr = 1e-3,
+                                .beta2 = 0.99,
+                                .weight_decay = 0.1,
+                                .warmup_steps = 3,
+                                .decay_steps = 10,
+                                .min_lr = 1e-4,
+                                .clip_norm = 0.5};
+    n->o = strcmp(opt, "sgdn") ? loom_adamw_new(n->m, &c) : loom_sgd_new(n->m, &c);
+    if (n->o && !strcmp(opt, "adamwx"))
+        loom_optim_decay_matrices_only(n->o, 0.1);
     return n->o != NULL;
 }
 
@@ -106,8 +118,9 @@ static double distance(loom_model *m, double *moved) {
 
 /* Judges a trained model against the reference; false (after printing) beyond MAX_RATIO. */
 static bool judge(const char *path, int ndev, loom_model *m) {
-    const float *d32 = loom_tensor_file_get(
-        ref_file, strcmp(opt, "adamw") ? "sgdn.dist32" : "adamw.dist32", NULL, NULL, NULL);
+    char key[64];
+    snprintf(key, sizeof key, "%s.dist32", opt);
+    const float *d32 = loom_tensor_file_get(ref_file, key, NULL, NULL, NULL);
     double moved = NAN, d = distance(m, &moved), ratio = d32 ? d / d32[0] : INFINITY;
     worst_ratio = fmax(worst_ratio, ratio);
     fprintf(stderr,
@@ -175,9 +188,12 @@ static bool via_command(int ndev) {
              "'%s' train %s --init '%s' --save '%s' --no-shuffle --batch %d --steps %d "
              "--devices %d --optimizer %s %s > '%s' 2>&1",
              loom_bin, recipe, init_path, out_path, BATCH, STEPS, ndev,
-             strcmp(opt, "adamw") ? "sgd" : "adamw",
-             strcmp(opt, "adamw") ? "--lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4"
-                                  : "--lr 0.001 --weight-decay 0.01",
+             strcmp(opt, "sgdn") ? "adamw" : "sgd",
+             !strcmp(opt, "sgdn")    ? "--lr 0.05 --momentum 0.9 --nesterov --weight-decay 5e-4"
+             : !strcmp(opt, "adamw") ? "--lr 0.001 --weight-decay 0.01"
+                                     : "--lr 0.001 --beta2 0.99 --weight-decay 0.1 "
+                                       "--decay-matrices-only --warmup-steps 3 --decay-steps 10 "
+                                       "--min-lr 1e-4 --clip-norm 0.5",
              log_path);
     remove(out_path);
     int rc = ok ? system(cmd) : -1;
@@ -212,8 +228,8 @@ static void against_pytorch(const char *r) {
     ASSERT_EQ(loom_tensor_file_read(path, &fr), LOOM_OK);
     init_file = fi, ref_file = fr;
     int bad = 0;
-    const char *opts[2] = {"adamw", "sgdn"};
-    for (int i = 0; i < 2; i++) {
+    const char *opts[3] = {"adamw", "sgdn", "adamwx"};
+    for (int i = 0; i < 3; i++) {
         opt = opts[i];
         bad += all_paths();
     }

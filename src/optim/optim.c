@@ -5,10 +5,15 @@
  * read from this struct when the step runs, so they never change the program. State (momentum
  * buffers, moments) starts at zero in the model's STATE slab; with zero-initialised buffers,
  * PyTorch's first-step special case (buf = grad) gives the same values as the general formula.
+ * The schedule (warm-up, cosine decay) sets the learning-rate input of each step; weight decay
+ * is per parameter (parameter groups); gradient clipping is recorded into the step, after the
+ * gradients' all-reduce, as torch.nn.utils.clip_grad_norm_ computes it.
  */
 #include "../graph/internal.h"
 
 #include <math.h>
+
+#define M_PI_VALUE 3.14159265358979323846
 
 typedef enum { OPT_SGD, OPT_ADAMW } opt_kind;
 
@@ -18,9 +23,13 @@ struct loom_optim {
     opt_kind kind;
     loom_optim_config c;
     loom_model *m;
+    int64_t n; /* the parameters it updates: those m had when it was made */
     int64_t t;
     int64_t *state; /* per parameter: up to two offsets in the STATE slab */
+    double *decay;  /* per parameter: its weight decay (the config's unless set) */
+    float *pdecay;  /* per parameter: AdamW's 1 - lr decay, where its decay is not the config's */
     float hyper[H_COUNT];
+    double lr; /* of the step recorded last */
 };
 
 static loom_optim *optim_new(loom_model *m, const loom_optim_config *c, opt_kind kind) {
@@ -41,13 +50,27 @@ static loom_optim *optim_new(loom_model *m, const loom_optim_config *c, opt_kind
                     cfg.lr, cfg.momentum, cfg.weight_decay, (int)cfg.nesterov);
         return NULL;
     }
-    loom_optim *o = loom__calloc(1, sizeof *o);
-    int64_t *st = loom__calloc((size_t)(2 * m->n + 1), sizeof *st);
-    if (!o || !st) {
-        loom__free(o), loom__free(st);
+    if (cfg.warmup_steps < 0 || cfg.decay_steps < 0 || cfg.min_lr < 0 || cfg.clip_norm < 0 ||
+        (cfg.decay_steps > 0 && cfg.decay_steps <= cfg.warmup_steps)) {
+        loom__error(LOOM_EINVAL,
+                    "optimizer: invalid schedule (warm-up %lld steps, decay to step %lld, min "
+                    "lr %g, clip norm %g): expected decay_steps > warmup_steps >= 0",
+                    (long long)cfg.warmup_steps, (long long)cfg.decay_steps, cfg.min_lr,
+                    cfg.clip_norm);
         return NULL;
     }
-    o->kind = kind, o->c = cfg, o->m = m, o->state = st;
+    loom_optim *o = loom__calloc(1, sizeof *o);
+    int64_t *st = loom__calloc((size_t)(2 * m->n + 1), sizeof *st);
+    double *decay = loom__calloc((size_t)(m->n + 1), sizeof *decay);
+    float *pdecay = loom__calloc((size_t)(m->n + 1), sizeof *pdecay);
+    if (!o || !st || !decay || !pdecay) {
+        loom__free(o), loom__free(st), loom__free(decay), loom__free(pdecay);
+        return NULL;
+    }
+    o->kind = kind, o->c = cfg, o->m = m, o->state = st, o->decay = decay, o->pdecay = pdecay;
+    o->lr = cfg.lr, o->n = m->n;
+    for (int64_t i = 0; i < m->n; i++)
+        decay[i] = cfg.weight_decay;
     int nstate = kind == OPT_ADAMW ? 2 : cfg.momentum != 0 ? 1 : 0;
     for (int64_t i = 0; i < m->n; i++) {
         for (int k = 0; k < nstate; k++) {
@@ -73,7 +96,40 @@ void loom_optim_free(loom_optim *o) {
     if (!o)
         return;
     loom__free(o->state);
+    loom__free(o->decay);
+    loom__free(o->pdecay);
     loom__free(o);
+}
+
+loom_status loom_optim_set_weight_decay(loom_optim *o, const loom_param *p, double wd) {
+    if (!o || !p || p->m != o->m || p->index >= o->n || !(wd >= 0))
+        return loom__error(LOOM_EINVAL, "loom_optim_set_weight_decay: %s",
+                           !o || !p     ? "NULL argument"
+                           : !(wd >= 0) ? "negative weight decay"
+                                        : "a parameter of another model");
+    o->decay[p->index] = wd;
+    return LOOM_OK;
+}
+
+void loom_optim_decay_matrices_only(loom_optim *o, double wd) {
+    for (int64_t i = 0; o && i < o->n; i++)
+        o->decay[i] = o->m->params[i]->ndim >= 2 ? wd : 0.0;
+}
+
+double loom_optim_lr(const loom_optim *o) {
+    return o ? o->lr : NAN;
+}
+
+/* The learning rate at step t (0-based) of the schedule. */
+static double scheduled_lr(const loom_optim_config *c, int64_t t) {
+    if (t < c->warmup_steps)
+        return c->lr * (double)(t + 1) / (double)(c->warmup_steps + 1);
+    if (c->decay_steps <= 0)
+        return c->lr;
+    if (t > c->decay_steps)
+        return c->min_lr;
+    double ratio = (double)(t - c->warmup_steps) / (double)(c->decay_steps - c->warmup_steps);
+    return c->min_lr + 0.5 * (1.0 + cos(M_PI_VALUE * ratio)) * (c->lr - c->min_lr);
 }
 
 void loom_optim_set_lr(loom_optim *o, double lr) {
@@ -93,8 +149,9 @@ static void sgd_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tensor 
                        loom_tensor *grad, loom_tensor *lr) {
     const loom_optim_config *c = &o->c;
     loom_tensor *d = grad;
-    if (c->weight_decay != 0)
-        d = loom_add(g, d, loom_mul(g, k(g, c->weight_decay), w));
+    double wd = o->decay[p->index];
+    if (wd != 0)
+        d = loom_add(g, d, loom_mul(g, k(g, wd), w));
     if (c->momentum != 0) {
         int64_t off = o->state[2 * p->index];
         loom_tensor *buf = loom__persist(g, LOOM_SLAB_STATE, off, p->ndim, p->shape);
@@ -111,7 +168,11 @@ static void adamw_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tenso
     int64_t o1 = o->state[2 * p->index], o2 = o->state[2 * p->index + 1];
     loom_tensor *m1 = loom__persist(g, LOOM_SLAB_STATE, o1, p->ndim, p->shape);
     loom_tensor *m2 = loom__persist(g, LOOM_SLAB_STATE, o2, p->ndim, p->shape);
-    loom_tensor *wd = loom_mul(g, w, h[H_DECAY]);
+    double decay = o->decay[p->index];
+    loom_tensor *wd = decay == c->weight_decay ? loom_mul(g, w, h[H_DECAY])
+                      : decay == 0
+                          ? w /* (PyTorch multiplies by 1.0: the same) */
+                          : loom_mul(g, w, loom_input(g, LOOM_F32, 0, NULL, &o->pdecay[p->index]));
     loom_tensor *n1 =
         loom_add(g, loom_mul(g, m1, k(g, c->beta1)), loom_mul(g, k(g, 1.0 - c->beta1), grad));
     loom_tensor *n2 = loom_add(g, loom_mul(g, m2, k(g, c->beta2)),
@@ -123,6 +184,23 @@ static void adamw_update(loom_graph *g, loom_optim *o, loom_param *p, loom_tenso
     loom__store(g, loom_sub(g, wd, upd), LOOM_SLAB_PARAM, p->offset);
 }
 
+/* clip_grad_norm_'s factor: min(1, clip / (||(||g_1||, ..., ||g_n||)|| + 1e-6)), a scalar. */
+static loom_tensor *clip_coef(loom_graph *g, loom_optim *o) {
+    loom_tensor *sq = NULL;
+    for (int64_t i = 0; i < o->n; i++) {
+        loom_param *p = o->m->params[i];
+        loom_tensor *gr = loom__persist(g, LOOM_SLAB_GRAD, p->offset, p->ndim, p->shape);
+        loom_tensor *norm = loom_sqrt(g, loom_sum_all(g, loom_mul(g, gr, gr)));
+        loom_tensor *n2 = loom_mul(g, norm, norm);
+        sq = sq ? loom_add(g, sq, n2) : n2;
+    }
+    if (!sq)
+        return NULL;
+    loom_tensor *coef =
+        loom_div(g, k(g, o->c.clip_norm), loom_add(g, loom_sqrt(g, sq), k(g, 1e-6)));
+    return loom_where(g, loom_cmpgt(g, coef, k(g, 1.0)), k(g, 1.0), coef);
+}
+
 void loom_optim_step(loom_graph *g, loom_optim *o) {
     if (!g || g->err)
         return;
@@ -132,20 +210,25 @@ void loom_optim_step(loom_graph *g, loom_optim *o) {
         return;
     }
     const loom_optim_config *c = &o->c;
-    double t = (double)++o->t;
-    o->hyper[H_LR] = (float)c->lr;
-    o->hyper[H_DECAY] = (float)(1.0 - c->lr * c->weight_decay);
-    o->hyper[H_STEP_SIZE] = (float)(c->lr / (1.0 - pow(c->beta1, t)));
+    double lr = o->lr = scheduled_lr(c, o->t), t = (double)++o->t;
+    o->hyper[H_LR] = (float)lr;
+    o->hyper[H_DECAY] = (float)(1.0 - lr * c->weight_decay);
+    o->hyper[H_STEP_SIZE] = (float)(lr / (1.0 - pow(c->beta1, t)));
     o->hyper[H_BC2_SQRT] = (float)sqrt(1.0 - pow(c->beta2, t));
+    for (int64_t i = 0; i < o->n; i++)
+        o->pdecay[i] = (float)(1.0 - lr * o->decay[i]);
     loom_tensor *h[H_COUNT];
     for (int i = 0; i < H_COUNT; i++)
         h[i] = hyper(g, o, i);
+    loom_tensor *clip = c->clip_norm > 0 ? clip_coef(g, o) : NULL;
     /* the last parameter first: the first layer's update then runs last in the step, and its
      * weight is still in cache when the next step's forward starts with it */
-    for (int64_t i = o->m->n - 1; i >= 0; i--) {
+    for (int64_t i = o->n - 1; i >= 0; i--) {
         loom_param *p = o->m->params[i];
         loom_tensor *w = loom_parameter(g, p);
         loom_tensor *grad = loom__persist(g, LOOM_SLAB_GRAD, p->offset, p->ndim, p->shape);
+        if (clip)
+            grad = loom_mul(g, grad, clip);
         if (o->kind == OPT_SGD)
             sgd_update(g, o, p, w, grad, h[H_LR]);
         else

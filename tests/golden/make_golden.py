@@ -16,7 +16,10 @@ parameters of tensors over 8192 elements are stored at every k-th element, k in 
 It also writes tests/golden/<recipe>.long.safetensors, the reference of the paths users take
 (the loom train command, loom_trainer_fit, the accelerator): from the same initialisation, LONG
 steps on batches of LONG_B training images in file order (the loader's --no-shuffle order), in
-float64 (the near-exact answer) and in float32, for adamw and sgdn as above. It holds
+float64 (the near-exact answer) and in float32, for adamw and sgdn as above and adamwx: nanoGPT's
+recipe in small (AdamW lr 1e-3, betas 0.9 and 0.99, weight decay 0.1 on parameters of 2 dims or
+more and 0 on the others, lr warm-up over 3 steps and a cosine to 1e-4 at step 10, gradients
+clipped to global norm 0.5). It holds
   <opt>.delta64.<name>   the float64 run's parameters after LONG steps minus the initial ones
                          (float32; every k-th element, k in stride.<name>, as above)
   <opt>.dist32           the float32 run's distance from the float64 run over those elements:
@@ -25,6 +28,7 @@ float64 (the near-exact answer) and in float32, for adamw and sgdn as above. It 
 A loom run is then judged by its own distance from the float64 run, as a multiple of dist32.
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -72,6 +76,27 @@ OPTS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
         "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2)}
 
 
+# adamwx: the schedule nanoGPT's get_lr computes, at step t (0-based)
+WARMUP, DECAY, LR, MIN_LR, CLIP = 3, 10, 1e-3, 1e-4, 0.5
+
+
+def lr_at(t):
+    if t < WARMUP:
+        return LR * (t + 1) / (WARMUP + 1)
+    if t > DECAY:
+        return MIN_LR
+    ratio = (t - WARMUP) / (DECAY - WARMUP)
+    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+
+
+def make_opt(oname, net):
+    if oname != "adamwx":
+        return OPTS[oname](net.parameters())
+    groups = [{"params": [p for p in net.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in net.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.99), eps=1e-8)
+
+
 def train_long(recipe, init, oname, dtype):
     """The parameters (name -> flat float64 array) and losses after LONG steps in dtype."""
     x8 = read_idx(os.path.join(DATA, "train-images-idx3-ubyte.gz"))[:LONG * LONG_B]
@@ -83,14 +108,21 @@ def train_long(recipe, init, oname, dtype):
     net = model(recipe)
     net.load_state_dict(init)
     net = net.to(dtype)
-    opt = OPTS[oname](net.parameters())
+    opt = make_opt(oname, net)
     losses = []
     for s in range(LONG):
+        if oname == "adamwx":
+            for group in opt.param_groups:
+                group["lr"] = lr_at(s)
         xb = x[s * LONG_B:(s + 1) * LONG_B].reshape(LONG_B, 1, 28, 28)
         xb = xb.reshape(LONG_B, 784) if recipe == "fmnist-mlp" else xb
         loss = F.cross_entropy(net(xb), y[s * LONG_B:(s + 1) * LONG_B])
         opt.zero_grad()
         loss.backward()
+        if oname == "adamwx":
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)
+            if dtype == torch.float64:
+                print(f"  {recipe} adamwx step {s}: lr {lr_at(s):.3g}, gradient norm {norm:.3g}")
         opt.step()
         losses.append(loss.item())
     params = {k: p.detach().to(torch.float64).reshape(-1).numpy() for k, p in
@@ -100,7 +132,7 @@ def train_long(recipe, init, oname, dtype):
 
 def write_long(recipe, init):
     out = {}
-    for oname in ("adamw", "sgdn"):
+    for oname in ("adamw", "sgdn", "adamwx"):
         p64, losses = train_long(recipe, init, oname, torch.float64)
         p32, _ = train_long(recipe, init, oname, torch.float32)
         sq = 0.0

@@ -104,6 +104,18 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         ok = parse_num(f, v, 0, &o->momentum);
     else if (!strcmp(f, "--weight-decay"))
         ok = parse_num(f, v, 0, &o->weight_decay);
+    else if (!strcmp(f, "--beta1") || !strcmp(f, "--beta2")) {
+        double *b = !strcmp(f, "--beta1") ? &o->beta1 : &o->beta2;
+        ok = parse_num(f, v, 1e-30, b) &&
+             (*b < 1 || !cli_fail("%s: expected a number < 1, got %s", f, v));
+    } else if (!strcmp(f, "--min-lr"))
+        ok = parse_num(f, v, 0, &o->min_lr);
+    else if (!strcmp(f, "--clip-norm"))
+        ok = parse_num(f, v, 1e-30, &o->clip_norm);
+    else if (!strcmp(f, "--warmup-steps"))
+        ok = parse_int(f, v, 0, &o->warmup_steps);
+    else if (!strcmp(f, "--decay-steps"))
+        ok = parse_int(f, v, 1, &o->decay_steps);
     else if (!strcmp(f, "--optimizer")) {
         ok = v && (!strcmp(v, "sgd") || !strcmp(v, "adamw"));
         if (!ok)
@@ -127,6 +139,8 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
             o->drop_last = true;
         else if (!strcmp(f, "--nesterov"))
             o->nesterov = true;
+        else if (!strcmp(f, "--decay-matrices-only"))
+            o->decay_matrices_only = true;
         else if (!strcmp(f, "--detect-anomaly"))
             o->detect_anomaly = true;
         else
@@ -165,6 +179,11 @@ int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *out) {
     }
     if (!strcmp(o.optimizer, "adamw") && !o.lr_set)
         o.lr = 0.001;
+    if (o.decay_steps > 0 && o.decay_steps <= o.warmup_steps) {
+        cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
+                 (long long)o.warmup_steps, (long long)o.decay_steps);
+        return 2;
+    }
     *out = o;
     return 0;
 }

@@ -19,6 +19,9 @@ typedef struct {
     bool detect_anomaly;
     int dist; /* loom_dist: auto (0), local, mpi */
     double lr, momentum, weight_decay;
+    double beta1, beta2, min_lr, clip_norm; /* AdamW's betas (0: its defaults) */
+    int64_t warmup_steps, decay_steps;      /* the learning rate's schedule (loom_optim_config) */
+    bool decay_matrices_only;               /* weight decay on parameters of >= 2 dims only */
     bool lr_set, nesterov, no_shuffle, drop_last;
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */
     const char *optimizer; /* "sgd" or "adamw" */

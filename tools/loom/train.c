@@ -288,10 +288,18 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     loom_optim_config oc = {.lr = o->lr,
                             .momentum = o->momentum,
                             .weight_decay = o->weight_decay,
-                            .nesterov = o->nesterov};
+                            .nesterov = o->nesterov,
+                            .beta1 = o->beta1,
+                            .beta2 = o->beta2,
+                            .warmup_steps = o->warmup_steps,
+                            .decay_steps = o->decay_steps,
+                            .min_lr = o->min_lr,
+                            .clip_norm = o->clip_norm};
     r->opt = !strcmp(o->optimizer, "adamw") ? loom_adamw_new(model, &oc) : loom_sgd_new(model, &oc);
     if (!r->opt)
         return cli_fail("%s", loom_last_error());
+    if (o->decay_matrices_only)
+        loom_optim_decay_matrices_only(r->opt, o->weight_decay);
     r->loader = loom_loader_new(*train, &(loom_loader_config){.batch_size = o->batch,
                                                               .seed = o->seed,
                                                               .no_shuffle = o->no_shuffle,
