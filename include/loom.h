@@ -323,6 +323,17 @@ LOOM_API loom_tensor *loom_pool_max_grad(loom_graph *g, loom_tensor *x, loom_ten
                                          loom_window w);
 /* (...) int32 class indices -> (..., n) of dtype dt. An index outside [0, n) fails the run. */
 LOOM_API loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype dt);
+/* Rows of table (V, D) at i32 indices idx (...): (..., D), as torch.nn.functional.embedding (an
+ * index outside [0, V) fails the step, naming it). Its gradient is loom_scatter_add. */
+LOOM_API loom_tensor *loom_gather(loom_graph *g, loom_tensor *table, loom_tensor *idx);
+/* (rows, D): row v the sum of the rows of src (..., D) whose index in idx (...) is v, added in
+ * order (bitwise repeatable); zero where no index points. */
+LOOM_API loom_tensor *loom_scatter_add(loom_graph *g, loom_tensor *src, loom_tensor *idx,
+                                       int64_t rows);
+/* x (..., T, S) with each row i's elements j > i + S - T (the keys a query may not attend to,
+ * the last T of S positions being the queries') set to fill (-INFINITY before a softmax): a
+ * causal mask with no mask tensor. */
+LOOM_API loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill);
 
 /* Compositions (their gradients come from the primitives). */
 LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);

@@ -112,6 +112,18 @@ static loom_tensor *b_layer_norm(loom_graph *g, loom_tensor **x) { /* (2, 3, 5) 
 static loom_tensor *b_layer_norm_bare(loom_graph *g, loom_tensor **x) { /* no weight, no bias */
     return loom_layer_norm(g, x[0], NULL, NULL, 0.1);
 }
+static int32_t gather_idx[6] = {4, 0, 4, 1, 3, 4};             /* repeats, and row 2 never taken */
+static loom_tensor *b_gather(loom_graph *g, loom_tensor **x) { /* table (5, 3), indices (2, 3) */
+    int64_t s[2] = {2, 3};
+    return loom_gather(g, x[0], loom_input(g, LOOM_I32, 2, s, gather_idx));
+}
+static loom_tensor *b_scatter(loom_graph *g, loom_tensor **x) { /* rows (2, 3, 4) into 5 */
+    int64_t s[2] = {2, 3};
+    return loom_scatter_add(g, x[0], loom_input(g, LOOM_I32, 2, s, gather_idx), 5);
+}
+static loom_tensor *b_causal(loom_graph *g, loom_tensor **x) { /* (2, 3, 4): T 3 of S 4 */
+    return loom_causal_mask(g, x[0], -1.5);
+}
 static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) {
     return loom_softmax(g, x[0], 1);
 }
@@ -178,6 +190,9 @@ static const opcase cases[] = {
     {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
     {"POOLMAX", 1, {4}, {S4(2, 3, 5, 6)}, {1}, -2, 2, b_poolmax},
     {"ALLREDUCE", 1, {2}, {S2(2, 3)}, {1}, -2, 2, b_allreduce},
+    {"GATHER", 1, {2}, {S2(5, 3)}, {1}, -2, 2, b_gather},
+    {"SCATTERADD", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_scatter},
+    {"CAUSAL", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_causal},
     {"TANH", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_tanh},
     {"ERF", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_erf},
     {"gelu", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
@@ -841,6 +856,57 @@ TEST(gelu_and_layer_norm_match_naive) {
     loom_graph_free(g);
 }
 
+/* Gather and scatter-add against naive loops (a transposed table: strided rows), a causal
+ * mask under a softmax (rows sum to 1, nothing after the diagonal), and an index out of range
+ * failing the step with its position. */
+TEST(gather_scatter_and_causal_mask_match_naive) {
+    enum { V = 7, D = 5, N = 11, T = 4 };
+    static float tab[D * V], rows[N * D], sc[T * T];
+    static int32_t idx[N];
+    for (int i = 0; i < D * V; i++)
+        tab[i] = (float)test_rand(71, (uint64_t)i, -1, 1);
+    for (int i = 0; i < N * D; i++)
+        rows[i] = (float)test_rand(72, (uint64_t)i, -1, 1);
+    for (int i = 0; i < T * T; i++)
+        sc[i] = (float)test_rand(73, (uint64_t)i, -3, 3);
+    for (int i = 0; i < N; i++)
+        idx[i] = (int32_t)((i * 5 + 2) % V);
+    int64_t st[2] = {D, V}, sr[2] = {N, D}, si[1] = {N}, ss[2] = {T, T};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *ti = loom_input(g, LOOM_I32, 1, si, idx);
+    loom_tensor *ga = loom_gather(g, loom_transpose(g, loom_input(g, LOOM_F32, 2, st, tab)), ti);
+    loom_tensor *sa = loom_scatter_add(g, loom_input(g, LOOM_F32, 2, sr, rows), ti, V);
+    loom_tensor *sm =
+        loom_softmax(g, loom_causal_mask(g, loom_input(g, LOOM_F32, 2, ss, sc), -INFINITY), 1);
+    loom_output(ga), loom_output(sa), loom_output(sm);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pg = loom_tensor_data(ga), *ps = loom_tensor_data(sa), *pm = loom_tensor_data(sm);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < D; j++)
+            ASSERT(pg[r * D + j] == tab[j * V + idx[r]]);
+    for (int v = 0; v < V; v++)
+        for (int j = 0; j < D; j++) {
+            float want = 0;
+            for (int r = 0; r < N; r++)
+                if (idx[r] == v)
+                    want += rows[r * D + j];
+            ASSERT(ps[v * D + j] == want);
+        }
+    for (int i = 0; i < T; i++) {
+        double sum = 0;
+        for (int j = 0; j < T; j++) {
+            sum += pm[i * T + j];
+            if (j > i)
+                ASSERT(pm[i * T + j] == 0.0f);
+        }
+        ASSERT_NEAR(sum, 1.0, 1e-6);
+    }
+    idx[3] = V; /* out of range: the step fails naming the position */
+    ASSERT_EQ(loom_graph_run(g), LOOM_ERANGE);
+    ASSERT_STR_CONTAINS(loom_last_error(), "index 7 at position 3 is outside [0, 7)");
+    loom_graph_free(g);
+}
+
 TEST(empty_tensors) {
     int64_t s[2] = {0, 3};
     float dummy = 0;
@@ -858,6 +924,7 @@ TEST(empty_tensors) {
 int main(void) {
     RUN(every_op_has_a_case);
     RUN(gelu_and_layer_norm_match_naive);
+    RUN(gather_scatter_and_causal_mask_match_naive);
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);

@@ -1848,6 +1848,92 @@ static loom_status k_POOLGRAD(const loom__program *p, const loom__bind *b, int32
 /* ---- one-hot ----------------------------------------------------------------------------------
  */
 
+/* The next element of strided node s in row-major order: index ix, offset off (elements). */
+static void next_strided(const loom__pnode *s, int64_t *ix, int64_t *off) {
+    for (int d = s->ndim - 1; d >= 0; d--) {
+        ix[d]++;
+        *off += s->lay.stride[d];
+        if (ix[d] < s->shape[d])
+            return;
+        *off -= s->lay.stride[d] * s->shape[d];
+        ix[d] = 0;
+    }
+}
+
+static loom_status bad_index(const char *op, int32_t v, int64_t r, int64_t n) {
+    return loom__error(LOOM_ERANGE, "%s: index %d at position %lld is outside [0, %lld)", op, v,
+                       (long long)r, (long long)n);
+}
+
+/* Rows of a table (V, D) at integer indices (...): out (..., D), row-major. */
+static loom_status k_GATHER(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *tab = &p->nodes[t->src[0]], *s = &p->nodes[t->src[1]];
+    int64_t rows = loom__numel(s->ndim, s->shape), V = tab->shape[0], D = tab->shape[1];
+    const int32_t *idx = loom__addr(p, b, t->src[1]);
+    const char *src = loom__addr(p, b, t->src[0]);
+    char *o = loom__addr(p, b, id);
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t ix[MAXD] = {0}, off = 0, rs = tab->lay.stride[0], cs = tab->lay.stride[1];
+    for (int64_t r = 0; r < rows; r++, next_strided(s, ix, &off)) {
+        int32_t v = idx[off];
+        if (v < 0 || v >= V)
+            return bad_index("loom_gather", v, r, V);
+        const char *row = src + (size_t)(v * rs) * es;
+        if (cs == 1)
+            memcpy(o + (size_t)(r * D) * es, row, (size_t)D * es);
+        else
+            for (int64_t j = 0; j < D; j++)
+                memcpy(o + (size_t)(r * D + j) * es, row + (size_t)(j * cs) * es, es);
+    }
+    return LOOM_OK;
+}
+
+/* The gather's transpose: out (V, D) = the sum of the rows of src (..., D) at each index, added in
+ * row order (a fixed order: bitwise repeatable). */
+static loom_status k_SCATTERADD(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *s = &p->nodes[t->src[1]];
+    int64_t rows = loom__numel(s->ndim, s->shape), V = t->attr.classes, D = t->shape[1];
+    const int32_t *idx = loom__addr(p, b, t->src[1]);
+    const void *src = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    bool f64 = t->dtype == LOOM_F64;
+    memset(o, 0, (size_t)(V * D) * loom__dtype_size((loom_dtype)t->dtype));
+    int64_t ix[MAXD] = {0}, off = 0, xi[MAXD] = {0}, xoff = 0; /* x as (rows, D), strided */
+    for (int64_t r = 0; r < rows; r++, next_strided(s, ix, &off)) {
+        int32_t v = idx[off];
+        if (v < 0 || v >= V)
+            return bad_index("loom_scatter_add", v, r, V);
+        for (int64_t j = 0; j < D; j++, next_strided(x, xi, &xoff)) {
+            if (f64)
+                ((double *)o)[v * D + j] += ((const double *)src)[xoff];
+            else
+                ((float *)o)[v * D + j] += ((const float *)src)[xoff];
+        }
+    }
+    return LOOM_OK;
+}
+
+/* x (..., T, S) with the elements after each row's diagonal (column j > i + S - T, the keys a
+ * query may not see) set to the fill value. */
+static loom_status k_CAUSAL(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    int64_t n = loom__numel(t->ndim, t->shape), T = t->shape[t->ndim - 2],
+            S = t->shape[t->ndim - 1];
+    const void *src = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    double fill = t->attr.value;
+    int64_t ix[MAXD] = {0}, off = 0;
+    for (int64_t e = 0; e < n; e++, next_strided(x, ix, &off)) {
+        int64_t j = e % S, i = (e / S) % T;
+        bool hidden = j > i + S - T;
+        if (t->dtype == LOOM_F64)
+            ((double *)o)[e] = hidden ? fill : ((const double *)src)[off];
+        else
+            ((float *)o)[e] = hidden ? (float)fill : ((const float *)src)[off];
+    }
+    return LOOM_OK;
+}
+
 static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
     int64_t n = t->attr.classes, rows = loom__numel(s->ndim, s->shape);
@@ -1861,22 +1947,12 @@ static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t
     for (int64_t r = 0; r < rows; r++) {
         int32_t v = idx[off];
         if (v < 0 || v >= n)
-            return loom__error(LOOM_ERANGE,
-                               "loom_onehot: index %d at position %lld is outside "
-                               "[0, %lld)",
-                               v, (long long)r, (long long)n);
+            return bad_index("loom_onehot", v, r, n);
         if (t->dtype == LOOM_F64)
             ((double *)o)[r * n + v] = 1.0;
         else
             ((float *)o)[r * n + v] = 1.0f;
-        for (int d = s->ndim - 1; d >= 0; d--) { /* next index of the (strided) input */
-            ix[d]++;
-            off += s->lay.stride[d];
-            if (ix[d] < s->shape[d])
-                break;
-            off -= s->lay.stride[d] * s->shape[d];
-            ix[d] = 0;
-        }
+        next_strided(s, ix, &off);
     }
     return LOOM_OK;
 }

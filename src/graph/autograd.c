@@ -44,6 +44,17 @@ NO_GRAD(CMPGT)
 NO_GRAD(CMPEQ)
 NO_GRAD(MAXMASK)
 NO_GRAD(ONEHOT)
+RULE(GATHER) { /* the table's rows, summed where an index repeats; none for the indices */
+    gx[0] = loom_scatter_add(g, gy, B, A->shape[0]);
+}
+RULE(SCATTERADD) {
+    (void)t;
+    gx[0] = loom_gather(g, gy, B);
+}
+RULE(CAUSAL) { /* the hidden elements were the fill: no gradient through them */
+    (void)t;
+    gx[0] = loom_causal_mask(g, gy, 0.0);
+}
 NO_GRAD(STORE)
 NO_GRAD(SYNC)
 

@@ -463,6 +463,67 @@ loom_tensor *loom_onehot(loom_graph *g, loom_tensor *idx, int64_t n, loom_dtype 
     return t;
 }
 
+/* "op: <a> <dtype a> and indices <b> <dtype b>, expected <what>" as the graph's error. */
+static loom_tensor *index_error(loom_graph *g, const char *op, const loom_tensor *a,
+                                const loom_tensor *idx, const char *what) {
+    char sa[96], si[96];
+    loom__shape_str(a, sa, sizeof sa);
+    loom__shape_str(idx, si, sizeof si);
+    loom__graph_fail(g, LOOM_ESHAPE, "%s: %s %s and indices %s %s, expected %s", op, sa,
+                     loom__dtype_name((loom_dtype)a->dtype), si,
+                     loom__dtype_name((loom_dtype)idx->dtype), what);
+    return NULL;
+}
+
+loom_tensor *loom_gather(loom_graph *g, loom_tensor *table, loom_tensor *idx) {
+    loom_tensor *in[2] = {table, idx};
+    if (!enter(g, "loom_gather", 2, in))
+        return NULL;
+    if (table->ndim != 2 || table->dtype == LOOM_I32 || idx->dtype != LOOM_I32 ||
+        idx->ndim >= LOOM_MAX_DIMS)
+        return index_error(g, "loom_gather", table, idx,
+                           "a float table (V, D) and i32 indices of fewer dims than the most");
+    int64_t s[LOOM_MAX_DIMS];
+    memcpy(s, idx->shape, sizeof(int64_t) * idx->ndim);
+    s[idx->ndim] = table->shape[1];
+    return loom__node(g, LOOM_OP_GATHER, (loom_dtype)table->dtype, idx->ndim + 1, s, table, idx,
+                      NULL);
+}
+
+loom_tensor *loom_scatter_add(loom_graph *g, loom_tensor *src, loom_tensor *idx, int64_t rows) {
+    loom_tensor *in[2] = {src, idx};
+    if (!enter(g, "loom_scatter_add", 2, in))
+        return NULL;
+    bool same = src->ndim == idx->ndim + 1 && src->dtype != LOOM_I32 && idx->dtype == LOOM_I32;
+    for (int d = 0; same && d < idx->ndim; d++)
+        same = src->shape[d] == idx->shape[d];
+    if (!same || rows < 1)
+        return index_error(g, "loom_scatter_add", src, idx,
+                           "float rows (..., D) and i32 indices (...), into >= 1 rows");
+    int64_t s[2] = {rows, src->shape[src->ndim - 1]};
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_SCATTERADD, (loom_dtype)src->dtype, 2, s, src, idx, NULL);
+    if (t)
+        t->attr.classes = rows;
+    return t;
+}
+
+loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill) {
+    if (!enter(g, "loom_causal_mask", 1, &x) || !check_float(g, "loom_causal_mask", 1, &x))
+        return NULL;
+    if (x->ndim < 2) {
+        char sx[96];
+        loom__shape_str(x, sx, sizeof sx);
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_causal_mask: %s, expected (..., T, S)", sx);
+        return NULL;
+    }
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_CAUSAL, (loom_dtype)x->dtype, x->ndim, x->shape, x, NULL, NULL);
+    if (t)
+        t->attr.value = fill;
+    return t;
+}
+
 loom_tensor *loom_allreduce(loom_graph *g, loom_tensor *t, loom_reduce_op op) {
     if (!enter(g, "loom_allreduce", 1, &t) || !check_float(g, "loom_allreduce", 1, &t))
         return NULL;
