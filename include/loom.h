@@ -345,7 +345,8 @@ LOOM_API loom_tensor *loom_gelu(loom_graph *g, loom_tensor *x);
  * for none) have the last axis's size. */
 LOOM_API loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight,
                                       loom_tensor *bias, double eps);
-/* logits (B, C), labels (B) int32 -> mean negative log-likelihood, shape (). With labels from
+/* logits (..., C), labels (...) int32 -> mean negative log-likelihood over every position,
+ * shape () (a sequence model's (B, T, C) and (B, T) as well as (B, C) and (B)). With labels from
  * loom_input_batch, padded rows weigh 0 and the sum is divided by the global real rows / devices,
  * so that the mean over devices (and the averaged gradient) is the global batch's. */
 LOOM_API loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels);

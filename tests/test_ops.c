@@ -154,6 +154,12 @@ static loom_tensor *b_ce(loom_graph *g, loom_tensor **x) {
     return loom_cross_entropy(g, x[0], loom_input(g, LOOM_I32, 1, &n, ce_labels));
 }
 
+static int32_t ce_seq_labels[6] = {1, 4, 0, 0, 3, 2};
+static loom_tensor *b_ce_seq(loom_graph *g, loom_tensor **x) { /* (2, 3, 5) and (2, 3) */
+    int64_t s[2] = {2, 3};
+    return loom_cross_entropy(g, x[0], loom_input(g, LOOM_I32, 2, s, ce_seq_labels));
+}
+
 #define S1(a) \
     { a }
 #define S2(a, b) \
@@ -206,6 +212,7 @@ static const opcase cases[] = {
     {"max_pool2d", 1, {4}, {S4(2, 3, 4, 5)}, {1}, -2, 2, b_pool},
     {"flatten", 1, {3}, {S3(2, 3, 2)}, {1}, -2, 2, b_flatten},
     {"cross_entropy", 1, {2}, {S2(4, 5)}, {1}, -3, 3, b_ce},
+    {"cross_entropy_seq", 1, {3}, {S3(2, 3, 5)}, {1}, -3, 3, b_ce_seq},
 };
 #define NCASES (int)(sizeof cases / sizeof *cases)
 

@@ -93,20 +93,29 @@ loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight,
 loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels) {
     if (!g || g->err)
         return NULL;
-    if (!logits || !labels || logits->ndim != 2 || labels->ndim != 1 ||
-        labels->shape[0] != logits->shape[0])
+    bool ok = logits && labels && logits->ndim >= 2 && labels->ndim == logits->ndim - 1;
+    for (int d = 0; ok && d < labels->ndim; d++)
+        ok = labels->shape[d] == logits->shape[d];
+    if (!ok)
         return fail_shapes(g, "loom_cross_entropy: logits", logits, "and labels", labels,
-                           "(B,C) and (B)");
-    loom_tensor *lsm = loom_log_softmax(g, logits, 1);
-    loom_tensor *oh = loom_onehot(g, labels, logits->shape[1], (loom_dtype)logits->dtype);
-    loom_tensor *picked = loom_sum(g, loom_mul(g, lsm, oh), 1); /* (B,1) */
+                           "(..., C) and (...)");
+    int ax = logits->ndim - 1;
+    loom_tensor *lsm = loom_log_softmax(g, logits, ax);
+    loom_tensor *oh = loom_onehot(g, labels, logits->shape[ax], (loom_dtype)logits->dtype);
+    loom_tensor *picked = loom_sum(g, loom_mul(g, lsm, oh), ax); /* (..., 1) */
     if (labels->op != LOOM_OP_INPUT || labels->role != LOOM_ROLE_BATCH)
         return loom_neg(g, loom_mean_all(g, picked));
-    /* A batch shard: padded rows weigh 0; dividing by (global real rows / devices) makes the mean
-     * over devices the global mean (and the averaged gradient the global gradient). */
-    int64_t col[2] = {picked->shape[0], 1};
-    loom_tensor *w = loom_reshape(g, loom__batch_mask(g), 2, col);
-    return loom_neg(g, loom_div(g, loom_sum_all(g, loom_mul(g, picked, w)), loom__batch_count(g)));
+    /* A batch shard: padded rows weigh 0; dividing by (global real rows / devices) times the
+     * positions of a row makes the mean over devices the global mean (and the averaged gradient
+     * the global gradient). */
+    int64_t col[LOOM_MAX_DIMS] = {picked->shape[0]}, per_row = loom_tensor_numel(picked) / col[0];
+    for (int d = 1; d < picked->ndim; d++)
+        col[d] = 1;
+    loom_tensor *w = loom_reshape(g, loom__batch_mask(g), picked->ndim, col);
+    loom_tensor *n = loom__batch_count(g);
+    if (per_row != 1)
+        n = loom_mul(g, n, loom__scalar_like(g, n, (double)per_row));
+    return loom_neg(g, loom_div(g, loom_sum_all(g, loom_mul(g, picked, w)), n));
 }
 
 loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b) {
