@@ -425,6 +425,27 @@ LOOM_API void loom_sequential_init(loom_sequential *s, uint64_t seed);
  * same values and gradients, the ReLU on the pooled quarter). */
 LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_tensor *x);
 
+/* A GPT as nanoGPT's model.py (bias-free LayerNorm and Linear layers, GELU MLP, output projection
+ * tied to the token embedding): `layers` blocks of causal self-attention with `heads` heads over
+ * `width` channels, positions up to `context`, tokens below `vocab`. Its parameters carry
+ * nanoGPT's state_dict names (transformer.wte.weight, transformer.wpe.weight,
+ * transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.weight,
+ * transformer.ln_f.weight; lm_head.weight is transformer.wte.weight). */
+typedef struct {
+    int64_t vocab, context, layers, heads, width;
+} loom_gpt_config;
+typedef struct loom_gpt loom_gpt;
+/* Adds the parameters to m; NULL (EINVAL) on bad sizes. */
+LOOM_API loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c);
+LOOM_API void loom_gpt_free(loom_gpt *gpt);
+LOOM_API const loom_gpt_config *loom_gpt_get_config(const loom_gpt *gpt);
+/* nanoGPT's init: normal(0, 0.02) for the embeddings and linear weights, 0.02 / sqrt(2 layers)
+ * for the two residual projections (attn.c_proj, mlp.c_proj), ones for the LayerNorms; drawn
+ * from Philox stream (1, parameter index) of seed. */
+LOOM_API void loom_gpt_init(loom_gpt *gpt, uint64_t seed);
+/* Logits (B, T, vocab) of tokens idx (B, T), i32, T <= context. */
+LOOM_API loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx);
+
 /* ---- optimizers ---------------------------------------------------------------------------------
  */
 

@@ -1,0 +1,192 @@
+/*
+ * gpt.c - a GPT as nanoGPT's model.py writes it (Radford et al. 2019, with bias-free LayerNorm
+ * and Linear layers): token and position embeddings, `layers` pre-norm residual blocks of causal
+ * multi-head self-attention and a GELU MLP, a final LayerNorm, and the output projection tied to
+ * the token embedding (one parameter, its gradient summed from both uses). Built from the
+ * library's general ops; the parameters carry nanoGPT's state_dict names.
+ *
+ *   x = wte[idx] + wpe[0..T)
+ *   for each block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+ *   logits = ln_f(x) wte^T
+ *   attn(a) = c_proj(softmax(causal(q k^T / sqrt(D))) v), q, k, v = the three thirds of c_attn(a)
+ *   mlp(a)  = c_proj(gelu(c_fc(a)))
+ */
+#include "../graph/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    loom_param *ln_1, *c_attn, *attn_proj, *ln_2, *c_fc, *mlp_proj;
+} block;
+
+struct loom_gpt {
+    loom_model *m;
+    loom_gpt_config c;
+    loom_param *wte, *wpe, *ln_f;
+    block *blocks;
+    int32_t *rows; /* 0 .. max(3 width, context) - 1: positions and c_attn's thirds */
+};
+
+static loom_param *add(loom_model *m, const char *name, int ndim, int64_t d0, int64_t d1) {
+    int64_t s[2] = {d0, d1};
+    return loom_model_add(m, name, ndim, s);
+}
+
+loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c) {
+    if (!m || !c || c->vocab < 1 || c->context < 1 || c->layers < 1 || c->heads < 1 ||
+        c->width < 1 || c->width % c->heads != 0) {
+        loom__error(LOOM_EINVAL,
+                    "loom_gpt_new: vocabulary %lld, context %lld, %lld layers, %lld heads, width "
+                    "%lld: expected sizes >= 1 and a width that the heads divide",
+                    c ? (long long)c->vocab : 0, c ? (long long)c->context : 0,
+                    c ? (long long)c->layers : 0, c ? (long long)c->heads : 0,
+                    c ? (long long)c->width : 0);
+        return NULL;
+    }
+    loom_gpt *gpt = loom__calloc(1, sizeof *gpt);
+    int64_t C = c->width, nrows = 3 * C > c->context ? 3 * C : c->context;
+    if (gpt) {
+        gpt->blocks = loom__calloc((size_t)c->layers, sizeof *gpt->blocks);
+        gpt->rows = loom__calloc((size_t)nrows, sizeof *gpt->rows);
+    }
+    if (!gpt || !gpt->blocks || !gpt->rows) {
+        loom_gpt_free(gpt);
+        return NULL;
+    }
+    gpt->m = m, gpt->c = *c;
+    for (int64_t i = 0; i < nrows; i++)
+        gpt->rows[i] = (int32_t)i;
+    bool ok = (gpt->wte = add(m, "transformer.wte.weight", 2, c->vocab, C)) &&
+              (gpt->wpe = add(m, "transformer.wpe.weight", 2, c->context, C));
+    for (int64_t l = 0; ok && l < c->layers; l++) {
+        block *b = &gpt->blocks[l];
+        char name[96];
+#define ADD(field, suffix, nd, d0, d1)                                           \
+    (snprintf(name, sizeof name, "transformer.h.%lld.%s", (long long)l, suffix), \
+     (b->field = add(m, name, nd, d0, d1)) != NULL)
+        ok = ADD(ln_1, "ln_1.weight", 1, C, 0) && ADD(c_attn, "attn.c_attn.weight", 2, 3 * C, C) &&
+             ADD(attn_proj, "attn.c_proj.weight", 2, C, C) && ADD(ln_2, "ln_2.weight", 1, C, 0) &&
+             ADD(c_fc, "mlp.c_fc.weight", 2, 4 * C, C) &&
+             ADD(mlp_proj, "mlp.c_proj.weight", 2, C, 4 * C);
+#undef ADD
+    }
+    if (!ok || !(gpt->ln_f = add(m, "transformer.ln_f.weight", 1, C, 0))) {
+        loom_gpt_free(gpt);
+        return NULL;
+    }
+    return gpt;
+}
+
+void loom_gpt_free(loom_gpt *gpt) {
+    if (!gpt)
+        return;
+    loom__free(gpt->blocks);
+    loom__free(gpt->rows);
+    loom__free(gpt);
+}
+
+const loom_gpt_config *loom_gpt_get_config(const loom_gpt *gpt) {
+    return &gpt->c;
+}
+
+/* Normal(0, std) from Philox stream (1, parameter index) of seed: Box-Muller on two uniforms. */
+static void fill_normal(loom_param *p, uint64_t seed, double std) {
+    float *d = loom_param_data(p);
+    uint64_t stream = (1ull << 32) | (uint64_t)p->index;
+    for (int64_t j = 0; j < p->numel; j++) {
+        double u1 = loom_rand_uniform(seed, stream, 2 * (uint64_t)j) + 1.0 / 33554432.0;
+        double u2 = loom_rand_uniform(seed, stream, 2 * (uint64_t)j + 1);
+        d[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+static void fill_ones(loom_param *p) {
+    float *d = loom_param_data(p);
+    for (int64_t j = 0; j < p->numel; j++)
+        d[j] = 1.0f;
+}
+
+void loom_gpt_init(loom_gpt *gpt, uint64_t seed) {
+    const loom_gpt_config *c = &gpt->c;
+    double proj = 0.02 / sqrt(2.0 * (double)c->layers);
+    fill_normal(gpt->wte, seed, 0.02);
+    fill_normal(gpt->wpe, seed, 0.02);
+    for (int64_t l = 0; l < c->layers; l++) {
+        block *b = &gpt->blocks[l];
+        fill_ones(b->ln_1), fill_ones(b->ln_2);
+        fill_normal(b->c_attn, seed, 0.02);
+        fill_normal(b->attn_proj, seed, proj);
+        fill_normal(b->c_fc, seed, 0.02);
+        fill_normal(b->mlp_proj, seed, proj);
+    }
+    fill_ones(gpt->ln_f);
+    loom_model_touch(gpt->m);
+}
+
+/* x (R, in) times weight (out, in) transposed: (R, out). */
+static loom_tensor *linear(loom_graph *g, loom_tensor *x, loom_tensor *w) {
+    return loom_matmul(g, x, loom_transpose(g, w));
+}
+
+/* The rows [k n, (k + 1) n) of w, as a graph tensor. */
+static loom_tensor *rows_of(loom_graph *g, loom_gpt *gpt, loom_tensor *w, int64_t k, int64_t n) {
+    return loom_gather(g, w, loom_input(g, LOOM_I32, 1, &n, gpt->rows + k * n));
+}
+
+/* (B T, C) -> (B, H, T, D) */
+static loom_tensor *heads(loom_graph *g, loom_tensor *x, int64_t B, int64_t T, int64_t H,
+                          int64_t D) {
+    int64_t s[4] = {B, T, H, D};
+    return loom_permute(g, loom_reshape(g, x, 4, s), (int[]){0, 2, 1, 3});
+}
+
+static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom_tensor *a,
+                              int64_t B, int64_t T) {
+    int64_t C = gpt->c.width, H = gpt->c.heads, D = C / H;
+    loom_tensor *w = loom_parameter(g, b->c_attn);
+    loom_tensor *q = heads(g, linear(g, a, rows_of(g, gpt, w, 0, C)), B, T, H, D);
+    loom_tensor *k = heads(g, linear(g, a, rows_of(g, gpt, w, 1, C)), B, T, H, D);
+    loom_tensor *v = heads(g, linear(g, a, rows_of(g, gpt, w, 2, C)), B, T, H, D);
+    loom_tensor *att = loom_mul(g, loom_matmul(g, q, loom_transpose(g, k)),
+                                loom_scalar(g, 1.0 / sqrt((double)D), LOOM_F32));
+    att = loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3);
+    loom_tensor *y = loom_permute(g, loom_matmul(g, att, v), (int[]){0, 2, 1, 3});
+    int64_t s[2] = {B * T, C};
+    return linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj));
+}
+
+loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx) {
+    if (!g || g->err)
+        return NULL;
+    const loom_gpt_config *c = &gpt->c;
+    if (!idx || idx->dtype != LOOM_I32 || idx->ndim != 2 || idx->shape[1] < 1 ||
+        idx->shape[1] > c->context) {
+        char s[96] = "NULL";
+        if (idx)
+            loom__shape_str(idx, s, sizeof s);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_gpt_forward: tokens %s, expected i32 (B, T) with 1 <= T <= the "
+                         "context, %lld",
+                         s, (long long)c->context);
+        return NULL;
+    }
+    int64_t B = idx->shape[0], T = idx->shape[1], C = c->width;
+    loom_tensor *wte = loom_parameter(g, gpt->wte);
+    loom_tensor *pos = rows_of(g, gpt, loom_parameter(g, gpt->wpe), 0, T); /* (T, C) */
+    int64_t flat[2] = {B * T, C}, out[3] = {B, T, c->vocab};
+    loom_tensor *x = loom_reshape(g, loom_add(g, loom_gather(g, wte, idx), pos), 2, flat);
+    for (int64_t l = 0; l < c->layers; l++) {
+        const block *b = &gpt->blocks[l];
+        x = loom_add(g, x,
+                     attention(g, gpt, b,
+                               loom_layer_norm(g, x, loom_parameter(g, b->ln_1), NULL, 1e-5), B,
+                               T));
+        loom_tensor *a = loom_layer_norm(g, x, loom_parameter(g, b->ln_2), NULL, 1e-5);
+        x = loom_add(g, x,
+                     linear(g, loom_gelu(g, linear(g, a, loom_parameter(g, b->c_fc))),
+                            loom_parameter(g, b->mlp_proj)));
+    }
+    x = loom_layer_norm(g, x, loom_parameter(g, gpt->ln_f), NULL, 1e-5);
+    return loom_reshape(g, linear(g, x, wte), 3, out);
+}

@@ -1,0 +1,212 @@
+/*
+ * test_gpt.c - the GPT (loom_gpt_*) against PyTorch: tests/golden/gpt.safetensors
+ * (tests/golden/make_gpt_golden.py, nanoGPT's model written in PyTorch) gives the initial
+ * parameters, fixed batches, the float64 model's logits, and the float64 run of 5 steps of
+ * nanoGPT's recipe (AdamW, weight decay on matrices only, warm-up and cosine schedule, gradient
+ * clipping) with float32 PyTorch's distance from it.
+ *   - the logits at the initial parameters match float64 PyTorch's;
+ *   - 5 training steps on this thread and on 1 and 2 devices: loom's distance from the float64
+ *     run at most MAX_RATIO times float32 PyTorch's, the losses close to float64's;
+ *   - 20 steps on 2 devices match 1 device within 1e-5 (normwise), and repeat bitwise.
+ */
+#include "harness.h"
+
+#include <math.h>
+
+#define MAX_RATIO 4.0
+
+static loom_tensor_file *ref;
+static const loom_gpt_config cfg = {
+    .vocab = 13, .context = 8, .layers = 2, .heads = 2, .width = 16};
+enum { B = 4, T = 8, STEPS = 5 };
+
+typedef struct {
+    loom_model *m;
+    loom_gpt *gpt;
+    loom_optim *o;
+    loom_devices *d;
+    loom_graph *g;
+} rig;
+
+static const void *get(const char *name) {
+    const void *p = loom_tensor_file_get(ref, name, NULL, NULL, NULL);
+    if (!p)
+        fprintf(stderr, "gpt.safetensors: no tensor %s\n", name);
+    return p;
+}
+
+/* The GPT from PyTorch's initial parameters and nanoGPT's optimizer, on `devices` (0: none). */
+static bool rig_new(rig *r, int devices) {
+    memset(r, 0, sizeof *r);
+    r->m = loom_model_new();
+    if (!(r->gpt = loom_gpt_new(r->m, &cfg)))
+        return false;
+    for (int i = 0; i < loom_model_count(r->m); i++) {
+        loom_param *p = loom_model_at(r->m, i);
+        char key[160];
+        snprintf(key, sizeof key, "init.%s", loom_param_name(p));
+        const float *v = get(key);
+        if (!v)
+            return false;
+        memcpy(loom_param_data(p), v, sizeof(float) * (size_t)loom_param_numel(p));
+    }
+    loom_model_touch(r->m);
+    r->o = loom_adamw_new(r->m, &(loom_optim_config){.lr = 1e-3,
+                                                     .beta2 = 0.99,
+                                                     .weight_decay = 0.1,
+                                                     .warmup_steps = 2,
+                                                     .decay_steps = 4,
+                                                     .min_lr = 1e-4,
+                                                     .clip_norm = 0.5});
+    loom_optim_decay_matrices_only(r->o, 0.1);
+    r->g = loom_graph_new(r->m);
+    if (devices)
+        r->d = loom_devices_new(&(loom_devices_config){.count = devices});
+    return r->o && r->g && (!devices || (r->d && !loom_graph_set_devices(r->g, r->d)));
+}
+
+static void rig_free(rig *r) {
+    loom_graph_free(r->g);
+    loom_devices_free(r->d);
+    loom_optim_free(r->o);
+    loom_gpt_free(r->gpt);
+    loom_model_free(r->m);
+}
+
+/* One training step on batch s of the fixture; its loss, NaN on failure. */
+static double step(rig *r, int s) {
+    const int32_t *idx = get("idx"), *tg = get("targets");
+    int64_t shape[2] = {B, T};
+    loom_graph_reset(r->g);
+    loom_tensor *x = loom_input_batch(r->g, LOOM_I32, 2, shape, idx + s * B * T);
+    loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 2, shape, tg + s * B * T);
+    loom_tensor *loss = loom_cross_entropy(r->g, loom_gpt_forward(r->g, r->gpt, x), y);
+    loom_backward(r->g, loss);
+    loom_optim_step(r->g, r->o);
+    if (loom_graph_run(r->g)) {
+        fprintf(stderr, "step %d: %s\n", s, loom_last_error());
+        return NAN;
+    }
+    return loom_item(loss);
+}
+
+TEST(logits_match_pytorch) {
+    rig r;
+    ASSERT(rig_new(&r, 0));
+    int64_t shape[2] = {B, T};
+    loom_tensor *x = loom_input(r.g, LOOM_I32, 2, shape, get("idx"));
+    loom_tensor *logits = loom_gpt_forward(r.g, r.gpt, x);
+    loom_output(logits);
+    ASSERT_EQ(loom_graph_run(r.g), LOOM_OK);
+    ASSERT_EQ(loom_tensor_numel(logits), B * T * 13);
+    const float *got = loom_tensor_data(logits), *want = get("logits64");
+    double err = 0, scale = 0;
+    for (int i = 0; i < B * T * 13; i++)
+        err = fmax(err, fabs((double)got[i] - want[i])), scale = fmax(scale, fabs(want[i]));
+    fprintf(stderr, "logits at PyTorch's initial parameters: max difference %.3g (largest %.3g)\n",
+            err, scale);
+    ASSERT(err <= 1e-5 * scale);
+    rig_free(&r);
+}
+
+/* loom's distance from the float64 run after the fixture's steps. */
+static double distance(loom_model *m) {
+    double sq = 0;
+    for (int i = 0; i < loom_model_count(m); i++) {
+        loom_param *p = loom_model_at(m, i);
+        char key[160];
+        snprintf(key, sizeof key, "delta64.%s", loom_param_name(p));
+        const float *delta = get(key);
+        snprintf(key, sizeof key, "init.%s", loom_param_name(p));
+        const float *w0 = get(key), *w = loom_param_data(p);
+        if (!delta || !w0)
+            return INFINITY;
+        for (int64_t e = 0; e < loom_param_numel(p); e++) {
+            double d = ((double)w[e] - w0[e]) - delta[e];
+            sq += d * d;
+        }
+    }
+    return sqrt(sq);
+}
+
+TEST(training_steps_match_pytorch) {
+    const float *d32 = get("dist32"), *loss64 = get("loss64");
+    ASSERT(d32 && loss64);
+    for (int devices = 0; devices <= 2; devices++) {
+        rig r;
+        ASSERT(rig_new(&r, devices));
+        double worst = 0;
+        for (int s = 0; s < STEPS; s++)
+            worst = fmax(worst, fabs(step(&r, s) - loss64[s]));
+        double d = distance(r.m);
+        fprintf(stderr,
+                "%d device(s): %d steps %.3g from float64 (float32 PyTorch %.3g; ratio %.2f), "
+                "losses within %.2g\n",
+                devices, STEPS, d, d32[0], d / d32[0], worst);
+        ASSERT(d <= MAX_RATIO * d32[0]);
+        ASSERT(worst <= 1e-5);
+        rig_free(&r);
+    }
+}
+
+/* 20 steps over the fixture's batches again and again; the parameters into out. */
+static bool train20(int devices, float *out, int64_t n) {
+    rig r;
+    bool ok = rig_new(&r, devices);
+    for (int s = 0; ok && s < 20; s++)
+        ok = !isnan(step(&r, s % STEPS));
+    if (ok)
+        memcpy(out, loom_param_data(loom_model_at(r.m, 0)), sizeof(float) * (size_t)n);
+    rig_free(&r);
+    return ok;
+}
+
+TEST(two_devices_match_one_and_repeat_bitwise) {
+    loom_model *m = loom_model_new();
+    loom_gpt *gpt = loom_gpt_new(m, &cfg);
+    int64_t n = loom_model_numel(m);
+    loom_gpt_free(gpt);
+    loom_model_free(m);
+    float *one = malloc(sizeof(float) * (size_t)n), *two = malloc(sizeof(float) * (size_t)n),
+          *again = malloc(sizeof(float) * (size_t)n);
+    ASSERT(train20(1, one, n) && train20(2, two, n) && train20(2, again, n));
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++)
+        e += ((double)two[i] - one[i]) * ((double)two[i] - one[i]), s += (double)one[i] * one[i];
+    fprintf(stderr, "20 steps: 2 devices differ from 1 by %.3g (normwise); a repeat %s\n",
+            sqrt(e / s), memcmp(two, again, sizeof(float) * (size_t)n) ? "differs" : "is bitwise");
+    ASSERT(sqrt(e / s) <= 1e-5);
+    ASSERT(memcmp(two, again, sizeof(float) * (size_t)n) == 0);
+    free(one), free(two), free(again);
+}
+
+TEST(bad_shapes_are_one_line) {
+    loom_model *m = loom_model_new();
+    ASSERT(!loom_gpt_new(
+        m, &(loom_gpt_config){.vocab = 13, .context = 8, .layers = 1, .heads = 3, .width = 16}));
+    ASSERT_STR_CONTAINS(loom_last_error(), "a width that the heads divide");
+    loom_gpt *gpt = loom_gpt_new(m, &cfg);
+    loom_graph *g = loom_graph_new(m);
+    int64_t shape[2] = {1, 9};
+    int32_t toks[9] = {0};
+    ASSERT(!loom_gpt_forward(g, gpt, loom_input(g, LOOM_I32, 2, shape, toks)));
+    ASSERT_EQ(loom_graph_run(g), LOOM_ESHAPE);
+    ASSERT_STR_CONTAINS(loom_last_error(), "tokens (1,9), expected i32 (B, T) with 1 <= T <= the "
+                                           "context, 8");
+    loom_graph_free(g);
+    loom_gpt_free(gpt);
+    loom_model_free(m);
+}
+
+int main(void) {
+    if (loom_tensor_file_read("golden/gpt.safetensors", &ref)) {
+        fprintf(stderr, "%s\n", loom_last_error());
+        return 1;
+    }
+    RUN(logits_match_pytorch);
+    RUN(training_steps_match_pytorch);
+    RUN(two_devices_match_one_and_repeat_bitwise);
+    RUN(bad_shapes_are_one_line);
+    loom_tensor_file_free(ref);
+    return HARNESS_EXIT();
+}
