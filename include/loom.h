@@ -96,7 +96,8 @@ LOOM_API void loom_set_abort_hook(void (*fn)(const char *where, const char *what
  * stream low, stream high). A draw is a pure function of (seed, stream, counter), so any value of a
  * run can be recomputed without replaying earlier draws. Streams used by loom (stream high word =
  * purpose): 1 = parameter init (low word = parameter index, counter = element index / 4),
- * 2 = data shuffling (low word = epoch, counter = position / 4). */
+ * 2 = data shuffling (low word = epoch, counter = position / 4), 3 = a text's training windows
+ * (low word = step, counter = row), 4 = `loom sample`'s draws (counter = token / 4). */
 LOOM_API void loom_philox(uint64_t seed, uint64_t stream, uint64_t counter, uint32_t out[4]);
 /* A float uniform in [0, 1) with 24 random bits, from word `i % 4` of block `i / 4`. */
 LOOM_API float loom_rand_uniform(uint64_t seed, uint64_t stream, uint64_t i);
@@ -127,6 +128,11 @@ LOOM_API int64_t loom_param_numel(const loom_param *p);
 /* Tells the model that the host changed its values (through the pointers below): replicas on other
  * devices are refreshed from these before the next step. Loading and initialising do it. */
 LOOM_API void loom_model_touch(loom_model *m);
+/* Tied weights: `name` is another name of parameter p (a GPT's lm_head.weight is its
+ * transformer.wte.weight). loom_model_save writes it as a tensor of its own holding p's values;
+ * loom_model_load accepts it, with p's shape and values, or its absence. EINVAL for a name taken
+ * or a parameter of another model. */
+LOOM_API loom_status loom_model_tie(loom_model *m, const char *name, const loom_param *p);
 /* Pointers into the model's slabs; valid until the next loom_model_add(). A step submitted on
  * the model's graph (loom_graph_submit) owns the slabs until it ends: these, loom_model_touch,
  * loom_model_add, loom_model_save and loom_model_load wait for it first, and a pointer taken
@@ -503,6 +509,31 @@ LOOM_API loom_dataset *loom_dataset_from_arrays(int64_t n, int sample_ndim,
                                                 const int64_t *sample_shape, const float *x,
                                                 const int32_t *y);
 LOOM_API void loom_dataset_free(loom_dataset *d);
+
+/* A character-level text (nanoGPT's shakespeare_char): a UTF-8 file, plain or gzip'd; the
+ * vocabulary is its sorted distinct characters (code points), the first 90% of the characters
+ * train and the last 10% validate. EFORMAT for an empty file, one distinct character or bytes
+ * that are not UTF-8 (naming the byte). */
+typedef struct loom_text loom_text;
+LOOM_API loom_status loom_text_load(const char *path, loom_text **out);
+LOOM_API void loom_text_free(loom_text *t);
+LOOM_API int64_t loom_text_vocab(const loom_text *t);
+/* The training (val false) or validation split's tokens, *n of them. */
+LOOM_API const int32_t *loom_text_split(const loom_text *t, bool val, int64_t *n);
+/* The tokens of UTF-8 text s into tokens (room for strlen(s)), *n of them; EINVAL naming the first
+ * character outside the vocabulary. */
+LOOM_API loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
+                                      int64_t *n);
+/* The text of n tokens into buf (NUL-terminated, cut to size); the bytes written. */
+LOOM_API size_t loom_text_decode(const loom_text *t, const int32_t *tokens, int64_t n, char *buf,
+                                 size_t size);
+/* Step `step`'s batch of the training split: x and y (batch, context) int32, row r the window of
+ * context tokens at an offset from Philox stream (3, step) of seed, and the next tokens; without
+ * shuffle, row r of step s is the window at token (s batch + r) context (modulo the split's
+ * windows). EINVAL when the context is not shorter than the split. */
+LOOM_API loom_status loom_text_batch(const loom_text *t, int64_t step, int64_t batch,
+                                     int64_t context, uint64_t seed, bool shuffle, int32_t *x,
+                                     int32_t *y);
 LOOM_API int64_t loom_dataset_count(const loom_dataset *d);
 /* Sample dims (without the leading N). */
 LOOM_API int loom_dataset_sample_ndim(const loom_dataset *d);

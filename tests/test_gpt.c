@@ -198,11 +198,57 @@ TEST(bad_shapes_are_one_line) {
     loom_model_free(m);
 }
 
+/* The text dataset: the vocabulary is the sorted distinct characters (UTF-8 decoded), the split
+ * 90/10, encode and decode invert each other, --no-shuffle batches are the windows at
+ * (s batch + r) context, shuffled ones a function of (seed, step). */
+TEST(text_dataset) {
+    char path[512];
+    test_tmp(path, sizeof path, "gpt-text.txt");
+    FILE *f = fopen(path, "wb");
+    const char *unit = "caf\xc3\xa9 b\xc3\xa9"
+                       "b\xc3\xa9\n"; /* 10 characters, 13 bytes */
+    for (int i = 0; i < 30; i++)
+        fputs(unit, f);
+    fclose(f);
+    loom_text *t;
+    ASSERT_EQ(loom_text_load(path, &t), LOOM_OK);
+    ASSERT_EQ(loom_text_vocab(t), 7); /* \n ' ' a b c f U+00E9 */
+    int64_t ntrain, nval;
+    const int32_t *tr = loom_text_split(t, false, &ntrain);
+    loom_text_split(t, true, &nval);
+    ASSERT_EQ(ntrain, 270);
+    ASSERT_EQ(nval, 30);
+    int32_t tok[16];
+    int64_t n;
+    ASSERT_EQ(loom_text_encode(t, "caf\xc3\xa9 b", tok, &n), LOOM_OK);
+    ASSERT_EQ(n, 6);
+    ASSERT(tok[0] == 4 && tok[1] == 2 && tok[2] == 5 && tok[3] == 6 && tok[4] == 1); /* sorted */
+    char back[32];
+    loom_text_decode(t, tok, n, back, sizeof back);
+    ASSERT(!strcmp(back, "caf\xc3\xa9 b"));
+    ASSERT_EQ(loom_text_encode(t, "x", tok, &n), LOOM_EINVAL);
+    int32_t x[3 * 4], y[3 * 4], x2[3 * 4], y2[3 * 4];
+    ASSERT_EQ(loom_text_batch(t, 5, 3, 4, 0, false, x, y), LOOM_OK);
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 4; k++) {
+            int64_t at = ((5 * 3 + r) * 4) % (270 - 4);
+            ASSERT(x[r * 4 + k] == tr[at + k] && y[r * 4 + k] == tr[at + k + 1]);
+        }
+    ASSERT_EQ(loom_text_batch(t, 7, 3, 4, 9, true, x, y), LOOM_OK);
+    ASSERT_EQ(loom_text_batch(t, 7, 3, 4, 9, true, x2, y2), LOOM_OK);
+    ASSERT(!memcmp(x, x2, sizeof x) && !memcmp(y, y2, sizeof y));
+    ASSERT_EQ(loom_text_batch(t, 8, 3, 4, 9, true, x2, y2), LOOM_OK);
+    ASSERT(memcmp(x, x2, sizeof x) != 0);
+    ASSERT_EQ(loom_text_batch(t, 0, 3, 270, 0, false, x, y), LOOM_EINVAL);
+    loom_text_free(t);
+}
+
 int main(void) {
     if (loom_tensor_file_read("golden/gpt.safetensors", &ref)) {
         fprintf(stderr, "%s\n", loom_last_error());
         return 1;
     }
+    RUN(text_dataset);
     RUN(logits_match_pytorch);
     RUN(training_steps_match_pytorch);
     RUN(two_devices_match_one_and_repeat_bitwise);

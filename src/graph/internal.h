@@ -175,6 +175,9 @@ struct loom_model {
      * away[s], when set, holds its current values, and the host's next look copies them back.
      * lender is who lent it; lent_end(lender, m) ends the loan when m is freed. */
     float *away[LOOM_SLAB_COUNT];
+    /* other names of parameters (loom_model_tie): tie_name[i] is params[tie_of[i]] */
+    char **tie_name;
+    int64_t *tie_of, nties;
     void *lender;
     void (*lent_end)(void *lender, loom_model *m);
 };

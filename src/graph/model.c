@@ -35,6 +35,10 @@ void loom_model_free(loom_model *m) {
         loom__free(m->params[i]->name);
         loom__free(m->params[i]);
     }
+    for (int64_t i = 0; i < m->nties; i++)
+        loom__free(m->tie_name[i]);
+    loom__free(m->tie_name);
+    loom__free(m->tie_of);
     loom__free(m->params);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         loom__free(m->slab[s]);
@@ -131,6 +135,28 @@ float *loom_param_data(loom_param *p) {
 float *loom_param_grad(loom_param *p) {
     loom__model_settle(p->m);
     return p->m->slab[LOOM_SLAB_GRAD] + p->offset;
+}
+
+loom_status loom_model_tie(loom_model *m, const char *name, const loom_param *p) {
+    if (!m || !name || !*name || !p || p->m != m || loom_model_find(m, name))
+        return loom__error(LOOM_EINVAL, "loom_model_tie: '%s': %s", name ? name : "",
+                           !m || !p || !name || !*name ? "NULL or empty argument"
+                           : p->m != m                 ? "a parameter of another model"
+                                                       : "a parameter has that name");
+    for (int64_t i = 0; i < m->nties; i++)
+        if (!strcmp(m->tie_name[i], name))
+            return loom__error(LOOM_EINVAL, "loom_model_tie: '%s' is tied already", name);
+    char **names = loom__realloc(m->tie_name, sizeof(char *) * (size_t)(m->nties + 1));
+    if (names)
+        m->tie_name = names;
+    int64_t *of = names ? loom__realloc(m->tie_of, sizeof(int64_t) * (size_t)(m->nties + 1)) : NULL;
+    if (of)
+        m->tie_of = of;
+    char *copy = of ? loom__strdup(name) : NULL;
+    if (!copy)
+        return LOOM_ENOMEM;
+    m->tie_name[m->nties] = copy, m->tie_of[m->nties++] = p->index;
+    return LOOM_OK;
 }
 
 void loom_model_touch(loom_model *m) {

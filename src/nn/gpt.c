@@ -71,7 +71,8 @@ loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c) {
              ADD(mlp_proj, "mlp.c_proj.weight", 2, C, 4 * C);
 #undef ADD
     }
-    if (!ok || !(gpt->ln_f = add(m, "transformer.ln_f.weight", 1, C, 0))) {
+    if (!ok || !(gpt->ln_f = add(m, "transformer.ln_f.weight", 1, C, 0)) ||
+        loom_model_tie(m, "lm_head.weight", gpt->wte)) {
         loom_gpt_free(gpt);
         return NULL;
     }

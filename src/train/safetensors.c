@@ -427,10 +427,24 @@ loom_status loom_model_load(loom_model *m, const char *path) {
                             p->name, loom__dtype_name(e->dtype), a, b);
         }
     }
-    for (int64_t i = 0; i < f->n && !s; i++)
-        if (!loom_model_find(m, f->e[i].name))
+    for (int64_t i = 0; i < f->n && !s; i++) {
+        int64_t t = 0;
+        while (t < m->nties && strcmp(m->tie_name[t], f->e[i].name) != 0)
+            t++;
+        if (t < m->nties) { /* a tied name: the very values of its parameter */
+            const loom_param *p = m->params[m->tie_of[t]];
+            const entry *e = &f->e[i], *own = find(f, p->name);
+            if (e->dtype != LOOM_F32 || e->ndim != p->ndim ||
+                memcmp(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0 ||
+                memcmp(e->data, own->data, sizeof(float) * (size_t)p->numel) != 0)
+                s = loom__error(LOOM_EFORMAT,
+                                "%s: tensor '%s' differs from '%s', the parameter it is tied to",
+                                path, e->name, p->name);
+        } else if (!loom_model_find(m, f->e[i].name)) {
             s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' is not a parameter of the model", path,
                             f->e[i].name);
+        }
+    }
     for (int64_t i = 0; i < m->n && !s; i++)
         memcpy(loom_param_data(m->params[i]), find(f, m->params[i]->name)->data,
                sizeof(float) * (size_t)m->params[i]->numel);
@@ -444,7 +458,7 @@ loom_status loom_model_load(loom_model *m, const char *path) {
  */
 
 static loom_status build_header(const loom_model *m, char **out, size_t *len) {
-    size_t cap = 256 + (size_t)m->n * (64 + 300), k = 0;
+    size_t cap = 256 + (size_t)(m->n + m->nties) * (64 + 300), k = 0;
     char *h = loom__malloc(cap);
     if (!h)
         return LOOM_ENOMEM;
@@ -453,9 +467,10 @@ static loom_status build_header(const loom_model *m, char **out, size_t *len) {
                           "\"loom %s\"}",
                           LOOM_VERSION);
     uint64_t off = 0;
-    for (int64_t i = 0; i < m->n; i++) {
-        const loom_param *p = m->params[i];
-        k += (size_t)snprintf(h + k, cap - k, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", p->name);
+    for (int64_t i = 0; i < m->n + m->nties; i++) { /* the parameters, then the tied names */
+        const loom_param *p = m->params[i < m->n ? i : m->tie_of[i - m->n]];
+        k += (size_t)snprintf(h + k, cap - k, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[",
+                              i < m->n ? p->name : m->tie_name[i - m->n]);
         for (int d = 0; d < p->ndim; d++)
             k += (size_t)snprintf(h + k, cap - k, "%s%lld", d ? "," : "", (long long)p->shape[d]);
         uint64_t end = off + 4 * (uint64_t)p->numel;
@@ -513,9 +528,11 @@ loom_status loom_model_save(const loom_model *m, const char *path) {
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     bool ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(h, 1, hlen, fp) == hlen;
-    for (int64_t i = 0; i < m->n && ok; i++) /* x86-64 and aarch64 are little-endian */
-        ok = fwrite(m->slab[LOOM_SLAB_PARAM] + m->params[i]->offset, sizeof(float),
-                    (size_t)m->params[i]->numel, fp) == (size_t)m->params[i]->numel;
+    for (int64_t i = 0; i < m->n + m->nties && ok; i++) { /* x86-64, aarch64: little-endian */
+        const loom_param *p = m->params[i < m->n ? i : m->tie_of[i - m->n]];
+        ok = fwrite(m->slab[LOOM_SLAB_PARAM] + p->offset, sizeof(float), (size_t)p->numel, fp) ==
+             (size_t)p->numel;
+    }
     ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     ok = (fclose(fp) == 0) && ok;
     loom__free(h);

@@ -43,7 +43,7 @@ int cli_fail(const char *fmt, ...) {
     return 1;
 }
 
-static bool parse_int(const char *flag, const char *v, int64_t min, int64_t *out) {
+bool cli_int(const char *flag, const char *v, int64_t min, int64_t *out) {
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
@@ -55,7 +55,7 @@ static bool parse_int(const char *flag, const char *v, int64_t min, int64_t *out
     return true;
 }
 
-static bool parse_num(const char *flag, const char *v, double min, double *out) {
+bool cli_num(const char *flag, const char *v, double min, double *out) {
     char *end;
     errno = 0;
     double x = v ? strtod(v, &end) : 0;
@@ -74,17 +74,17 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
     int64_t n;
     bool ok = true, takes = true;
     if (!strcmp(f, "--epochs"))
-        ok = parse_int(f, v, 1, &o->epochs);
+        ok = cli_int(f, v, 1, &o->epochs);
     else if (!strcmp(f, "--steps"))
-        ok = parse_int(f, v, 1, &o->steps);
+        ok = cli_int(f, v, 1, &o->steps);
     else if (!strcmp(f, "--batch"))
-        ok = parse_int(f, v, 1, &o->batch);
+        ok = cli_int(f, v, 1, &o->batch);
     else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
         o->devices = 0;
     else if (!strcmp(f, "--devices"))
-        ok = parse_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
-                                                                                "most 256, got %s",
-                                                                                v));
+        ok = cli_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
+                                                                              "most 256, got %s",
+                                                                              v));
     else if (!strcmp(f, "--dist")) {
         ok = v && (!strcmp(v, "auto") || !strcmp(v, "local") || !strcmp(v, "mpi"));
         if (!ok)
@@ -94,28 +94,28 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
                       : !strcmp(v, "mpi") ? LOOM_DIST_MPI
                                           : LOOM_DIST_AUTO;
     } else if (!strcmp(f, "--timeout"))
-        ok = parse_num(f, v, 1e-3, &o->timeout);
+        ok = cli_num(f, v, 1e-3, &o->timeout);
     else if (!strcmp(f, "--seed")) {
-        if ((ok = parse_int(f, v, 0, &n)))
+        if ((ok = cli_int(f, v, 0, &n)))
             o->seed = (uint64_t)n;
     } else if (!strcmp(f, "--lr"))
-        ok = parse_num(f, v, 1e-30, &o->lr), o->lr_set = true;
+        ok = cli_num(f, v, 1e-30, &o->lr), o->lr_set = true;
     else if (!strcmp(f, "--momentum"))
-        ok = parse_num(f, v, 0, &o->momentum);
+        ok = cli_num(f, v, 0, &o->momentum);
     else if (!strcmp(f, "--weight-decay"))
-        ok = parse_num(f, v, 0, &o->weight_decay);
+        ok = cli_num(f, v, 0, &o->weight_decay);
     else if (!strcmp(f, "--beta1") || !strcmp(f, "--beta2")) {
         double *b = !strcmp(f, "--beta1") ? &o->beta1 : &o->beta2;
-        ok = parse_num(f, v, 1e-30, b) &&
+        ok = cli_num(f, v, 1e-30, b) &&
              (*b < 1 || !cli_fail("%s: expected a number < 1, got %s", f, v));
     } else if (!strcmp(f, "--min-lr"))
-        ok = parse_num(f, v, 0, &o->min_lr);
+        ok = cli_num(f, v, 0, &o->min_lr);
     else if (!strcmp(f, "--clip-norm"))
-        ok = parse_num(f, v, 1e-30, &o->clip_norm);
+        ok = cli_num(f, v, 1e-30, &o->clip_norm);
     else if (!strcmp(f, "--warmup-steps"))
-        ok = parse_int(f, v, 0, &o->warmup_steps);
+        ok = cli_int(f, v, 0, &o->warmup_steps);
     else if (!strcmp(f, "--decay-steps"))
-        ok = parse_int(f, v, 1, &o->decay_steps);
+        ok = cli_int(f, v, 1, &o->decay_steps);
     else if (!strcmp(f, "--optimizer")) {
         ok = v && (!strcmp(v, "sgd") || !strcmp(v, "adamw"));
         if (!ok)

@@ -32,6 +32,13 @@ typedef struct {
 /* Parses `loom train|eval RECIPE [options]` (argv[0] the program, argv[1] the subcommand) into
  * *o; 0, or 2 after one line on stderr naming the bad argument. */
 int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *o);
+/* `flag`'s value v as an integer >= min or a number >= min into *out; false after one line. */
+bool cli_int(const char *flag, const char *v, int64_t min, int64_t *out);
+bool cli_num(const char *flag, const char *v, double min, double *out);
+/* Whether --save's path can be written, before any training: 0, or 1 after one line. */
+int cli_check_save(const char *path);
+/* `loom train|sample shakespeare-gpt [options]` (tools/loom/gpt.c); the process exit code. */
+int cli_gpt(int argc, char **argv);
 /* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */
 int cli_train(const train_opts *o);
 /* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1

@@ -10,6 +10,9 @@
 
 static const char usage[] =
     "usage: loom train RECIPE [options]   train a built-in recipe (fmnist-mlp, fmnist-cnn)\n"
+    "       loom train shakespeare-gpt [options]   a character-level GPT on a text (nanoGPT's\n"
+    "                                     shakespeare-char run; options below)\n"
+    "       loom sample shakespeare-gpt --init FILE [options]   text from trained weights\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
@@ -42,7 +45,16 @@ static const char usage[] =
     "                      mpirun or mpiexec), or this process alone\n"
     "  --timeout S         seconds before a stuck step fails every device (default 60)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
-    "                      or infinite (without it training stops after that step)\n";
+    "                      or infinite (without it training stops after that step)\n"
+    "\n"
+    "shakespeare-gpt options (defaults: nanoGPT's CPU run of shakespeare-char):\n"
+    "  --data FILE         UTF-8 text, plain or gzip'd (default: the project's Tiny Shakespeare)\n"
+    "  --layers N --heads N --width N --context N   the model (4, 4, 128, 64)\n"
+    "  --steps N --batch N (2000, 12)   --lr X (1e-3)   --warmup-steps N (100)\n"
+    "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
+    "  --clip-norm X (1.0)   --beta2 X (0.99)   --dropout 0   --eval-interval N (250)\n"
+    "  --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE   --save FILE\n"
+    "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
 /* This process's rank as an MPI launcher's environment gives it (-1: none). */
 static int launcher_rank(void) {
@@ -73,6 +85,9 @@ int main(int argc, char **argv) {
         fputs(buf, stdout);
         return 0;
     }
+    if ((!strcmp(argv[1], "train") || !strcmp(argv[1], "sample")) && argc > 2 &&
+        !strcmp(argv[2], "shakespeare-gpt"))
+        return cli_gpt(argc, argv);
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) {
         train_opts o;
         /* under an MPI launcher every process parses the same arguments: process 0 alone says

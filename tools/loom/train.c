@@ -231,7 +231,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
 
 /* Whether the weights can be written where --save says, before any training: a temporary file
  * beside the target is created and removed. */
-static int check_save(const char *path) {
+int cli_check_save(const char *path) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return cli_fail("--save: '%s' is a directory, expected a file path", path);
@@ -264,7 +264,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
         cli_hold_errors(); /* one line for the job, from the process that failed, as it ends it */
     if (!r->writer && !freopen("/dev/null", "w", stdout)) /* progress: process 0's */
         return cli_fail("cannot quiet the output of process %d", loom_devices_process(r->devs));
-    if (r->writer && !o->eval_only && o->save && check_save(o->save))
+    if (r->writer && !o->eval_only && o->save && cli_check_save(o->save))
         return 1;
     if (r->writer && !o->eval_only && o->log_dir && !(r->log = open_log(o->log_dir)))
         return 1;

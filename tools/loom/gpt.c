@@ -1,0 +1,358 @@
+/*
+ * gpt.c - `loom train shakespeare-gpt` and `loom sample shakespeare-gpt`: nanoGPT's
+ * shakespeare-char run (a character-level GPT, loom_gpt_*, on a text, loom_text_*) with its
+ * recipe as defaults (4 layers, 4 heads, width 128, context 64, batch 12, 2000 steps, AdamW lr
+ * 1e-3 with betas 0.9 and 0.99, weight decay 0.1 on matrices, 100 warm-up steps, cosine to 1e-4,
+ * clipping at 1.0), data-parallel on the devices; and sampling from trained weights.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    bool sample;
+    loom_gpt_config shape;
+    int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
+    double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
+    uint64_t seed;
+    bool no_shuffle;
+    const char *data, *init, *save, *start;
+} gpt_opts;
+
+static const char *default_text(void) {
+    return LOOM_TEXT_DIR "/tinyshakespeare.txt.gz";
+}
+
+static int parse(int argc, char **argv, gpt_opts *o) {
+    *o = (gpt_opts){.sample = !strcmp(argv[1], "sample"),
+                    .shape = {.context = 64, .layers = 4, .heads = 4, .width = 128},
+                    .steps = 2000,
+                    .batch = 12,
+                    .warmup = 100,
+                    .decay = -1,
+                    .eval_interval = 250,
+                    .tokens = 500,
+                    .top_k = 200,
+                    .lr = 1e-3,
+                    .min_lr = 1e-4,
+                    .weight_decay = 0.1,
+                    .clip = 1.0,
+                    .beta2 = 0.99,
+                    .temperature = 0.8,
+                    .start = "\n"};
+    for (int i = 3; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n = 0;
+        bool ok = true;
+        if (!strcmp(f, "--no-shuffle")) {
+            o->no_shuffle = true;
+            continue;
+        }
+#define INT(flag, min, dst) else if (!strcmp(f, flag)) ok = cli_int(f, v, min, dst)
+#define NUM(flag, min, dst) else if (!strcmp(f, flag)) ok = cli_num(f, v, min, dst)
+        if (0) {
+        }
+        INT("--layers", 1, &o->shape.layers);
+        INT("--heads", 1, &o->shape.heads);
+        INT("--width", 1, &o->shape.width);
+        INT("--context", 1, &o->shape.context);
+        INT("--steps", 1, &o->steps);
+        INT("--batch", 1, &o->batch);
+        INT("--warmup-steps", 0, &o->warmup);
+        INT("--decay-steps", 1, &o->decay);
+        INT("--eval-interval", 1, &o->eval_interval);
+        INT("--tokens", 1, &o->tokens);
+        INT("--top-k", 1, &o->top_k);
+        NUM("--lr", 1e-30, &o->lr);
+        NUM("--min-lr", 0, &o->min_lr);
+        NUM("--weight-decay", 0, &o->weight_decay);
+        NUM("--clip-norm", 0, &o->clip);
+        NUM("--beta2", 0, &o->beta2);
+        NUM("--dropout", 0, &o->dropout);
+        NUM("--temperature", 1e-6, &o->temperature);
+        NUM("--timeout", 1e-3, &o->timeout);
+        else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto")) o->devices = 0;
+        INT("--devices", 1, &o->devices);
+        else if (!strcmp(f, "--seed")) {
+            if ((ok = cli_int(f, v, 0, &n)))
+                o->seed = (uint64_t)n;
+        }
+        else if (!strcmp(f, "--data") || !strcmp(f, "--init") || !strcmp(f, "--save") ||
+                 !strcmp(f, "--start")) {
+            ok = v && (*v || !strcmp(f, "--start"));
+            if (!ok)
+                cli_fail("%s: expected %s", f, strcmp(f, "--start") ? "a path" : "text");
+            const char **dst = !strcmp(f, "--data")   ? &o->data
+                               : !strcmp(f, "--init") ? &o->init
+                               : !strcmp(f, "--save") ? &o->save
+                                                      : &o->start;
+            *dst = v;
+        }
+        else {
+            return cli_fail("%s: unknown option '%s' (see loom --help)", argv[1], f), 2;
+        }
+#undef INT
+#undef NUM
+        if (!ok)
+            return 2;
+        i++;
+    }
+    if (o->beta2 >= 1)
+        return cli_fail("--beta2: expected a number < 1, got %g", o->beta2), 2;
+    if (o->dropout != 0)
+        return cli_fail("--dropout: only 0 is supported yet (nanoGPT's CPU run uses 0)"), 2;
+    if (o->shape.width % o->shape.heads != 0)
+        return cli_fail("--heads: %lld do not divide --width %lld", (long long)o->shape.heads,
+                        (long long)o->shape.width),
+               2;
+    if (o->decay < 0)
+        o->decay = o->steps > o->warmup ? o->steps : o->warmup + 1;
+    if (o->decay <= o->warmup)
+        return cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
+                        (long long)o->warmup, (long long)o->decay),
+               2;
+    if (o->sample && !o->init)
+        return cli_fail("sample: expected --init FILE with trained weights"), 2;
+    return 0;
+}
+
+typedef struct {
+    loom_text *text;
+    loom_model *m;
+    loom_gpt *gpt;
+} gpt_run;
+
+static void run_free(gpt_run *r) {
+    loom_gpt_free(r->gpt);
+    loom_model_free(r->m);
+    loom_text_free(r->text);
+}
+
+/* The text, the model of the options' shape, and --init's weights. */
+static int run_new(const gpt_opts *o, gpt_run *r) {
+    memset(r, 0, sizeof *r);
+    const char *path = o->data ? o->data : default_text();
+    if (loom_text_load(path, &r->text))
+        return cli_fail("--data: %s", loom_last_error());
+    loom_gpt_config c = o->shape;
+    c.vocab = loom_text_vocab(r->text);
+    int64_t ntrain, nval;
+    loom_text_split(r->text, false, &ntrain);
+    loom_text_split(r->text, true, &nval);
+    if (!o->sample && (c.context >= ntrain || c.context >= nval))
+        return cli_fail("--context: %lld tokens, longer than the text's training split (%lld) or "
+                        "validation split (%lld)",
+                        (long long)c.context, (long long)ntrain, (long long)nval);
+    r->m = loom_model_new();
+    if (!(r->gpt = loom_gpt_new(r->m, &c)))
+        return cli_fail("%s", loom_last_error());
+    loom_gpt_init(r->gpt, o->seed);
+    if (o->init && loom_model_load(r->m, o->init))
+        return cli_fail("--init: %s", loom_last_error());
+    return 0;
+}
+
+/* The mean loss over the whole validation split, in non-overlapping windows of the context (every
+ * token counted once, whatever the devices). */
+static double val_loss(loom_graph *full, loom_graph *tail, gpt_run *r, int64_t T, int32_t *x,
+                       int32_t *y) {
+    int64_t n;
+    const int32_t *val = loom_text_split(r->text, true, &n);
+    int64_t windows = (n - 1) / T, per = 64;
+    double total = 0;
+    for (int64_t w0 = 0; w0 < windows; w0 += per) {
+        int64_t rows = windows - w0 < per ? windows - w0 : per, shape[2] = {rows, T};
+        for (int64_t k = 0; k < rows; k++) {
+            memcpy(x + k * T, val + (w0 + k) * T, sizeof(int32_t) * (size_t)T);
+            memcpy(y + k * T, val + (w0 + k) * T + 1, sizeof(int32_t) * (size_t)T);
+        }
+        loom_graph *g = rows == per ? full : tail; /* (the short last batch: its own program) */
+        loom_graph_reset(g);
+        loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
+        loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
+        loom_tensor *loss = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
+        loom_output(loss);
+        if (loom_graph_run(g))
+            return NAN;
+        total += loom_item(loss) * (double)rows;
+    }
+    return total / (double)windows;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int train(const gpt_opts *o) {
+    gpt_run r;
+    int rc = run_new(o, &r);
+    loom_devices *d = NULL;
+    loom_optim *opt = NULL;
+    loom_graph *g = NULL, *ge = NULL, *gt = NULL;
+    int64_t T = o->shape.context, B = o->batch, per = 64 > B ? 64 : B;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)(per * T)),
+            *y = malloc(sizeof(int32_t) * (size_t)(per * T));
+    if (!rc && o->save)
+        rc = cli_check_save(o->save);
+    if (!rc) {
+        d = loom_devices_new(
+            &(loom_devices_config){.count = (int)o->devices, .timeout_s = o->timeout});
+        opt = loom_adamw_new(r.m, &(loom_optim_config){.lr = o->lr,
+                                                       .beta2 = o->beta2,
+                                                       .weight_decay = o->weight_decay,
+                                                       .warmup_steps = o->warmup,
+                                                       .decay_steps = o->decay,
+                                                       .min_lr = o->min_lr,
+                                                       .clip_norm = o->clip});
+        g = loom_graph_new(r.m), ge = loom_graph_new(r.m), gt = loom_graph_new(r.m);
+        if (!d || !opt || !g || !ge || !gt || loom_graph_set_devices(g, d) ||
+            loom_graph_set_devices(ge, d) || loom_graph_set_devices(gt, d))
+            rc = cli_fail("%s", loom_last_error());
+    }
+    bool talk = !rc && loom_devices_process(d) == 0;
+    if (talk)
+        printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
+               "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
+               (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
+               (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
+               loom_devices_world(d), (long long)B, (long long)o->steps);
+    if (!rc)
+        loom_optim_decay_matrices_only(opt, o->weight_decay);
+    double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, last_val = NAN;
+    int64_t counted = 0;
+    for (int64_t s = 0; !rc && s < o->steps; s++) {
+        int64_t shape[2] = {B, T};
+        if (loom_text_batch(r.text, s, B, T, o->seed, !o->no_shuffle, x, y)) {
+            rc = cli_fail("%s", loom_last_error());
+            break;
+        }
+        loom_graph_reset(g);
+        loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
+        loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
+        loom_tensor *loss = loom_cross_entropy(g, loom_gpt_forward(g, r.gpt, xi), yi);
+        loom_backward(g, loss);
+        loom_optim_step(g, opt);
+        if (loom_graph_run(g)) {
+            rc = cli_fail("step %lld: %s", (long long)s + 1, loom_last_error());
+            break;
+        }
+        sum += loom_item(loss), counted++;
+        if ((s + 1) % o->eval_interval == 0 || s + 1 == o->steps) {
+            double te = now(), ms = 1e3 * (te - t_interval) / (double)counted;
+            last_val = val_loss(ge, gt, &r, T, x, y);
+            eval_s += now() - te;
+            if (isnan(last_val)) {
+                rc =
+                    cli_fail("validation after step %lld: %s", (long long)s + 1, loom_last_error());
+                break;
+            }
+            if (talk)
+                printf("step %lld: train loss %.4f, val loss %.4f, lr %.3g, %.1f ms a step\n",
+                       (long long)s + 1, sum / (double)counted, last_val, loom_optim_lr(opt), ms);
+            fflush(stdout);
+            sum = 0, counted = 0, t_interval = now();
+        }
+    }
+    if (!rc && talk) {
+        printf("val loss: %.4f\n", last_val);
+        printf("%lld steps in %.1f s (evaluation %.1f s of it)\n", (long long)o->steps, now() - t0,
+               eval_s);
+    }
+    if (!rc && o->save && talk && loom_model_save(r.m, o->save))
+        rc = cli_fail("--save: %s", loom_last_error());
+    loom_graph_free(g);
+    loom_graph_free(ge);
+    loom_graph_free(gt);
+    loom_optim_free(opt);
+    loom_devices_free(d);
+    run_free(&r);
+    free(x), free(y);
+    return rc;
+}
+
+/* The next token from logits (vocab) at temperature, among the top k, by u uniform in [0, 1). */
+static int32_t pick(const float *logits, int64_t vocab, double temperature, int64_t k, double u,
+                    double *p) {
+    double kth = INFINITY;
+    if (k < vocab) { /* the k-th largest logit: those below it are out */
+        for (int64_t i = 0; i < vocab; i++)
+            p[i] = logits[i];
+        for (int64_t n = 0; n < k; n++) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < vocab; i++)
+                if (p[i] > -INFINITY && (best < 0 || p[i] > p[best]))
+                    best = i;
+            kth = p[best], p[best] = -INFINITY;
+        }
+    }
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < vocab; i++)
+        mx = fmax(mx, logits[i]);
+    for (int64_t i = 0; i < vocab; i++) {
+        p[i] = k < vocab && logits[i] < kth ? 0 : exp((logits[i] - mx) / temperature);
+        sum += p[i];
+    }
+    double c = 0;
+    for (int64_t i = 0; i < vocab; i++)
+        if ((c += p[i] / sum) > u)
+            return (int32_t)i;
+    return (int32_t)(vocab - 1);
+}
+
+static int sample(const gpt_opts *o) {
+    gpt_run r;
+    int rc = run_new(o, &r);
+    int64_t T = o->shape.context, V = rc ? 0 : loom_text_vocab(r.text);
+    int64_t cap = (int64_t)strlen(o->start) + o->tokens + 1, n = 0;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)cap),
+            *win = malloc(sizeof(int32_t) * (size_t)T);
+    double *p = malloc(sizeof(double) * (size_t)(V + 1));
+    if (!rc && loom_text_encode(r.text, o->start, toks, &n))
+        rc = cli_fail("--start: %s", loom_last_error());
+    if (!rc && n == 0)
+        rc = cli_fail("--start: expected at least one character to start from");
+    loom_graph *g = rc ? NULL : loom_graph_new(r.m);
+    int64_t first = n;
+    for (int64_t i = 0; !rc && i < o->tokens; i++) {
+        /* the last T tokens (fewer at first: then padded after, which causal attention ignores) */
+        int64_t len = n < T ? n : T, shape[2] = {1, T};
+        memset(win, 0, sizeof(int32_t) * (size_t)T);
+        memcpy(win, toks + n - len, sizeof(int32_t) * (size_t)len);
+        loom_graph_reset(g);
+        loom_tensor *logits = loom_gpt_forward(g, r.gpt, loom_input(g, LOOM_I32, 2, shape, win));
+        loom_output(logits);
+        if (loom_graph_run(g)) {
+            rc = cli_fail("sample: %s", loom_last_error());
+            break;
+        }
+        const float *l = (const float *)loom_tensor_data(logits) + (len - 1) * V;
+        toks[n++] = pick(l, V, o->temperature, o->top_k,
+                         loom_rand_uniform(o->seed, 4ull << 32, (uint64_t)i), p);
+    }
+    if (!rc) {
+        size_t size = (size_t)(4 * n + 1);
+        char *text = malloc(size);
+        loom_text_decode(r.text, toks, n, text, size);
+        fputs(text, stdout);
+        fputc('\n', stdout);
+        free(text);
+    }
+    (void)first;
+    loom_graph_free(g);
+    run_free(&r);
+    free(toks), free(win), free(p);
+    return rc;
+}
+
+int cli_gpt(int argc, char **argv) {
+    gpt_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    return o.sample ? sample(&o) : train(&o);
+}
