@@ -1922,14 +1922,27 @@ static loom_status k_CAUSAL(const loom__program *p, const loom__bind *b, int32_t
     const void *src = loom__addr(p, b, t->src[0]);
     void *o = loom__addr(p, b, id);
     double fill = t->attr.value;
-    int64_t ix[MAXD] = {0}, off = 0;
-    for (int64_t e = 0; e < n; e++, next_strided(x, ix, &off)) {
-        int64_t j = e % S, i = (e / S) % T;
-        bool hidden = j > i + S - T;
-        if (t->dtype == LOOM_F64)
-            ((double *)o)[e] = hidden ? fill : ((const double *)src)[off];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    bool rows_contiguous = x->lay.stride[x->ndim - 1] == 1;
+    int64_t ix[MAXD] = {0}, off = 0, cs = x->lay.stride[x->ndim - 1];
+    for (int64_t e = 0; e < n; e += S) { /* a row at a time: its visible part, then the fill */
+        int64_t i = (e / S) % T, seen = i + S - T + 1;
+        seen = seen < 0 ? 0 : seen > S ? S : seen;
+        char *orow = (char *)o + (size_t)e * es;
+        const char *srow = (const char *)src + (size_t)off * es;
+        if (rows_contiguous)
+            memcpy(orow, srow, (size_t)seen * es);
         else
-            ((float *)o)[e] = hidden ? (float)fill : ((const float *)src)[off];
+            for (int64_t j = 0; j < seen; j++)
+                memcpy(orow + (size_t)j * es, srow + (size_t)(j * cs) * es, es);
+        for (int64_t j = seen; j < S; j++) {
+            if (t->dtype == LOOM_F64)
+                ((double *)(void *)orow)[j] = fill;
+            else
+                ((float *)(void *)orow)[j] = (float)fill;
+        }
+        off += (S - 1) * cs, ix[x->ndim - 1] = S - 1; /* to the row's last element, then on */
+        next_strided(x, ix, &off);
     }
     return LOOM_OK;
 }
