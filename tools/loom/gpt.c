@@ -13,7 +13,7 @@
 #include <time.h>
 
 typedef struct {
-    bool sample;
+    bool sample, eval;
     loom_gpt_config shape;
     int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
@@ -28,6 +28,7 @@ static const char *default_text(void) {
 
 static int parse(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.sample = !strcmp(argv[1], "sample"),
+                    .eval = !strcmp(argv[1], "eval"),
                     .shape = {.context = 64, .layers = 4, .heads = 4, .width = 128},
                     .steps = 2000,
                     .batch = 12,
@@ -43,59 +44,67 @@ static int parse(int argc, char **argv, gpt_opts *o) {
                     .beta2 = 0.99,
                     .temperature = 0.8,
                     .start = "\n"};
+    /* the options with a value: integers and numbers, each with its least value */
+    const struct {
+        const char *flag;
+        int64_t min, *dst;
+    } ints[] = {{"--layers", 1, &o->shape.layers},
+                {"--heads", 1, &o->shape.heads},
+                {"--width", 1, &o->shape.width},
+                {"--context", 1, &o->shape.context},
+                {"--steps", 1, &o->steps},
+                {"--batch", 1, &o->batch},
+                {"--warmup-steps", 0, &o->warmup},
+                {"--decay-steps", 1, &o->decay},
+                {"--eval-interval", 1, &o->eval_interval},
+                {"--tokens", 1, &o->tokens},
+                {"--top-k", 1, &o->top_k},
+                {"--devices", 1, &o->devices}};
+    const struct {
+        const char *flag;
+        double min, *dst;
+    } nums[] = {{"--lr", 1e-30, &o->lr},
+                {"--min-lr", 0, &o->min_lr},
+                {"--weight-decay", 0, &o->weight_decay},
+                {"--clip-norm", 0, &o->clip},
+                {"--beta2", 0, &o->beta2},
+                {"--dropout", 0, &o->dropout},
+                {"--temperature", 1e-6, &o->temperature},
+                {"--timeout", 1e-3, &o->timeout}};
+    const struct {
+        const char *flag, **dst;
+    } strs[] = {
+        {"--data", &o->data}, {"--init", &o->init}, {"--save", &o->save}, {"--start", &o->start}};
     for (int i = 3; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n = 0;
-        bool ok = true;
+        bool ok = false, known = false;
         if (!strcmp(f, "--no-shuffle")) {
             o->no_shuffle = true;
             continue;
         }
-#define INT(flag, min, dst) else if (!strcmp(f, flag)) ok = cli_int(f, v, min, dst)
-#define NUM(flag, min, dst) else if (!strcmp(f, flag)) ok = cli_num(f, v, min, dst)
-        if (0) {
-        }
-        INT("--layers", 1, &o->shape.layers);
-        INT("--heads", 1, &o->shape.heads);
-        INT("--width", 1, &o->shape.width);
-        INT("--context", 1, &o->shape.context);
-        INT("--steps", 1, &o->steps);
-        INT("--batch", 1, &o->batch);
-        INT("--warmup-steps", 0, &o->warmup);
-        INT("--decay-steps", 1, &o->decay);
-        INT("--eval-interval", 1, &o->eval_interval);
-        INT("--tokens", 1, &o->tokens);
-        INT("--top-k", 1, &o->top_k);
-        NUM("--lr", 1e-30, &o->lr);
-        NUM("--min-lr", 0, &o->min_lr);
-        NUM("--weight-decay", 0, &o->weight_decay);
-        NUM("--clip-norm", 0, &o->clip);
-        NUM("--beta2", 0, &o->beta2);
-        NUM("--dropout", 0, &o->dropout);
-        NUM("--temperature", 1e-6, &o->temperature);
-        NUM("--timeout", 1e-3, &o->timeout);
-        else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto")) o->devices = 0;
-        INT("--devices", 1, &o->devices);
-        else if (!strcmp(f, "--seed")) {
+        if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
+            known = ok = true, o->devices = 0;
+        for (size_t k = 0; !known && k < sizeof ints / sizeof *ints; k++)
+            if ((known = !strcmp(f, ints[k].flag)))
+                ok = cli_int(f, v, ints[k].min, ints[k].dst);
+        for (size_t k = 0; !known && k < sizeof nums / sizeof *nums; k++)
+            if ((known = !strcmp(f, nums[k].flag)))
+                ok = cli_num(f, v, nums[k].min, nums[k].dst);
+        for (size_t k = 0; !known && k < sizeof strs / sizeof *strs; k++)
+            if ((known = !strcmp(f, strs[k].flag))) {
+                bool text = strs[k].dst == &o->start; /* (may be empty: then refused later) */
+                if (!(ok = v && (*v || text)))
+                    cli_fail("%s: expected %s", f, text ? "text" : "a path");
+                *strs[k].dst = v;
+            }
+        if (!known && !strcmp(f, "--seed")) {
+            int64_t n = 0;
+            known = true;
             if ((ok = cli_int(f, v, 0, &n)))
                 o->seed = (uint64_t)n;
         }
-        else if (!strcmp(f, "--data") || !strcmp(f, "--init") || !strcmp(f, "--save") ||
-                 !strcmp(f, "--start")) {
-            ok = v && (*v || !strcmp(f, "--start"));
-            if (!ok)
-                cli_fail("%s: expected %s", f, strcmp(f, "--start") ? "a path" : "text");
-            const char **dst = !strcmp(f, "--data")   ? &o->data
-                               : !strcmp(f, "--init") ? &o->init
-                               : !strcmp(f, "--save") ? &o->save
-                                                      : &o->start;
-            *dst = v;
-        }
-        else {
+        if (!known)
             return cli_fail("%s: unknown option '%s' (see loom --help)", argv[1], f), 2;
-        }
-#undef INT
-#undef NUM
         if (!ok)
             return 2;
         i++;
@@ -114,8 +123,8 @@ static int parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
                         (long long)o->warmup, (long long)o->decay),
                2;
-    if (o->sample && !o->init)
-        return cli_fail("sample: expected --init FILE with trained weights"), 2;
+    if ((o->sample || o->eval) && !o->init)
+        return cli_fail("%s: expected --init FILE with trained weights", argv[1]), 2;
     return 0;
 }
 
@@ -317,7 +326,6 @@ static int sample(const gpt_opts *o) {
     if (!rc && n == 0)
         rc = cli_fail("--start: expected at least one character to start from");
     loom_graph *g = rc ? NULL : loom_graph_new(r.m);
-    int64_t first = n;
     for (int64_t i = 0; !rc && i < o->tokens; i++) {
         /* the last T tokens (fewer at first: then padded after, which causal attention ignores) */
         int64_t len = n < T ? n : T, shape[2] = {1, T};
@@ -342,10 +350,35 @@ static int sample(const gpt_opts *o) {
         fputc('\n', stdout);
         free(text);
     }
-    (void)first;
     loom_graph_free(g);
     run_free(&r);
     free(toks), free(win), free(p);
+    return rc;
+}
+
+/* `loom eval shakespeare-gpt --init FILE`: the validation loss of weights (loom's or PyTorch's). */
+static int eval(const gpt_opts *o) {
+    gpt_run r;
+    int rc = run_new(o, &r);
+    int64_t T = o->shape.context;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)(64 * T)),
+            *y = malloc(sizeof(int32_t) * (size_t)(64 * T));
+    loom_devices *d =
+        rc ? NULL : loom_devices_new(&(loom_devices_config){.count = (int)o->devices});
+    loom_graph *full = rc ? NULL : loom_graph_new(r.m), *tail = rc ? NULL : loom_graph_new(r.m);
+    if (!rc && (!d || !full || !tail || loom_graph_set_devices(full, d) ||
+                loom_graph_set_devices(tail, d)))
+        rc = cli_fail("%s", loom_last_error());
+    double v = rc ? NAN : val_loss(full, tail, &r, T, x, y);
+    if (!rc && isnan(v))
+        rc = cli_fail("eval: %s", loom_last_error());
+    if (!rc && loom_devices_process(d) == 0)
+        printf("val loss: %.4f\n", v);
+    loom_graph_free(full);
+    loom_graph_free(tail);
+    loom_devices_free(d);
+    run_free(&r);
+    free(x), free(y);
     return rc;
 }
 
@@ -354,5 +387,5 @@ int cli_gpt(int argc, char **argv) {
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;
-    return o.sample ? sample(&o) : train(&o);
+    return o.sample ? sample(&o) : o.eval ? eval(&o) : train(&o);
 }

@@ -13,6 +13,7 @@ static const char usage[] =
     "       loom train shakespeare-gpt [options]   a character-level GPT on a text (nanoGPT's\n"
     "                                     shakespeare-char run; options below)\n"
     "       loom sample shakespeare-gpt --init FILE [options]   text from trained weights\n"
+    "       loom eval shakespeare-gpt --init FILE [options]     their validation loss\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
@@ -85,8 +86,8 @@ int main(int argc, char **argv) {
         fputs(buf, stdout);
         return 0;
     }
-    if ((!strcmp(argv[1], "train") || !strcmp(argv[1], "sample")) && argc > 2 &&
-        !strcmp(argv[2], "shakespeare-gpt"))
+    if ((!strcmp(argv[1], "train") || !strcmp(argv[1], "sample") || !strcmp(argv[1], "eval")) &&
+        argc > 2 && !strcmp(argv[2], "shakespeare-gpt"))
         return cli_gpt(argc, argv);
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) {
         train_opts o;

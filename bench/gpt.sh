@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# bench/gpt.sh - shakespeare-gpt (nanoGPT's shakespeare-char CPU run) against its PyTorch peer
+# (bench/torch_gpt.py: nanoGPT's model and recipe, eager; PyTorch's current release from PyPI,
+# bench/torch-venv.sh; PEER_PYTHON overrides), all in this one run: ms a step on 1 device against
+# 1 thread and on 2 devices against 2 threads (loom: the mean of steps 111-220, after an
+# evaluation; PyTorch: steps 21-120), then the whole 2000-step run of each on 2 cores with its
+# final validation loss (both exact: the whole split in non-overlapping windows) and peak RSS.
+# Not a test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+[ -x build/loom ] || { echo "build first: make build"; exit 1; }
+py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
+echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $(lscpu | sed -n 's/^Model name: *//p')"
+loom_ms() { build/loom train shakespeare-gpt --steps 220 --eval-interval 110 --devices "$1" |
+    sed -n 's/^step 220: .*, \([0-9.]*\) ms a step$/\1/p'; }
+torch_ms() { "$py" bench/torch_gpt.py 120 "$1" --no-eval | sed -n 's/^ms\/step //p'; }
+printf '%-10s %10s %10s %8s\n' devices loom_ms torch_ms speedup
+for n in 1 2; do
+    l=$(loom_ms $n) t=$(torch_ms $n)
+    printf '%-10s %10s %10s %7.2fx\n' "$n" "$l" "$t" "$(echo "$t / $l" | bc -l)"
+done
+/usr/bin/time -f "peak RSS %M KB" build/loom train shakespeare-gpt --devices 2 >/tmp/loom-gpt.$$ 2>&1
+echo "loom, 2000 steps on 2 devices: $(grep '^val loss' /tmp/loom-gpt.$$); $(grep ' steps in ' /tmp/loom-gpt.$$); $(grep 'peak RSS' /tmp/loom-gpt.$$)"
+/usr/bin/time -f "peak RSS %M KB" "$py" bench/torch_gpt.py 2000 2 >/tmp/torch-gpt.$$ 2>&1
+echo "PyTorch, 2000 steps on 2 threads: $(grep '^val loss' /tmp/torch-gpt.$$); run $(sed -n 's/^run s //p' /tmp/torch-gpt.$$) s; $(grep 'peak RSS' /tmp/torch-gpt.$$)"
+rm -f /tmp/loom-gpt.$$ /tmp/torch-gpt.$$
