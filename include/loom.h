@@ -340,6 +340,12 @@ LOOM_API loom_tensor *loom_scatter_add(loom_graph *g, loom_tensor *src, loom_ten
  * the last T of S positions being the queries') set to fill (-INFINITY before a softmax): a
  * causal mask with no mask tensor. */
 LOOM_API loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill);
+/* Dropout (training): each element of x (rows along dim 0) zeroed with probability p, the others
+ * divided by 1 - p. Element j of global batch row r is dropped when the uniform from Philox
+ * stream (5, step) of seed at counter r x (elements a row) + j is below p, key being i32
+ * {seed low, seed high, step low, step high} (an input the caller updates each step): the same
+ * elements whatever the device count. p = 0 returns x. */
+LOOM_API loom_tensor *loom_dropout(loom_graph *g, loom_tensor *x, double p, loom_tensor *key);
 
 /* Compositions (their gradients come from the primitives). */
 LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);
@@ -439,6 +445,7 @@ LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s,
  * transformer.ln_f.weight; lm_head.weight is transformer.wte.weight). */
 typedef struct {
     int64_t vocab, context, layers, heads, width;
+    double dropout; /* nanoGPT's four places: embeddings, attention weights, both residuals */
 } loom_gpt_config;
 typedef struct loom_gpt loom_gpt;
 /* Adds the parameters to m; NULL (EINVAL) on bad sizes. */
@@ -449,6 +456,9 @@ LOOM_API const loom_gpt_config *loom_gpt_get_config(const loom_gpt *gpt);
  * for the two residual projections (attn.c_proj, mlp.c_proj), ones for the LayerNorms; drawn
  * from Philox stream (1, parameter index) of seed. */
 LOOM_API void loom_gpt_init(loom_gpt *gpt, uint64_t seed);
+/* Training mode (dropout on, keyed by seed and step: the same elements whatever the devices) for
+ * the forwards recorded from now on, or evaluation (off). Evaluation at first. */
+LOOM_API void loom_gpt_set_train(loom_gpt *gpt, bool train, uint64_t seed, int64_t step);
 /* Logits (B, T, vocab) of tokens idx (B, T), i32, T <= context. */
 LOOM_API loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx);
 

@@ -36,10 +36,12 @@ static const void *get(const char *name) {
 }
 
 /* The GPT from PyTorch's initial parameters and nanoGPT's optimizer, on `devices` (0: none). */
-static bool rig_new(rig *r, int devices) {
+static bool rig_new_dropout(rig *r, int devices, double dropout) {
     memset(r, 0, sizeof *r);
     r->m = loom_model_new();
-    if (!(r->gpt = loom_gpt_new(r->m, &cfg)))
+    loom_gpt_config c = cfg;
+    c.dropout = dropout;
+    if (!(r->gpt = loom_gpt_new(r->m, &c)))
         return false;
     for (int i = 0; i < loom_model_count(r->m); i++) {
         loom_param *p = loom_model_at(r->m, i);
@@ -65,6 +67,10 @@ static bool rig_new(rig *r, int devices) {
     return r->o && r->g && (!devices || (r->d && !loom_graph_set_devices(r->g, r->d)));
 }
 
+static bool rig_new(rig *r, int devices) {
+    return rig_new_dropout(r, devices, 0);
+}
+
 static void rig_free(rig *r) {
     loom_graph_free(r->g);
     loom_devices_free(r->d);
@@ -78,6 +84,7 @@ static double step(rig *r, int s) {
     const int32_t *idx = get("idx"), *tg = get("targets");
     int64_t shape[2] = {B, T};
     loom_graph_reset(r->g);
+    loom_gpt_set_train(r->gpt, true, 5, s);
     loom_tensor *x = loom_input_batch(r->g, LOOM_I32, 2, shape, idx + s * B * T);
     loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 2, shape, tg + s * B * T);
     loom_tensor *loss = loom_cross_entropy(r->g, loom_gpt_forward(r->g, r->gpt, x), y);
@@ -150,9 +157,9 @@ TEST(training_steps_match_pytorch) {
 }
 
 /* 20 steps over the fixture's batches again and again; the parameters into out. */
-static bool train20(int devices, float *out, int64_t n) {
+static bool train20(int devices, double dropout, float *out, int64_t n) {
     rig r;
-    bool ok = rig_new(&r, devices);
+    bool ok = rig_new_dropout(&r, devices, dropout);
     for (int s = 0; ok && s < 20; s++)
         ok = !isnan(step(&r, s % STEPS));
     if (ok)
@@ -168,16 +175,27 @@ TEST(two_devices_match_one_and_repeat_bitwise) {
     loom_gpt_free(gpt);
     loom_model_free(m);
     float *one = malloc(sizeof(float) * (size_t)n), *two = malloc(sizeof(float) * (size_t)n),
-          *again = malloc(sizeof(float) * (size_t)n);
-    ASSERT(train20(1, one, n) && train20(2, two, n) && train20(2, again, n));
-    double e = 0, s = 0;
-    for (int64_t i = 0; i < n; i++)
-        e += ((double)two[i] - one[i]) * ((double)two[i] - one[i]), s += (double)one[i] * one[i];
-    fprintf(stderr, "20 steps: 2 devices differ from 1 by %.3g (normwise); a repeat %s\n",
-            sqrt(e / s), memcmp(two, again, sizeof(float) * (size_t)n) ? "differs" : "is bitwise");
-    ASSERT(sqrt(e / s) <= 1e-5);
-    ASSERT(memcmp(two, again, sizeof(float) * (size_t)n) == 0);
-    free(one), free(two), free(again);
+          *again = malloc(sizeof(float) * (size_t)n), *plain = malloc(sizeof(float) * (size_t)n);
+    for (int k = 0; k < 2; k++) { /* without dropout, then with 0.2 */
+        double dropout = k ? 0.2 : 0;
+        ASSERT(train20(1, dropout, one, n) && train20(2, dropout, two, n) &&
+               train20(2, dropout, again, n));
+        double e = 0, s = 0;
+        for (int64_t i = 0; i < n; i++)
+            e += ((double)two[i] - one[i]) * ((double)two[i] - one[i]),
+                s += (double)one[i] * one[i];
+        fprintf(stderr,
+                "20 steps, dropout %.1f: 2 devices differ from 1 by %.3g (normwise); a repeat %s\n",
+                dropout, sqrt(e / s),
+                memcmp(two, again, sizeof(float) * (size_t)n) ? "differs" : "is bitwise");
+        ASSERT(sqrt(e / s) <= 1e-5);
+        ASSERT(memcmp(two, again, sizeof(float) * (size_t)n) == 0);
+        if (k == 0)
+            memcpy(plain, one, sizeof(float) * (size_t)n); /* (dropout must change the run) */
+        else
+            ASSERT(memcmp(one, plain, sizeof(float) * (size_t)n) != 0);
+    }
+    free(one), free(two), free(again), free(plain);
 }
 
 TEST(bad_shapes_are_one_line) {

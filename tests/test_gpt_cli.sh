@@ -6,7 +6,7 @@
 # text for the same seed and starts with --start. Every bad input is one line and a non-zero
 # exit: an empty file, one distinct character, bytes that are not UTF-8, a context longer than
 # the split, weights of another shape (naming the tensor), characters of --start outside the
-# vocabulary, a dropout other than 0.
+# vocabulary, a dropout of 1.
 set -u
 loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/gptcli.$$"
@@ -88,7 +88,7 @@ expect_fail "tensor 'transformer.wte.weight' is f32 (" sample \
     shakespeare-gpt --data "$text" --layers 1 --heads 2 --width 32 --context 16 --init "$tmp/w1.st"
 expect_fail "--start: character 2 of the text (U+00E9" sample shakespeare-gpt --data "$text" \
     --layers 1 --heads 2 --width 16 --context 16 --init "$tmp/w1.st" --start "ab$(printf '\xc3\xa9')"
-expect_fail "--dropout: only 0 is supported yet" train shakespeare-gpt --dropout 0.2
+expect_fail "--dropout: expected a number below 1, got 1" train shakespeare-gpt --dropout 1
 expect_fail "sample: expected --init FILE" sample shakespeare-gpt
 expect_fail "--heads: 3 do not divide --width 16" train shakespeare-gpt --heads 3 --width 16
 

@@ -121,6 +121,11 @@ static loom_tensor *b_scatter(loom_graph *g, loom_tensor **x) { /* rows (2, 3, 4
     int64_t s[2] = {2, 3};
     return loom_scatter_add(g, x[0], loom_input(g, LOOM_I32, 2, s, gather_idx), 5);
 }
+static int32_t dropout_key[4] = {7, 0, 3, 0};
+static loom_tensor *b_dropout(loom_graph *g, loom_tensor **x) { /* (4, 5), p 0.3 */
+    int64_t s[1] = {4};
+    return loom_dropout(g, x[0], 0.3, loom_input(g, LOOM_I32, 1, s, dropout_key));
+}
 static loom_tensor *b_causal(loom_graph *g, loom_tensor **x) { /* (2, 3, 4): T 3 of S 4 */
     return loom_causal_mask(g, x[0], -1.5);
 }
@@ -199,6 +204,7 @@ static const opcase cases[] = {
     {"GATHER", 1, {2}, {S2(5, 3)}, {1}, -2, 2, b_gather},
     {"SCATTERADD", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_scatter},
     {"CAUSAL", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_causal},
+    {"DROPOUT", 1, {2}, {S2(4, 5)}, {1}, -2, 2, b_dropout},
     {"TANH", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_tanh},
     {"ERF", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_erf},
     {"gelu", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
@@ -914,6 +920,49 @@ TEST(gather_scatter_and_causal_mask_match_naive) {
     loom_graph_free(g);
 }
 
+/* Dropout drops about p of the elements, scales the others by 1 / (1 - p) exactly, repeats for
+ * the same key and changes with the step; on 2 devices each shard draws its own global rows, so
+ * the batch's result is the one device's. */
+TEST(dropout_is_keyed_by_position) {
+    enum { R = 64, N = 100 };
+    static float x[R * N], out1[R * N], out2[R * N];
+    int32_t key[4] = {11, 0, 5, 0};
+    for (int i = 0; i < R * N; i++)
+        x[i] = (float)test_rand(81, (uint64_t)i, 0.5, 1);
+    int64_t s[2] = {R, N}, sk[1] = {4};
+    for (int dev = 0; dev <= 2; dev += 2) {
+        loom_devices *d = dev ? loom_devices_new(&(loom_devices_config){.count = 2}) : NULL;
+        loom_graph *g = loom_graph_new(NULL);
+        if (d)
+            ASSERT_EQ(loom_graph_set_devices(g, d), LOOM_OK);
+        loom_tensor *y = loom_dropout(g, loom_input_batch(g, LOOM_F32, 2, s, x), 0.25,
+                                      loom_input(g, LOOM_I32, 1, sk, key));
+        loom_output(y);
+        ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+        ASSERT_EQ(loom_tensor_gather(y, dev ? out2 : out1), R);
+        loom_graph_free(g);
+        loom_devices_free(d);
+    }
+    int64_t dropped = 0;
+    for (int i = 0; i < R * N; i++) {
+        dropped += out1[i] == 0;
+        ASSERT(out1[i] == 0 || out1[i] == x[i] * (float)(1.0 / 0.75));
+    }
+    ASSERT(dropped > 0.22 * R * N && dropped < 0.28 * R * N);
+    ASSERT(!memcmp(out1, out2, sizeof out1)); /* 2 devices: the same elements */
+    key[2] = 6;                               /* the next step: other elements */
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *y = loom_dropout(g, loom_input(g, LOOM_F32, 2, s, x), 0.25,
+                                  loom_input(g, LOOM_I32, 1, sk, key));
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    ASSERT(memcmp(loom_tensor_data(y), out1, sizeof out1) != 0);
+    ASSERT(!loom_dropout(g, y, 1.0, loom_input(g, LOOM_I32, 1, sk, key)));
+    ASSERT_EQ(loom_graph_run(g), LOOM_EINVAL);
+    ASSERT_STR_CONTAINS(loom_last_error(), "expected rows, 0 <= p < 1");
+    loom_graph_free(g);
+}
+
 TEST(empty_tensors) {
     int64_t s[2] = {0, 3};
     float dummy = 0;
@@ -932,6 +981,7 @@ int main(void) {
     RUN(every_op_has_a_case);
     RUN(gelu_and_layer_norm_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);
+    RUN(dropout_is_keyed_by_position);
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);

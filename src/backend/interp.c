@@ -1947,6 +1947,33 @@ static loom_status k_CAUSAL(const loom__program *p, const loom__bind *b, int32_t
     return LOOM_OK;
 }
 
+/* Dropout: element j of local row r kept, times 1 / (1 - p), unless the uniform at counter
+ * (row0 + r) row + j of Philox stream (5, step) of seed is below p (loom_dropout). */
+static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const int32_t *key = loom__addr(p, b, t->src[1]), *row0 = loom__addr(p, b, t->src[2]);
+    uint64_t seed = (uint32_t)key[0] | (uint64_t)(uint32_t)key[1] << 32;
+    uint64_t stream = 5ull << 32 | (uint32_t)key[2] | (uint64_t)(uint32_t)key[3] << 32;
+    int64_t n = loom__numel(t->ndim, t->shape), per = n / (t->shape[0] ? t->shape[0] : 1);
+    uint64_t base = (uint64_t)row0[0] * (uint64_t)per;
+    const void *src = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    double rate = t->attr.value, scale = 1.0 / (1.0 - rate);
+    int64_t ix[MAXD] = {0}, off = 0;
+    uint32_t w[4];
+    for (int64_t e = 0; e < n; e++, next_strided(x, ix, &off)) {
+        uint64_t c = base + (uint64_t)e;
+        if (e == 0 || c % 4 == 0)
+            loom_philox(seed, stream, c / 4, w);
+        bool drop = (double)(w[c % 4] >> 8) * (1.0 / 16777216.0) < rate;
+        if (t->dtype == LOOM_F64)
+            ((double *)o)[e] = drop ? 0.0 : ((const double *)src)[off] * scale;
+        else
+            ((float *)o)[e] = drop ? 0.0f : ((const float *)src)[off] * (float)scale;
+    }
+    return LOOM_OK;
+}
+
 static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
     int64_t n = t->attr.classes, rows = loom__numel(s->ndim, s->shape);

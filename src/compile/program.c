@@ -467,6 +467,12 @@ loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int nd
             for (int64_t k = 0; k < real; k++)
                 m[k] = 1.0f;
             *slot = m;
+        } else if (t->role == LOOM_ROLE_ROW0) {
+            int32_t *r0 = loom__arena_alloc(a, sizeof(int32_t));
+            if (!r0)
+                return LOOM_ENOMEM;
+            *r0 = (int32_t)start;
+            *slot = r0;
         } else {
             float *c = loom__arena_alloc(a, sizeof(float));
             if (!c)

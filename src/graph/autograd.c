@@ -51,6 +51,9 @@ RULE(SCATTERADD) {
     (void)t;
     gx[0] = loom_gather(g, gy, B);
 }
+RULE(DROPOUT) { /* the same elements dropped, the same scale: a function of the position */
+    gx[0] = loom_dropout(g, gy, t->attr.value, B);
+}
 RULE(CAUSAL) { /* the hidden elements were the fill: no gradient through them */
     (void)t;
     gx[0] = loom_causal_mask(g, gy, 0.0);

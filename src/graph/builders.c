@@ -524,6 +524,30 @@ loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill) {
     return t;
 }
 
+loom_tensor *loom_dropout(loom_graph *g, loom_tensor *x, double p, loom_tensor *key) {
+    loom_tensor *in[2] = {x, key};
+    if (!enter(g, "loom_dropout", 2, in) || !check_float(g, "loom_dropout", 1, &x))
+        return NULL;
+    if (!(p >= 0 && p < 1) || x->ndim < 1 || key->dtype != LOOM_I32 ||
+        loom_tensor_numel(key) != 4) {
+        char sx[96], sk[96];
+        loom__shape_str(x, sx, sizeof sx);
+        loom__shape_str(key, sk, sizeof sk);
+        loom__graph_fail(g, LOOM_EINVAL,
+                         "loom_dropout: input %s, p %g, key %s %s; expected rows, 0 <= p < 1 and "
+                         "an i32 key of 4 elements",
+                         sx, p, sk, loom__dtype_name((loom_dtype)key->dtype));
+        return NULL;
+    }
+    if (p == 0)
+        return x;
+    loom_tensor *t = loom__node(g, LOOM_OP_DROPOUT, (loom_dtype)x->dtype, x->ndim, x->shape, x, key,
+                                loom__batch_row0(g));
+    if (t)
+        t->attr.value = p;
+    return t;
+}
+
 loom_tensor *loom_allreduce(loom_graph *g, loom_tensor *t, loom_reduce_op op) {
     if (!enter(g, "loom_allreduce", 1, &t) || !check_float(g, "loom_allreduce", 1, &t))
         return NULL;

@@ -91,7 +91,7 @@ void loom_graph_reset(loom_graph *g) {
     g->errmsg[0] = 0;
     g->last = NULL;
     g->batch_rows = -1;
-    g->mask_node = g->count_node = NULL;
+    g->mask_node = g->count_node = g->row0_node = NULL;
 }
 
 const char *loom_graph_error(const loom_graph *g) {
@@ -197,7 +197,8 @@ loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int6
 
 /* An input bound per device by the runner (no caller buffer). */
 static loom_tensor *bound_input(loom_graph *g, loom__role role, int ndim, const int64_t *shape) {
-    loom_tensor *t = loom__node(g, LOOM_OP_INPUT, LOOM_F32, ndim, shape, NULL, NULL, NULL);
+    loom_dtype dt = role == LOOM_ROLE_ROW0 ? LOOM_I32 : LOOM_F32;
+    loom_tensor *t = loom__node(g, LOOM_OP_INPUT, dt, ndim, shape, NULL, NULL, NULL);
     if (t) {
         t->attr.input = g->ninputs++;
         t->role = (uint8_t)role;
@@ -217,6 +218,12 @@ loom_tensor *loom__batch_mask(loom_graph *g) {
         g->mask_node = bound_input(g, LOOM_ROLE_MASK, 1, &local);
     }
     return g->mask_node;
+}
+
+loom_tensor *loom__batch_row0(loom_graph *g) {
+    if (!g->row0_node)
+        g->row0_node = bound_input(g, LOOM_ROLE_ROW0, 0, NULL);
+    return g->row0_node;
 }
 
 loom_tensor *loom__batch_count(loom_graph *g) {

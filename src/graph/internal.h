@@ -74,6 +74,7 @@ typedef enum {
     LOOM_ROLE_BATCH, /* the caller's global batch, split along dim 0 (last shard padded) */
     LOOM_ROLE_MASK,  /* per device: 1 for each real row of the batch shard, 0 for padding */
     LOOM_ROLE_COUNT, /* scalar: real rows of the global batch / devices */
+    LOOM_ROLE_ROW0,  /* i32 scalar, per device: the global batch row of its shard's first row */
 } loom__role;
 
 struct loom_tensor {
@@ -150,7 +151,7 @@ struct loom_graph {
     bool detect_anomaly;
     /* this step's batch: global rows (-1 before a batch input), its mask and count inputs */
     int64_t batch_rows;
-    loom_tensor *mask_node, *count_node;
+    loom_tensor *mask_node, *count_node, *row0_node;
 };
 
 struct loom_param {
@@ -211,6 +212,9 @@ int64_t loom__shard_rows(const loom_graph *g, int d, int ndev);
 /* The batch's mask (local rows) and count (scalar) inputs; see loom__role. */
 loom_tensor *loom__batch_mask(loom_graph *g);
 loom_tensor *loom__batch_count(loom_graph *g);
+/* The i32 scalar input holding, on each device, the global batch row of its shard's first row (0
+ * without devices or a batch). */
+loom_tensor *loom__batch_row0(loom_graph *g);
 
 /* autograd.c: gradients of loss w.r.t. each of wrt[0..n) into out (NULL where no path); `ready`
  * (may be NULL) is called as each becomes final during the walk, last-used first. */

@@ -26,6 +26,8 @@ struct loom_gpt {
     loom_param *wte, *wpe, *ln_f;
     block *blocks;
     int32_t *rows; /* 0 .. max(3 width, context) - 1: positions and c_attn's thirds */
+    bool train;
+    int32_t (*keys)[4]; /* each dropout site's key: seed, step, and the site (loom_dropout) */
 };
 
 static loom_param *add(loom_model *m, const char *name, int ndim, int64_t d0, int64_t d1) {
@@ -35,10 +37,10 @@ static loom_param *add(loom_model *m, const char *name, int ndim, int64_t d0, in
 
 loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c) {
     if (!m || !c || c->vocab < 1 || c->context < 1 || c->layers < 1 || c->heads < 1 ||
-        c->width < 1 || c->width % c->heads != 0) {
+        c->width < 1 || c->width % c->heads != 0 || !(c->dropout >= 0 && c->dropout < 1)) {
         loom__error(LOOM_EINVAL,
                     "loom_gpt_new: vocabulary %lld, context %lld, %lld layers, %lld heads, width "
-                    "%lld: expected sizes >= 1 and a width that the heads divide",
+                    "%lld: expected sizes >= 1, a width that the heads divide, 0 <= dropout < 1",
                     c ? (long long)c->vocab : 0, c ? (long long)c->context : 0,
                     c ? (long long)c->layers : 0, c ? (long long)c->heads : 0,
                     c ? (long long)c->width : 0);
@@ -49,8 +51,9 @@ loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c) {
     if (gpt) {
         gpt->blocks = loom__calloc((size_t)c->layers, sizeof *gpt->blocks);
         gpt->rows = loom__calloc((size_t)nrows, sizeof *gpt->rows);
+        gpt->keys = loom__calloc((size_t)(1 + 3 * c->layers), sizeof *gpt->keys);
     }
-    if (!gpt || !gpt->blocks || !gpt->rows) {
+    if (!gpt || !gpt->blocks || !gpt->rows || !gpt->keys) {
         loom_gpt_free(gpt);
         return NULL;
     }
@@ -84,6 +87,7 @@ void loom_gpt_free(loom_gpt *gpt) {
         return;
     loom__free(gpt->blocks);
     loom__free(gpt->rows);
+    loom__free(gpt->keys);
     loom__free(gpt);
 }
 
@@ -125,6 +129,28 @@ void loom_gpt_init(loom_gpt *gpt, uint64_t seed) {
     loom_model_touch(gpt->m);
 }
 
+void loom_gpt_set_train(loom_gpt *gpt, bool train, uint64_t seed, int64_t step) {
+    gpt->train = train;
+    for (int64_t s = 0; s < 1 + 3 * gpt->c.layers; s++) {
+        int32_t *k = gpt->keys[s];
+        k[0] = (int32_t)(uint32_t)seed, k[1] = (int32_t)(uint32_t)(seed >> 32);
+        k[2] = (int32_t)(uint32_t)step, k[3] = (int32_t)s; /* (the step's high word: the site) */
+    }
+}
+
+/* Dropout site `site` on x, whose dim 0 has B * (some) rows: viewed as (B, rest) so that its
+ * rows are the batch's samples (the key counts positions from the sample). */
+static loom_tensor *drop(loom_graph *g, loom_gpt *gpt, loom_tensor *x, int64_t B, int64_t site) {
+    if (!gpt->train || gpt->c.dropout == 0 || !x)
+        return x;
+    int64_t k4 = 4, flat[2] = {B, loom_tensor_numel(x) / B}, shape[LOOM_MAX_DIMS];
+    int nd = x->ndim;
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)nd);
+    loom_tensor *key = loom_input(g, LOOM_I32, 1, &k4, gpt->keys[site]);
+    return loom_reshape(g, loom_dropout(g, loom_reshape(g, x, 2, flat), gpt->c.dropout, key), nd,
+                        shape);
+}
+
 /* x (R, in) times weight (out, in) transposed: (R, out). */
 static loom_tensor *linear(loom_graph *g, loom_tensor *x, loom_tensor *w) {
     return loom_matmul(g, x, loom_transpose(g, w));
@@ -143,7 +169,7 @@ static loom_tensor *heads(loom_graph *g, loom_tensor *x, int64_t B, int64_t T, i
 }
 
 static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom_tensor *a,
-                              int64_t B, int64_t T) {
+                              int64_t B, int64_t T, int64_t site) {
     int64_t C = gpt->c.width, H = gpt->c.heads, D = C / H;
     loom_tensor *w = loom_parameter(g, b->c_attn);
     loom_tensor *q = heads(g, linear(g, a, rows_of(g, gpt, w, 0, C)), B, T, H, D);
@@ -151,10 +177,11 @@ static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom
     loom_tensor *v = heads(g, linear(g, a, rows_of(g, gpt, w, 2, C)), B, T, H, D);
     loom_tensor *att = loom_mul(g, loom_matmul(g, q, loom_transpose(g, k)),
                                 loom_scalar(g, 1.0 / sqrt((double)D), LOOM_F32));
-    att = loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3);
+    att = drop(g, gpt, loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3), B, site);
     loom_tensor *y = loom_permute(g, loom_matmul(g, att, v), (int[]){0, 2, 1, 3});
     int64_t s[2] = {B * T, C};
-    return linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj));
+    return drop(g, gpt, linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj)), B,
+                site + 1);
 }
 
 loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx) {
@@ -176,17 +203,20 @@ loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx) {
     loom_tensor *wte = loom_parameter(g, gpt->wte);
     loom_tensor *pos = rows_of(g, gpt, loom_parameter(g, gpt->wpe), 0, T); /* (T, C) */
     int64_t flat[2] = {B * T, C}, out[3] = {B, T, c->vocab};
-    loom_tensor *x = loom_reshape(g, loom_add(g, loom_gather(g, wte, idx), pos), 2, flat);
+    loom_tensor *x =
+        loom_reshape(g, drop(g, gpt, loom_add(g, loom_gather(g, wte, idx), pos), B, 0), 2, flat);
     for (int64_t l = 0; l < c->layers; l++) {
         const block *b = &gpt->blocks[l];
         x = loom_add(g, x,
                      attention(g, gpt, b,
-                               loom_layer_norm(g, x, loom_parameter(g, b->ln_1), NULL, 1e-5), B,
-                               T));
+                               loom_layer_norm(g, x, loom_parameter(g, b->ln_1), NULL, 1e-5), B, T,
+                               1 + 3 * l));
         loom_tensor *a = loom_layer_norm(g, x, loom_parameter(g, b->ln_2), NULL, 1e-5);
         x = loom_add(g, x,
-                     linear(g, loom_gelu(g, linear(g, a, loom_parameter(g, b->c_fc))),
-                            loom_parameter(g, b->mlp_proj)));
+                     drop(g, gpt,
+                          linear(g, loom_gelu(g, linear(g, a, loom_parameter(g, b->c_fc))),
+                                 loom_parameter(g, b->mlp_proj)),
+                          B, 3 + 3 * l));
     }
     x = loom_layer_norm(g, x, loom_parameter(g, gpt->ln_f), NULL, 1e-5);
     return loom_reshape(g, linear(g, x, wte), 3, out);

@@ -111,8 +111,8 @@ static int parse(int argc, char **argv, gpt_opts *o) {
     }
     if (o->beta2 >= 1)
         return cli_fail("--beta2: expected a number < 1, got %g", o->beta2), 2;
-    if (o->dropout != 0)
-        return cli_fail("--dropout: only 0 is supported yet (nanoGPT's CPU run uses 0)"), 2;
+    if (o->dropout >= 1)
+        return cli_fail("--dropout: expected a number below 1, got %g", o->dropout), 2;
     if (o->shape.width % o->shape.heads != 0)
         return cli_fail("--heads: %lld do not divide --width %lld", (long long)o->shape.heads,
                         (long long)o->shape.width),
@@ -147,7 +147,7 @@ static int run_new(const gpt_opts *o, gpt_run *r) {
     if (loom_text_load(path, &r->text))
         return cli_fail("--data: %s", loom_last_error());
     loom_gpt_config c = o->shape;
-    c.vocab = loom_text_vocab(r->text);
+    c.vocab = loom_text_vocab(r->text), c.dropout = o->dropout;
     int64_t ntrain, nval;
     loom_text_split(r->text, false, &ntrain);
     loom_text_split(r->text, true, &nval);
@@ -172,6 +172,7 @@ static double val_loss(loom_graph *full, loom_graph *tail, gpt_run *r, int64_t T
     const int32_t *val = loom_text_split(r->text, true, &n);
     int64_t windows = (n - 1) / T, per = 64;
     double total = 0;
+    loom_gpt_set_train(r->gpt, false, 0, 0); /* (dropout off) */
     for (int64_t w0 = 0; w0 < windows; w0 += per) {
         int64_t rows = windows - w0 < per ? windows - w0 : per, shape[2] = {rows, T};
         for (int64_t k = 0; k < rows; k++) {
@@ -241,6 +242,7 @@ static int train(const gpt_opts *o) {
             break;
         }
         loom_graph_reset(g);
+        loom_gpt_set_train(r.gpt, true, o->seed, s);
         loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
         loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
         loom_tensor *loss = loom_cross_entropy(g, loom_gpt_forward(g, r.gpt, xi), yi);

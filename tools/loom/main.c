@@ -53,7 +53,7 @@ static const char usage[] =
     "  --layers N --heads N --width N --context N   the model (4, 4, 128, 64)\n"
     "  --steps N --batch N (2000, 12)   --lr X (1e-3)   --warmup-steps N (100)\n"
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
-    "  --clip-norm X (1.0)   --beta2 X (0.99)   --dropout 0   --eval-interval N (250)\n"
+    "  --clip-norm X (1.0)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N (250)\n"
     "  --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE   --save FILE\n"
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
