@@ -129,8 +129,14 @@ static loom_tensor *b_dropout(loom_graph *g, loom_tensor **x) { /* (4, 5), p 0.3
 static loom_tensor *b_causal(loom_graph *g, loom_tensor **x) { /* (2, 3, 4): T 3 of S 4 */
     return loom_causal_mask(g, x[0], -1.5);
 }
-static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) {
+static loom_tensor *b_softmax(loom_graph *g, loom_tensor **x) { /* the last axis: SOFTMAX */
     return loom_softmax(g, x[0], 1);
+}
+static loom_tensor *b_softmax_t(loom_graph *g, loom_tensor **x) { /* strided rows */
+    return loom_softmax(g, loom_transpose(g, x[0]), 1);
+}
+static loom_tensor *b_softmax_0(loom_graph *g, loom_tensor **x) { /* another axis: composed */
+    return loom_softmax(g, x[0], 0);
 }
 static loom_tensor *b_logsm(loom_graph *g, loom_tensor **x) {
     return loom_log_softmax(g, x[0], -1);
@@ -210,7 +216,9 @@ static const opcase cases[] = {
     {"gelu", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
     {"layer_norm", 3, {3, 1, 1}, {S3(2, 3, 5), S1(5), S1(5)}, {1, 1, 1}, -2, 2, b_layer_norm},
     {"layer_norm_bare", 1, {2}, {S2(4, 1)}, {1}, -2, 2, b_layer_norm_bare},
-    {"softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
+    {"SOFTMAX", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
+    {"softmax_strided", 1, {2}, {S2(4, 3)}, {1}, -2, 2, b_softmax_t},
+    {"softmax_axis0", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax_0},
     {"log_softmax", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_logsm},
     {"mean_all", 1, {3}, {S3(2, 3, 3)}, {1}, -2, 2, b_mean},
     {"linear", 3, {2, 2, 1}, {S2(4, 3), S2(5, 3), S1(5)}, {1, 1, 1}, -2, 2, b_linear},

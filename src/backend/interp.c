@@ -1974,6 +1974,58 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
     return LOOM_OK;
 }
 
+/* Softmax along the last axis, a row at a time: its max, the sum of exp(x - max) (in the
+ * element type, in order; a -inf, as a causal mask leaves, is 0 without calling exp), each
+ * exp divided by it. */
+#define SOFTMAX_ROWS(T, EXP)                                                             \
+    static void softmax_rows_##T(const T *x, int64_t rs, int64_t cs, T *y, int64_t rows, \
+                                 int64_t n) {                                            \
+        for (int64_t r = 0; r < rows; r++) {                                             \
+            const T *xr = x + r * rs;                                                    \
+            T *yr = y + r * n, mx = -INFINITY, sum = 0;                                  \
+            for (int64_t j = 0; j < n; j++)                                              \
+                mx = xr[j * cs] > mx || xr[j * cs] != xr[j * cs] ? xr[j * cs] : mx;      \
+            for (int64_t j = 0; j < n; j++)                                              \
+                sum += yr[j] = xr[j * cs] == -INFINITY ? (T)0 : EXP(xr[j * cs] - mx);    \
+            for (int64_t j = 0; j < n; j++)                                              \
+                yr[j] /= sum;                                                            \
+        }                                                                                \
+    }
+SOFTMAX_ROWS(float, expf)
+SOFTMAX_ROWS(double, exp)
+
+static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    const void *src = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    int64_t cs = x->lay.stride[x->ndim - 1], rs = n;
+    /* rows evenly spaced (contiguous, or any layout whose leading dims merge) take one loop;
+     * others go a row at a time */
+    bool even = true;
+    for (int d = x->ndim - 3; d >= 0 && even; d--)
+        even = x->shape[d] == 1 || x->lay.stride[d] == x->lay.stride[d + 1] * x->shape[d + 1];
+    if (x->ndim >= 2)
+        rs = x->lay.stride[x->ndim - 2];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t ix[MAXD] = {0}, off = 0;
+    for (int64_t r = 0; r < rows; r += even ? rows : 1) {
+        int64_t m = even ? rows : 1;
+        const char *xr = (const char *)src + (size_t)off * es;
+        char *yr = (char *)o + (size_t)(r * n) * es;
+        if (t->dtype == LOOM_F64)
+            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
+                                n);
+        else
+            softmax_rows_float((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
+        if (!even) { /* to the next row's first element */
+            off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
+            next_strided(x, ix, &off);
+        }
+    }
+    return LOOM_OK;
+}
+
 static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
     int64_t n = t->attr.classes, rows = loom__numel(s->ndim, s->shape);

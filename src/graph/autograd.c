@@ -54,6 +54,10 @@ RULE(SCATTERADD) {
 RULE(DROPOUT) { /* the same elements dropped, the same scale: a function of the position */
     gx[0] = loom_dropout(g, gy, t->attr.value, B);
 }
+RULE(SOFTMAX) { /* y (gy - sum(gy y)) along the last axis */
+    loom_tensor *dot = loom_sum(g, loom_mul(g, gy, t), t->ndim - 1);
+    gx[0] = loom_mul(g, t, loom_sub(g, gy, dot));
+}
 RULE(CAUSAL) { /* the hidden elements were the fill: no gradient through them */
     (void)t;
     gx[0] = loom_causal_mask(g, gy, 0.0);

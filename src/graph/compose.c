@@ -29,6 +29,10 @@ static loom_tensor *shift_by_max(loom_graph *g, loom_tensor *x, int axis) {
 }
 
 loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis) {
+    if (x && x->ndim > 0 && (axis == -1 || axis == x->ndim - 1) && x->dtype != LOOM_I32 && g &&
+        !g->err) /* along the last axis: one row kernel (SOFTMAX) */
+        return loom__node(g, LOOM_OP_SOFTMAX, (loom_dtype)x->dtype, x->ndim, x->shape, x, NULL,
+                          NULL);
     loom_tensor *e = loom_exp(g, shift_by_max(g, x, axis));
     return loom_div(g, e, loom_sum(g, e, axis));
 }
