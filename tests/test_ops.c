@@ -834,6 +834,34 @@ TEST(forward_only_ops) {
     loom_graph_free(g);
 }
 
+/* erf in float32 (graph/opmath.h's rational function, not libm's) within one ulp of the double
+ * erf over [-6, 6] and tiny values, exactly +-1 beyond 4, NaN for NaN. */
+TEST(float_erf_is_faithful) {
+    enum { N = 240001 };
+    static float x[N + 8];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(-6.0 + 12.0 * i / (N - 1));
+    float extra[8] = {1e-30f, -1e-20f, 1e-7f, 3e-4f, 4.0f, 17.0f, -INFINITY, NAN};
+    memcpy(x + N, extra, sizeof extra);
+    int64_t s[1] = {N + 8};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *y = loom_erf(g, loom_input(g, LOOM_F32, 1, s, x));
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *py = loom_tensor_data(y);
+    double worst = 0;
+    for (int i = 0; i < N + 7; i++) {
+        double ref = erf((double)x[i]);
+        float r = (float)ref;
+        double ulp = nextafterf(fabsf(r), INFINITY) - fabsf(r);
+        worst = fmax(worst, fabs(py[i] - ref) / ulp);
+    }
+    fprintf(stderr, "float erf: at most %.3f ulp from erf\n", worst);
+    ASSERT(worst <= 1.0);
+    ASSERT(py[N + 5] == 1.0f && py[N + 6] == -1.0f && isnan(py[N + 7]));
+    loom_graph_free(g);
+}
+
 /* GELU against its definition and layer normalization against naive loops, in float32 (the
  * reference in double), odd sizes; bad shapes are one clear error. */
 TEST(gelu_and_layer_norm_match_naive) {
@@ -987,6 +1015,7 @@ TEST(empty_tensors) {
 
 int main(void) {
     RUN(every_op_has_a_case);
+    RUN(float_erf_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);
     RUN(dropout_is_keyed_by_position);

@@ -25,6 +25,8 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "../graph/opmath.h"
+
 #define MR 8
 #define NR 48  /* the widest panel (panel_at) */
 #define KC 192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
@@ -247,7 +249,8 @@ act_vec(const loom__gemm_act *act, int64_t i, int64_t j, __mmask16 m, __m512 v) 
 }
 
 /* The op table's scalar expressions in float (op_ADD, op_RELU, ...), as the interpreter and the
- * generated kernels compute them. */
+ * generated kernels compute them (with the functions they call). */
+LOOM_OPMATH(LOOM_OPMATH_EMIT)
 #    define LOOM_EW(NAME, ARITY, EXPR)                             \
         static inline float op_##NAME(float a, float b, float c) { \
             (void)a, (void)b, (void)c;                             \

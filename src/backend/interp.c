@@ -12,6 +12,9 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "../graph/opmath.h"
+LOOM_OPMATH(LOOM_OPMATH_EMIT)
+
 #define MAXD LOOM_MAX_DIMS
 
 /* An index space over up to 4 operands (operand 0 is the output), with adjacent dims merged
