@@ -3,7 +3,9 @@
  * 6 deep, convolutions 3x3 and 5x5 with and without padding, stride 2 without pooling, three conv
  * layers, batches 32 to 512) trains 20 steps through the low-level API (SGD with momentum, on
  * synthetic data): compiled on 1 device against the interpreter on this thread, and on 2 devices
- * against 1, on data it can learn: its loss falls. LOOM_TEST_QUICK (the sanitizer builds) runs 3
+ * against 1 (within 1e-5; with max pooling, whose argmax can flip on a rounding difference, the
+ * first step within 1e-6 and 20 steps within 1e-2, as tests/test_dp.c holds the CNN), on data it
+ * can learn: its loss falls. LOOM_TEST_QUICK (the sanitizer builds) runs 3
  * steps of at most 16 samples.
  */
 #include "../bench/matrix.h"
@@ -13,6 +15,7 @@
 
 typedef struct {
     float *params; /* after the steps (malloc'd) */
+    float *first;  /* after the first step (malloc'd) */
     double first_loss, last_loss;
 } result;
 
@@ -67,8 +70,12 @@ static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, 
             break;
         }
         double v = loom_item(loss);
-        if (s == 0)
+        int64_t n = loom_model_numel(m);
+        if (s == 0) {
             r->first_loss = v;
+            r->first = malloc(sizeof(float) * (size_t)n);
+            memcpy(r->first, loom_param_data(loom_model_at(m, 0)), sizeof(float) * (size_t)n);
+        }
         r->last_loss = v;
     }
     int64_t n = loom_model_numel(m);
@@ -110,18 +117,27 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
             loom_model_free(m);
             double ci = normwise(one.params, ref.params, n),
                    dd = normwise(two.params, one.params, n);
+            double dd1 = normwise(two.first, one.first, n);
+            /* a max pooling's argmax can flip on a rounding difference and part the runs by a
+             * jump (tests/test_dp.c): with pooling, the first step's parameters are held to 1e-6
+             * and 20 steps to 1e-2 */
+            bool pooled = false;
+            for (const loom_layer *l = mm->layers; l->kind != LOOM_LAYER_END; l++)
+                pooled = pooled || l->kind == LOOM_LAYER_MAXPOOL;
+            double tol = pooled ? 1e-2 : 1e-5;
             bool bitwise = !memcmp(one.params, ref.params, sizeof(float) * (size_t)n);
             fprintf(stderr,
                     "%-15s batch %3lld, %d steps: loss %.4f -> %.4f; compiled vs interpreted "
-                    "%.2g (%s), 2 devices vs 1 %.2g\n",
+                    "%.2g (%s), 2 devices vs 1 %.2g (after one step %.2g)\n",
                     mm->name, (long long)rows, steps, one.first_loss, one.last_loss, ci,
-                    bitwise ? "bitwise" : "not bitwise", dd);
+                    bitwise ? "bitwise" : "not bitwise", dd, dd1);
             if (!(ci <= 1e-6))
                 fprintf(stderr, "FAIL %s: compiled differs from interpreted by %.3g\n", mm->name,
                         ci),
                     harness_failed++;
-            if (!(dd <= 1e-5))
-                fprintf(stderr, "FAIL %s: 2 devices differ from 1 by %.3g\n", mm->name, dd),
+            if (!(dd <= tol) || !(dd1 <= 1e-6))
+                fprintf(stderr, "FAIL %s: 2 devices differ from 1 by %.3g (one step: %.3g)\n",
+                        mm->name, dd, dd1),
                     harness_failed++;
             if (!quick && !(one.last_loss < one.first_loss))
                 fprintf(stderr, "FAIL %s: the loss did not fall (%.4f -> %.4f)\n", mm->name,
@@ -129,6 +145,7 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
                     harness_failed++;
         }
         free(ref.params), free(one.params), free(two.params);
+        free(ref.first), free(one.first), free(two.first);
     }
 }
 

@@ -862,6 +862,35 @@ TEST(float_erf_is_faithful) {
     loom_graph_free(g);
 }
 
+/* exp in float32 (graph/opmath.h's, not libm's) within one ulp of the double exp from -104 to
+ * 88.7 (denormal results too), exactly 1 at 0, 0 and infinity beyond, NaN for NaN. */
+TEST(float_exp_is_faithful) {
+    enum { N = 400001 };
+    static float x[N + 6];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(-104.0 + 192.7 * i / (N - 1));
+    float extra[6] = {0.0f, -200.0f, 200.0f, -INFINITY, INFINITY, NAN};
+    memcpy(x + N, extra, sizeof extra);
+    int64_t s[1] = {N + 6};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *y = loom_exp(g, loom_input(g, LOOM_F32, 1, s, x));
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *py = loom_tensor_data(y);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double ref = exp((double)x[i]);
+        float r = (float)ref;
+        double ulp = nextafterf(r, INFINITY) - r;
+        worst = fmax(worst, fabs(py[i] - ref) / ulp);
+    }
+    fprintf(stderr, "float exp: at most %.3f ulp from exp\n", worst);
+    ASSERT(worst <= 1.0);
+    ASSERT(py[N] == 1.0f && py[N + 1] == 0.0f && isinf(py[N + 2]) && py[N + 3] == 0.0f &&
+           isinf(py[N + 4]) && isnan(py[N + 5]));
+    loom_graph_free(g);
+}
+
 /* GELU against its definition and layer normalization against naive loops, in float32 (the
  * reference in double), odd sizes; bad shapes are one clear error. */
 TEST(gelu_and_layer_norm_match_naive) {
@@ -1016,6 +1045,7 @@ TEST(empty_tensors) {
 int main(void) {
     RUN(every_op_has_a_case);
     RUN(float_erf_is_faithful);
+    RUN(float_exp_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);
     RUN(dropout_is_keyed_by_position);

@@ -1994,7 +1994,7 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
                 yr[j] /= sum;                                                            \
         }                                                                                \
     }
-SOFTMAX_ROWS(float, expf)
+SOFTMAX_ROWS(float, loom_expf)
 SOFTMAX_ROWS(double, exp)
 
 static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_t id) {
