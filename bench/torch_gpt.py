@@ -6,7 +6,9 @@ clipping at 1.0) on the project's Tiny Shakespeare, eager. Prints the steps' mea
 warm-up steps), the exact validation loss at the end (the whole split in non-overlapping windows,
 as `loom train shakespeare-gpt` computes it) unless --no-eval, the whole run's time, peak RSS.
 
-    $(bash bench/torch-venv.sh) bench/torch_gpt.py STEPS THREADS [--no-eval] [--compile]"""
+    $(bash bench/torch-venv.sh) bench/torch_gpt.py STEPS THREADS [--no-eval] [--compile]
+
+SEED in the environment seeds it (default 1337, nanoGPT's)."""
 import gzip
 import math
 import os
@@ -73,7 +75,7 @@ class GPT(nn.Module):
 def main():
     steps, threads = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(threads)
-    torch.manual_seed(1337)
+    torch.manual_seed(int(os.environ.get("SEED", "1337")))
     text = gzip.open(os.path.join(HERE, "..", "data", "tinyshakespeare.txt.gz"), "rt").read()
     chars = sorted(set(text))
     stoi = {ch: i for i, ch in enumerate(chars)}
