@@ -17,59 +17,13 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from torch_gpt_model import GPT, adamw, val_loss  # noqa: E402
 
 V_CTX, L, H, C, B = 64, 4, 4, 128, 12
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class LayerNorm(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(C))
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1, self.ln_2 = LayerNorm(), LayerNorm()
-        self.c_attn = nn.Linear(C, 3 * C, bias=False)
-        self.attn_proj = nn.Linear(C, C, bias=False)
-        self.c_fc = nn.Linear(C, 4 * C, bias=False)
-        self.mlp_proj = nn.Linear(4 * C, C, bias=False)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, C), nn.Embedding(V_CTX, C)
-        self.h = nn.ModuleList([Block() for _ in range(L)])
-        self.ln_f = LayerNorm()
-        self.lm_head = nn.Linear(C, vocab, bias=False)
-        self.lm_head.weight = self.wte.weight
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * L))
-            elif p.dim() >= 2:
-                nn.init.normal_(p, 0.0, 0.02)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for blk in self.h:
-            x = blk(x)
-        return self.lm_head(self.ln_f(x))
 
 
 def main():
@@ -82,11 +36,8 @@ def main():
     data = torch.tensor([stoi[ch] for ch in text], dtype=torch.long)
     n = int(len(data) * 0.9)
     train, val = data[:n], data[n:]
-    net = GPT(len(chars))
-    params = list(net.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    net = GPT(len(chars), V_CTX, L, H, C)
+    opt, params = adamw(net, 1e-3)
     model = torch.compile(net) if "--compile" in sys.argv else net
 
     def lr_at(t):
@@ -114,16 +65,7 @@ def main():
     ms = 1e3 * (time.perf_counter() - t0) / (steps - s0)
     print(f"ms/step {ms:.2f}")
     if "--no-eval" not in sys.argv:
-        with torch.no_grad():
-            windows = (len(val) - 1) // V_CTX
-            total = 0.0
-            for w0 in range(0, windows, 64):
-                rows = min(64, windows - w0)
-                x = torch.stack([val[(w0 + k) * V_CTX:(w0 + k + 1) * V_CTX] for k in range(rows)])
-                y = torch.stack([val[(w0 + k) * V_CTX + 1:(w0 + k + 1) * V_CTX + 1]
-                                 for k in range(rows)])
-                total += F.cross_entropy(net(x).view(-1, len(chars)), y.view(-1)).item() * rows
-        print(f"val loss {total / windows:.4f}")
+        print(f"val loss {val_loss(net, val, V_CTX, len(chars)):.4f}")
     print(f"run s {time.perf_counter() - t_start:.1f}")
     print(f"maxrss MiB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
 

@@ -8,18 +8,7 @@ tmp="${LOOM_TEST_TMP:-/tmp}/cli.$$"
 mkdir -p "$tmp"
 fails=0
 
-# expect_fail "expected text" args...: non-zero exit, one stderr line containing the text.
-expect_fail() {
-    local want="$1"; shift
-    "$loom" "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    local lines; lines=$(wc -l <"$tmp/err")
-    if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$want" "$tmp/err"; then
-        echo "FAIL: loom $* -> exit $rc, $lines stderr lines: $(cat "$tmp/err")"; fails=$((fails + 1))
-    else
-        echo "ok   loom $* -> $(cat "$tmp/err")"
-    fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 if "$loom" info >"$tmp/info" 2>&1 && grep -q "^loom [0-9]" "$tmp/info" && grep -q "^blas: OpenBLAS" "$tmp/info" &&
    grep -q "^devices: [1-9]" "$tmp/info" && grep -q "^backends: interp" "$tmp/info"; then

@@ -14,17 +14,7 @@ mkdir -p "$tmp"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-expect_fail() {
-    local want="$1"; shift
-    "$loom" "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$?
-    local lines; lines=$(wc -l <"$tmp/err")
-    if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || [ "$lines" -ne 1 ] || ! grep -qF -- "$want" "$tmp/err"; then
-        fail "loom $* -> exit $rc, $lines stderr lines: $(cat "$tmp/err")"
-    else
-        echo "ok   loom ${*:1:3} ... -> $(cat "$tmp/err")"
-    fi
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 small="--layers 1 --heads 2 --width 16 --context 16 --batch 8 --steps 30 --eval-interval 15 --warmup-steps 5"
 text="$tmp/text.txt"

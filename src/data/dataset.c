@@ -175,18 +175,25 @@ static loom_status read_data(gzFile f, const char *path, size_t total, size_t at
 /* Reads an IDX file of unsigned bytes with `ndim` dims; *data is owned by the caller. Nothing
  * is allocated for the data before the header is checked: dims bounded, their product
  * overflow-checked, and a plain file's size equal to header + data. */
-static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsigned char **data) {
-    *data = NULL;
+loom_status loom__gz_open(const char *path, gzFile *f, int64_t *size) {
     int fd;
-    int64_t fsize;
-    loom_status s = loom__open_regular(path, &fd, &fsize);
+    loom_status s = loom__open_regular(path, &fd, size);
     if (s)
         return s;
-    gzFile f = gzdopen(fd, "rb");
-    if (!f) {
+    if (!(*f = gzdopen(fd, "rb"))) {
         close(fd);
         return loom__error(LOOM_ENOMEM, "%s: cannot open: out of memory", path);
     }
+    return LOOM_OK;
+}
+
+static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsigned char **data) {
+    *data = NULL;
+    int64_t fsize;
+    gzFile f;
+    loom_status s = loom__gz_open(path, &f, &fsize);
+    if (s)
+        return s;
     unsigned char hdr[4 + 4 * 3];
     s = read_exact(f, path, hdr, 4, 0, "IDX magic");
     uint32_t magic = s ? 0 : be32(hdr), want = 0x0800u | (uint32_t)ndim;

@@ -6,6 +6,8 @@
 
 #include "../core/internal.h"
 
+#include <zlib.h>
+
 /* Elements per sample, and sample i as floats into dst. */
 int64_t loom__dataset_sample_numel(const loom_dataset *d);
 void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst);
@@ -13,5 +15,9 @@ void loom__dataset_sample(const loom_dataset *d, int64_t i, float *dst);
  * from random places in the file: a miss per cache line otherwise). */
 void loom__dataset_prefetch(const loom_dataset *d, int64_t i);
 const int32_t *loom__dataset_y(const loom_dataset *d);
+
+/* A regular file opened for zlib's reading (gzip'd or plain, loom__open_regular's checks), its
+ * size in *size (dataset.c). */
+loom_status loom__gz_open(const char *path, gzFile *f, int64_t *size);
 
 #endif

@@ -6,7 +6,7 @@
  * drawn from Philox stream (3, step) of the seed, or in file order; validation windows do not
  * overlap, so that every validation token is counted once.
  */
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,16 +24,11 @@ struct loom_text {
 
 /* The file's bytes (gzip'd or plain), NUL-terminated; *n the count. */
 static loom_status read_all(const char *path, unsigned char **out, int64_t *n) {
-    int fd;
     int64_t fsize;
-    loom_status s = loom__open_regular(path, &fd, &fsize);
+    gzFile f;
+    loom_status s = loom__gz_open(path, &f, &fsize);
     if (s)
         return s;
-    gzFile f = gzdopen(fd, "rb");
-    if (!f) {
-        close(fd);
-        return loom__error(LOOM_ENOMEM, "%s: cannot open: out of memory", path);
-    }
     unsigned char *buf = NULL;
     int64_t cap = 0, len = 0;
     for (;;) {

@@ -3,8 +3,9 @@
 
     /usr/bin/python3 tests/golden/make_gpt_golden.py
 
-A small GPT written as nanoGPT's model.py writes it (bias-free LayerNorm and Linear, GELU MLP,
-lm_head tied to wte; vocabulary 13, context 8, 2 layers, 2 heads, width 16), initialised as
+A small GPT written as nanoGPT's model.py writes it (scripts/torch_gpt_model.py: bias-free
+LayerNorm and Linear, GELU MLP, lm_head tied to wte; vocabulary 13, context 8, 2 layers, 2 heads,
+width 16), initialised as
 nanoGPT does (normal 0.02, residual projections 0.02 / sqrt(2 layers), LayerNorms ones) under
 torch.manual_seed(0), trained STEPS steps on fixed batches of B windows with nanoGPT's recipe in
 small: AdamW lr 1e-3, betas 0.9 and 0.99, eps 1e-8, weight decay 0.1 on parameters of 2 dims or
@@ -25,80 +26,17 @@ import sys
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from make_golden import save_safetensors  # noqa: E402
+from torch_gpt_model import GPT, adamw  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 V, CTX, L, H, C = 13, 8, 2, 2, 16
 B, T, STEPS = 4, 8, 5
 WARMUP, DECAY, LR, MIN_LR, CLIP = 2, 4, 1e-3, 1e-4, 0.5
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln_1 = LayerNorm()
-        self.attn = nn.Module()
-        self.attn.c_attn = nn.Linear(C, 3 * C, bias=False)
-        self.attn.c_proj = nn.Linear(C, C, bias=False)
-        self.ln_2 = LayerNorm()
-        self.mlp = nn.Module()
-        self.mlp.c_fc = nn.Linear(C, 4 * C, bias=False)
-        self.mlp.c_proj = nn.Linear(4 * C, C, bias=False)
-
-    def attention(self, x):
-        b, t, c = x.shape
-        q, k, v = self.attn.c_attn(x).split(C, dim=2)
-        q = q.view(b, t, H, c // H).transpose(1, 2)
-        k = k.view(b, t, H, c // H).transpose(1, 2)
-        v = v.view(b, t, H, c // H).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
-        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.attn.c_proj(y)
-
-    def forward(self, x):
-        x = x + self.attention(self.ln_1(x))
-        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
-
-
-class LayerNorm(nn.Module):
-    """nanoGPT's LayerNorm with an optional bias (PyTorch 1.13's has none to turn off)."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(C))
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, None, 1e-5)
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.transformer = nn.Module()
-        self.transformer.wte = nn.Embedding(V, C)
-        self.transformer.wpe = nn.Embedding(CTX, C)
-        self.transformer.h = nn.ModuleList([Block() for _ in range(L)])
-        self.transformer.ln_f = LayerNorm()
-        self.lm_head = nn.Linear(C, V, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * L))
-            elif p.dim() >= 2:
-                torch.nn.init.normal_(p, mean=0.0, std=0.02)
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
 
 
 def lr_at(t):
@@ -111,13 +49,10 @@ def lr_at(t):
 
 
 def train(init, idx, targets, dtype):
-    net = GPT()
+    net = GPT(V, CTX, L, H, C)
     net.load_state_dict(init, strict=False)
     net = net.to(dtype)
-    params = [p for p in net.parameters()]  # (tied: wte once)
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.99), eps=1e-8)
+    opt, params = adamw(net, LR)  # (tied: wte once)
     logits0 = net(idx[0]).detach()
     losses = []
     for s in range(STEPS):
@@ -140,7 +75,8 @@ def train(init, idx, targets, dtype):
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    init = {k: v.clone() for k, v in GPT().state_dict().items() if k != "lm_head.weight"}
+    init = {k: v.clone() for k, v in GPT(V, CTX, L, H, C).state_dict().items()
+            if k != "lm_head.weight"}
     g = torch.Generator().manual_seed(1)
     seq = torch.randint(0, V, (STEPS, B, T + 1), generator=g)
     idx, targets = seq[:, :, :T].contiguous(), seq[:, :, 1:].contiguous()
