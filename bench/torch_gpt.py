@@ -10,7 +10,6 @@ as `loom train shakespeare-gpt` computes it) unless --no-eval, the whole run's t
 
 SEED in the environment seeds it (default 1337, nanoGPT's)."""
 import gzip
-import math
 import os
 import resource
 import sys
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 from torch_gpt_model import GPT, adamw, val_loss  # noqa: E402
+from torch_recipes import get_lr  # noqa: E402
 
 V_CTX, L, H, C, B = 64, 4, 4, 128, 12
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,10 +41,7 @@ def main():
     model = torch.compile(net) if "--compile" in sys.argv else net
 
     def lr_at(t):
-        if t < 100:
-            return 1e-3 * (t + 1) / 101
-        ratio = (t - 100) / (steps - 100)
-        return 1e-4 + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (1e-3 - 1e-4)
+        return get_lr(t, 1e-3, 100, steps, 1e-4)
 
     t_start = time.perf_counter()
     t0 = None

@@ -2,6 +2,7 @@
 scripts that run PyTorch beside loom (tests/golden/make_golden.py, tests/interop/interop.py,
 bench/torch_peer.py). The layer order is src/nn/recipes.c's, so state_dict names match loom's."""
 import gzip
+import math
 import struct
 
 import numpy as np
@@ -14,6 +15,16 @@ def read_idx(path):
     nd = raw[3]
     dims = struct.unpack(">" + "I" * nd, raw[4:4 + 4 * nd])
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * nd).reshape(dims)
+
+
+def get_lr(t, lr, warmup, decay, min_lr):
+    """nanoGPT's learning rate at step t (0-based): linear warm-up, cosine to min_lr at decay."""
+    if t < warmup:
+        return lr * (t + 1) / (warmup + 1)
+    if t > decay:
+        return min_lr
+    ratio = (t - warmup) / (decay - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
 def model(recipe):

@@ -28,7 +28,6 @@ clipped to global norm 0.5). It holds
 A loom run is then judged by its own distance from the float64 run, as a multiple of dist32.
 """
 import json
-import math
 import os
 import struct
 import sys
@@ -40,7 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
-from torch_recipes import model, read_idx  # noqa: E402
+from torch_recipes import get_lr, model, read_idx  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.environ.get("LOOM_DATA", "/usr/share/datasets/fashion-mnist")
@@ -81,12 +80,7 @@ WARMUP, DECAY, LR, MIN_LR, CLIP = 3, 10, 1e-3, 1e-4, 0.5
 
 
 def lr_at(t):
-    if t < WARMUP:
-        return LR * (t + 1) / (WARMUP + 1)
-    if t > DECAY:
-        return MIN_LR
-    ratio = (t - WARMUP) / (DECAY - WARMUP)
-    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+    return get_lr(t, LR, WARMUP, DECAY, MIN_LR)
 
 
 def make_opt(oname, net):

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 from make_golden import save_safetensors  # noqa: E402
 from torch_gpt_model import GPT, adamw  # noqa: E402
+from torch_recipes import get_lr  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 V, CTX, L, H, C = 13, 8, 2, 2, 16
@@ -40,12 +41,7 @@ WARMUP, DECAY, LR, MIN_LR, CLIP = 2, 4, 1e-3, 1e-4, 0.5
 
 
 def lr_at(t):
-    if t < WARMUP:
-        return LR * (t + 1) / (WARMUP + 1)
-    if t > DECAY:
-        return MIN_LR
-    ratio = (t - WARMUP) / (DECAY - WARMUP)
-    return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
+    return get_lr(t, LR, WARMUP, DECAY, MIN_LR)
 
 
 def train(init, idx, targets, dtype):
