@@ -3,19 +3,19 @@
  * packed in panels of KC x 48 columns (32 for the last two where 48 + 16 would be left, 16 or 32
  * for a last narrow one: panel_at), A in panels of MR x KC, both in the caller's scratch, and an
  * 8 x 48 register-blocked microkernel (24 accumulators, three loads and eight broadcasts per k;
- * 8 x 32 and 8 x 16 on narrower panels) does the arithmetic with FMA. 8 rows: every M of the
- * recipes (32, 64, 128, 256, 288) is a multiple of 8, so no tile computes padding (12 x 32 computed
- * 72 rows for 64); 48 columns: 24 FMAs per 11 loads (bench/gemm.c: the conv2 products 130-145 ->
- * 137-161 GFLOP/s). Measured on this project's shapes it beats the OpenBLAS kernel that runs under
- * OPENBLAS_CORETYPE=Haswell (bench/RESULTS.md). The default where AVX-512 exists (LOOM_MATMUL=blas
+ * 8 x 32 and 8 x 16 on narrower panels) does the arithmetic with FMA. 8 rows: the common batch
+ * and channel counts (multiples of 8) need no padded tile; 48 columns: 24 FMAs per 11 loads
+ * (bench/gemm.c measures the forms; bench/RESULTS.md has the figures, against the OpenBLAS kernel
+ * that runs under OPENBLAS_CORETYPE=Haswell). The default where AVX-512 exists (LOOM_MATMUL=blas
  * selects OpenBLAS); without it the caller uses BLAS. Operands may be compound views (internal.h:
  * an unfold read as a matrix): their panels are packed straight from the image by runs of
  * contiguous lanes, and a compound C (a fold's) is gathered a block at a time and added into its
  * places row by row (C += A B). A dense layer's epilogue (a bias row, a ReLU) may be applied in
  * registers as the last k block stores C's final values (loom__sgemm_act), so that C is written
  * once, already activated (or, for a product run as its transpose, nt_by_transpose, as C^T is
- * transposed into C). A product with a small C and a long K (conv1's weight gradient) is dot
- * products along K instead (skinny_gemm). Every element is summed in a fixed order (k ascending
+ * transposed into C). A product with a small C and a long K (a first convolution's weight
+ * gradient: few input channels, every position of the batch) is dot products along K instead
+ * (skinny_gemm). Every element is summed in a fixed order (k ascending
  * within KC blocks; on the dot-product path 16 lanes of k and a fixed tree), so runs repeat
  * bitwise.
  */
@@ -566,10 +566,10 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
 /* Whether gemm() runs a product of two operands contiguous along k (a dense layer's forward: X
  * times a weight read transposed) as its transpose, C^T = B^T A^T, into a staging block of C^T
  * that is then transposed into C with the epilogue: B would need a transposing pack of N lanes,
- * the transposed product packs A^T's M instead. Where N > 2 M (the MLP's fc1 forward on 2
- * devices, M = 64: 0.198-0.202 -> 0.165-0.171 ms); at N = 2 M (M = 128) the transposed store ate
- * what the smaller pack saved. Each element is the same chain of FMAs over k (a product's factors
- * commute exactly), so C's bits are the direct product's. */
+ * the transposed product packs A^T's M instead. Where N > 2 M (a wide layer on few rows); at
+ * N = 2 M the transposed store costs what the smaller pack saves (bench/RESULTS.md). Each element
+ * is the same chain of FMAs over k (a product's factors commute exactly), so C's bits are the
+ * direct product's. */
 static bool nt_by_transpose(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
                             const loom__gmat *b, const loom__gdim *crow, const loom__gdim *ccol,
                             bool accumulate, const loom__gemm_act *act) {
@@ -726,13 +726,14 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     }
 }
 
-/* Products with a small C and a long K whose operands both run contiguously along k (conv1's
- * weight gradient: 32 x 9 over K = 86528, A the output gradient, B the image through the unfold's
- * view). Panels would be mostly padding and the packs would cost more than the arithmetic, so
- * each C element is a dot product along K instead: 16 lanes of k per FMA, a tile of up to 4 x 5
- * elements in registers over a block of SK_KB k at a time (A's block read from memory once, the
- * tiles then sweep it in cache), the block's lanes added into a buffer, and the 16 lanes summed
- * at the end. A fixed order, so runs repeat bitwise. */
+/* Products with a small C and a long K whose operands both run contiguously along k (a
+ * convolution's weight gradient with few input channels: Cout x Cin KH KW over every position of
+ * the batch, A the output gradient, B the image through the unfold's view). Panels would be mostly
+ * padding and the packs would cost more than the arithmetic, so each C element is a dot product
+ * along K instead: 16 lanes of k per FMA, a tile of up to 4 x 5 elements in registers over a block
+ * of SK_KB k at a time (A's block read from memory once, the tiles then sweep it in cache), the
+ * block's lanes added into a buffer, and the 16 lanes summed at the end. A fixed order, so runs
+ * repeat bitwise. */
 #    define SK_KB  1024
 #    define SK_MI  4
 #    define SK_NJ  5   /* 20 accumulators: no register spills */
@@ -1010,8 +1011,9 @@ static loom__gmat transposed(const loom__gmat *x) {
 
 void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
-    /* A product narrower than half a panel (conv1's weight gradient: 32 x 9) runs as its
-     * transpose, C^T = B^T A^T, which fills the panels: the same sums in the same order. */
+    /* A product narrower than half a panel (N below 24: a weight gradient over few input taps)
+     * runs as its transpose, C^T = B^T A^T, which fills the panels: the same sums in the same
+     * order. */
     if (skinny(M, N, K, a, b)) {
         skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (narrow(M, N, K, a, b)) {

@@ -251,10 +251,10 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
 
 /* A product whose columns fall in planes of P (a convolution's output planes: the columns'
  * outermost sub-dimension, or runs of P of a plain B) computed a row and a plane at a time
- * straight from B (a small K: conv1's 9 taps), so that a consumer (max pooling) takes each plane
- * while it is in L1 and the output is never written whole. Each element is the sum loom__sgemm_g
- * forms (k ascending from zero in one k block), so the same bits. loom__conv_planes_bytes(P) of
- * buf must outlive the planes. */
+ * straight from B (a small K: a first convolution's few taps), so that a consumer (max pooling)
+ * takes each plane while it is in L1 and the output is never written whole. Each element is the sum
+ * loom__sgemm_g forms (k ascending from zero in one k block), so the same bits.
+ * loom__conv_planes_bytes(P) of buf must outlive the planes. */
 #define LOOM_CONV_MAX_K 32
 typedef struct {
     const float *a, *b;
@@ -305,8 +305,8 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
  * then, and always for float64 and on other CPUs). The one place this choice is made. */
 bool loom__use_own_gemm(void);
 /* Rows a pool gradient with sinks keeps at a time (loom__pnode.sinks): the product's sink runs
- * on that many rows at once, sharing each load of B (conv1's three rows, 1 MB, and its image fit
- * this machine's 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */
+ * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit
+ * a 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */
 #define LOOM_SINK_ROWS 3
 /* Whether pool gradient t's own buffer holds one plane of its values at a time (they go into
  * its epilogue, or into the rows its sinks alone read), not all of them. */
@@ -328,7 +328,7 @@ bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
 bool loom__pool_quad_ok(const loom__program *p, int32_t id);
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);
 /* The scratch of max pooling f computing its convolution (loom__pnode.conv); whether it can
- * compute one that runs by its transpose (conv2's) window by window. */
+ * compute one that runs by its transpose (more channels than taps) window by window. */
 size_t loom__pool_conv_bytes(const loom__program *p, int32_t f);
 bool loom__pool_conv_t_ok(const loom__program *p, int32_t f);
 /* The scratch of fold f computing its convolution's backward (loom__pnode.back). */

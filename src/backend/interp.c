@@ -740,7 +740,7 @@ static loom_status k_FOLD(const loom__program *p, const loom__bind *b, int32_t i
 /* POOLMAX: x (N,C,H,W) strided -> y (N,C,OH,OW) contiguous, the first maximum of each window in
  * row-major window order (a NaN wins, as MAX's combine); padded positions are skipped. POOLGRAD
  * finds the same position and adds dy there; dx is contiguous. The 2x2 stride-2 unpadded window
- * on unit-stride rows, the CNN's, has its own loop. */
+ * on unit-stride rows, the most common, has its own loop. */
 /* A pool gradient's plane whose windows fit two registers, from the codes: per element of the
  * plane, its window and its place in the window (0-3; 7 where no window covers it), 16 a group. */
 typedef struct {
@@ -824,9 +824,10 @@ pool2_row512(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *co
     }
 }
 
-/* Whole contiguous planes of small rows (conv2's 11 x 11 -> 5 x 5: the row kernel would fill a
- * third of its lanes), 16 windows at a time flattened over planes, rows and columns, their four
- * values gathered; the index vectors repeat every 16 planes. The same rule, so the same bits. */
+/* Whole contiguous planes of small rows (an 11 x 11 plane pooled to 5 x 5: the row kernel would
+ * fill a third of its lanes), 16 windows at a time flattened over planes, rows and columns, their
+ * four values gathered; the index vectors repeat every 16 planes. The same rule, so the same bits.
+ */
 #    define POOL_PLANES_MAX 256 /* windows a plane at most */
 __attribute__((target("avx512f"))) static void pool2_planes512(const float *x, int64_t planes,
                                                                int64_t H, int64_t W, int64_t OH,
@@ -898,7 +899,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_row512(const float *r0
 }
 
 /* A pool gradient's plane from its argmax codes when the plane's windows fit two registers
- * (conv2's 5 x 5): each output element picks its window's gradient and code from the registers
+ * (a 5 x 5 plane): each output element picks its window's gradient and code from the registers
  * (a permute) and keeps the gradient where the code names it; the rest, the last row and column a
  * window does not cover included, is +0. The values the rows write, in one pass over the plane. */
 __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gtab *t,
@@ -1494,10 +1495,10 @@ static int64_t conv_quad_floats(const conv_quad *q) {
 }
 
 /* ---- a pooling computing a convolution that runs by its transpose, by windows ----------------
- * conv2's forward inside its 2 x 2 pooling: the product's columns are taken in window order (per
- * image, the four places of the pooling windows, each over all windows) through
- * loom__gemm_t_cols, a few images at a time, so the positions no window covers (conv2's last row
- * and column) are never computed and the pooling is four vectors' maximum. Each value is the
+ * a convolution's forward inside its 2 x 2 pooling: the product's columns are taken in window order
+ * (per image, the four places of the pooling windows, each over all windows) through
+ * loom__gemm_t_cols, a few images at a time, so the positions no window covers (an odd plane's last
+ * row and column) are never computed and the pooling is four vectors' maximum. Each value is the
  * product's own (the same k blocks and order), its epilogue the same function on the same value
  * (its other operands constant along a row): the same bits as the product, its epilogue and the
  * pooling run one after the other. */

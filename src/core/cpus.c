@@ -2,8 +2,8 @@
  * cpus.c - CPUs that device threads hold. A device's thread is pinned to a CPU of its own; the
  * library's helper threads (a loader's assembler) keep to the CPUs no device holds, where any
  * are left. Otherwise a helper woken on a device's CPU preempts the step there (it has slept, so
- * the scheduler runs it first) for as long as its job takes: with 1 device on this 2-CPU machine
- * the loader's ~60 us a batch cost the MLP 9-10% of its throughput (bench/RESULTS.md).
+ * the scheduler runs it first) for as long as its job takes: a loader's batch then costs a small
+ * model a tenth of its throughput (bench/RESULTS.md).
  */
 #define _GNU_SOURCE
 #include "internal.h"

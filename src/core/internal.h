@@ -55,8 +55,8 @@ typedef struct {
 void loom__hash_init(loom__hash *h);
 void loom__hash_u64(loom__hash *h, uint64_t v);
 void loom__hash_bytes(loom__hash *h, const void *p, size_t n);
-/* n bytes as four independent FNV lanes of 8-byte words (a byte at a time, the MLP's 3 MB of
- * parameters and state took ~3.5 ms to checksum): a different value from hash_bytes' */
+/* n bytes as four independent FNV lanes of 8-byte words (a byte at a time, megabytes of
+ * parameters took milliseconds to checksum): a different value from hash_bytes' */
 void loom__hash_large(loom__hash *h, const void *p, size_t n);
 uint64_t loom__hash_final(const loom__hash *h);
 

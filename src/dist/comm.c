@@ -218,8 +218,8 @@ void loom__slice(int64_t n, int world, int rank, int64_t *lo, int64_t *hi) {
 
 /* Elements [lo, hi) of every rank's buffer p[0..w) set to their sum over ranks 0..w-1 in order
  * (then divided by w: mean), CH at a time in loops of a fixed length that the compiler turns into
- * vector instructions (an element at a time, the MLP's 800 KB took 0.16 ms on 2 devices; 0.11 with
- * SSE, 0.095 with AVX-512, where the CPU has it). The same operations on each element either way.
+ * vector instructions (AVX-512 where the CPU has it; an element at a time took 1.7 times as long,
+ * bench/RESULTS.md). The same operations on each element either way.
  */
 #define REDUCE_SLICE(NAME, ATTR)                                                       \
     ATTR static void NAME(float *const *p, int w, int64_t lo, int64_t hi, bool mean) { \

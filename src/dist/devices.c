@@ -88,8 +88,8 @@ struct loom_devices {
 /* With a CPU to spare (fewer devices than CPUs), spin-then-sleep: a device polls for its next
  * step, and the controller (yielding) for the step's end, this long before sleeping on the
  * condition variable. A wake-up through the scheduler costs tens of microseconds on this virtual
- * machine, and an idle CPU slows the next step: 5-10% of a small model's step (the MLP's 1.3 ms,
- * bench/RESULTS.md). */
+ * machine, and an idle CPU slows the next step: 5-10% of a small model's step (bench/RESULTS.md).
+ */
 #define SPIN_NEXT_S 0.0005
 #define SPIN_DONE_S 0.002
 
@@ -328,7 +328,7 @@ static void start(loom_devices *D) {
     /* The thread that runs steps (it polls below) keeps to the CPUs no device holds, as the
      * loader's does, until the devices are freed. Left free, a wake-up from the condition
      * variable placed it on the device's CPU now and then (the waker's), where it waited out the
-     * device's poll for its next step: 0.5 ms lost in 1-8% of the MLP's steps. */
+     * device's poll for its next step: 0.5 ms lost in a few percent of a small model's steps. */
     if (D->spare_cpu)
         loom__keep_off_held_cpus();
     pthread_mutex_lock(&D->mu);
