@@ -128,16 +128,42 @@ static int parse(int argc, char **argv, gpt_opts *o) {
     return 0;
 }
 
+/* Validation batches: 64 windows (the short last one on a graph of its own: its own program). */
+#define VAL_ROWS 64
+
 typedef struct {
     loom_text *text;
     loom_model *m;
     loom_gpt *gpt;
+    /* training and evaluation (run_devices): the devices, the validation graphs, and room for
+     * max(batch, VAL_ROWS) windows of inputs and targets */
+    loom_devices *d;
+    loom_graph *full, *tail;
+    int32_t *x, *y;
 } gpt_run;
 
 static void run_free(gpt_run *r) {
+    loom_graph_free(r->full);
+    loom_graph_free(r->tail);
+    loom_devices_free(r->d);
+    free(r->x), free(r->y);
     loom_gpt_free(r->gpt);
     loom_model_free(r->m);
     loom_text_free(r->text);
+}
+
+/* The devices (--devices, --timeout), the validation graphs on them, the batch buffers. */
+static int run_devices(const gpt_opts *o, gpt_run *r) {
+    size_t rows = (size_t)(o->batch > VAL_ROWS ? o->batch : VAL_ROWS);
+    r->x = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
+    r->y = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
+    r->d =
+        loom_devices_new(&(loom_devices_config){.count = (int)o->devices, .timeout_s = o->timeout});
+    r->full = loom_graph_new(r->m), r->tail = loom_graph_new(r->m);
+    if (!r->x || !r->y || !r->d || !r->full || !r->tail || loom_graph_set_devices(r->full, r->d) ||
+        loom_graph_set_devices(r->tail, r->d))
+        return cli_fail("%s", *loom_last_error() ? loom_last_error() : "out of memory");
+    return 0;
 }
 
 /* The text, the model of the options' shape, and --init's weights. */
@@ -166,11 +192,11 @@ static int run_new(const gpt_opts *o, gpt_run *r) {
 
 /* The mean loss over the whole validation split, in non-overlapping windows of the context (every
  * token counted once, whatever the devices). */
-static double val_loss(loom_graph *full, loom_graph *tail, gpt_run *r, int64_t T, int32_t *x,
-                       int32_t *y) {
+static double val_loss(gpt_run *r, int64_t T) {
     int64_t n;
     const int32_t *val = loom_text_split(r->text, true, &n);
-    int64_t windows = (n - 1) / T, per = 64;
+    int64_t windows = (n - 1) / T, per = VAL_ROWS;
+    int32_t *x = r->x, *y = r->y;
     double total = 0;
     loom_gpt_set_train(r->gpt, false, 0, 0); /* (dropout off) */
     for (int64_t w0 = 0; w0 < windows; w0 += per) {
@@ -179,7 +205,7 @@ static double val_loss(loom_graph *full, loom_graph *tail, gpt_run *r, int64_t T
             memcpy(x + k * T, val + (w0 + k) * T, sizeof(int32_t) * (size_t)T);
             memcpy(y + k * T, val + (w0 + k) * T + 1, sizeof(int32_t) * (size_t)T);
         }
-        loom_graph *g = rows == per ? full : tail; /* (the short last batch: its own program) */
+        loom_graph *g = rows == per ? r->full : r->tail;
         loom_graph_reset(g);
         loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
         loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
@@ -201,17 +227,16 @@ static double now(void) {
 static int train(const gpt_opts *o) {
     gpt_run r;
     int rc = run_new(o, &r);
-    loom_devices *d = NULL;
     loom_optim *opt = NULL;
-    loom_graph *g = NULL, *ge = NULL, *gt = NULL;
-    int64_t T = o->shape.context, B = o->batch, per = 64 > B ? 64 : B;
-    int32_t *x = malloc(sizeof(int32_t) * (size_t)(per * T)),
-            *y = malloc(sizeof(int32_t) * (size_t)(per * T));
+    loom_graph *g = NULL;
+    int64_t T = o->shape.context, B = o->batch;
     if (!rc && o->save)
         rc = cli_check_save(o->save);
+    if (!rc)
+        rc = run_devices(o, &r);
+    loom_devices *d = r.d;
+    int32_t *x = r.x, *y = r.y;
     if (!rc) {
-        d = loom_devices_new(
-            &(loom_devices_config){.count = (int)o->devices, .timeout_s = o->timeout});
         opt = loom_adamw_new(r.m, &(loom_optim_config){.lr = o->lr,
                                                        .beta2 = o->beta2,
                                                        .weight_decay = o->weight_decay,
@@ -219,9 +244,8 @@ static int train(const gpt_opts *o) {
                                                        .decay_steps = o->decay,
                                                        .min_lr = o->min_lr,
                                                        .clip_norm = o->clip});
-        g = loom_graph_new(r.m), ge = loom_graph_new(r.m), gt = loom_graph_new(r.m);
-        if (!d || !opt || !g || !ge || !gt || loom_graph_set_devices(g, d) ||
-            loom_graph_set_devices(ge, d) || loom_graph_set_devices(gt, d))
+        g = loom_graph_new(r.m);
+        if (!opt || !g || loom_graph_set_devices(g, d))
             rc = cli_fail("%s", loom_last_error());
     }
     bool talk = !rc && loom_devices_process(d) == 0;
@@ -255,7 +279,7 @@ static int train(const gpt_opts *o) {
         sum += loom_item(loss), counted++;
         if ((s + 1) % o->eval_interval == 0 || s + 1 == o->steps) {
             double te = now(), ms = 1e3 * (te - t_interval) / (double)counted;
-            last_val = val_loss(ge, gt, &r, T, x, y);
+            last_val = val_loss(&r, T);
             eval_s += now() - te;
             if (isnan(last_val)) {
                 rc =
@@ -277,12 +301,8 @@ static int train(const gpt_opts *o) {
     if (!rc && o->save && talk && loom_model_save(r.m, o->save))
         rc = cli_fail("--save: %s", loom_last_error());
     loom_graph_free(g);
-    loom_graph_free(ge);
-    loom_graph_free(gt);
     loom_optim_free(opt);
-    loom_devices_free(d);
     run_free(&r);
-    free(x), free(y);
     return rc;
 }
 
@@ -362,25 +382,14 @@ static int sample(const gpt_opts *o) {
 static int eval(const gpt_opts *o) {
     gpt_run r;
     int rc = run_new(o, &r);
-    int64_t T = o->shape.context;
-    int32_t *x = malloc(sizeof(int32_t) * (size_t)(64 * T)),
-            *y = malloc(sizeof(int32_t) * (size_t)(64 * T));
-    loom_devices *d =
-        rc ? NULL : loom_devices_new(&(loom_devices_config){.count = (int)o->devices});
-    loom_graph *full = rc ? NULL : loom_graph_new(r.m), *tail = rc ? NULL : loom_graph_new(r.m);
-    if (!rc && (!d || !full || !tail || loom_graph_set_devices(full, d) ||
-                loom_graph_set_devices(tail, d)))
-        rc = cli_fail("%s", loom_last_error());
-    double v = rc ? NAN : val_loss(full, tail, &r, T, x, y);
+    if (!rc)
+        rc = run_devices(o, &r);
+    double v = rc ? NAN : val_loss(&r, o->shape.context);
     if (!rc && isnan(v))
         rc = cli_fail("eval: %s", loom_last_error());
-    if (!rc && loom_devices_process(d) == 0)
+    if (!rc && loom_devices_process(r.d) == 0)
         printf("val loss: %.4f\n", v);
-    loom_graph_free(full);
-    loom_graph_free(tail);
-    loom_devices_free(d);
     run_free(&r);
-    free(x), free(y);
     return rc;
 }
 
