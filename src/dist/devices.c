@@ -80,6 +80,7 @@ struct loom_devices {
      * and the model that lent them */
     float *grads;
     size_t grads_bytes;
+    size_t unshared_bytes; /* a size the group had no shared memory for (not asked again) */
     loom_model *lent;
     loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
     bool spare_cpu;    /* fewer devices than CPUs: the controller may spin while a step runs */
@@ -169,11 +170,12 @@ static void lend_grads(loom_devices *D, loom_model *m) {
             m->lender = NULL;
         }
     }
-    if (need > D->grads_bytes) {
+    if (need > D->grads_bytes && need != D->unshared_bytes) {
         return_grads(D);
         loom__group_unshare(D->procs, D->grads, D->grads_bytes);
         D->grads = loom__group_shared(D->procs, need);
         D->grads_bytes = D->grads ? need : 0;
+        D->unshared_bytes = D->grads ? 0 : need; /* (across machines: every step would ask) */
     }
     if (!D->grads) /* (no memory to share: MPI copies them) */
         return;
