@@ -1,7 +1,8 @@
 /*
- * gemm.c - sgemm microbenchmark at the recipes' shapes: OpenBLAS (as configured by the environment)
- * against loom's own kernel, GFLOP/s of one thread, best of several runs. Transposed operands are
- * passed with the strides the training step uses. Built as build/bench_gemm.
+ * gemm.c - sgemm microbenchmark at the recipes' and the GPT's shapes: OpenBLAS (as configured by
+ * the environment) against loom's own kernel, GFLOP/s of one thread, best of several runs.
+ * Transposed operands are passed with the strides the training step uses. Built as
+ * build/bench_gemm.
  *   build/bench_gemm            every shape
  */
 #include "../src/backend/internal.h"
@@ -27,6 +28,19 @@ static const shape shapes[] = {
     {"cnn conv2 input grad", 288, 15488, 64, true, false},
     {"cnn conv1 forward", 32, 86528, 9, false, false},
     {"cnn conv1 weight grad", 32, 9, 86528, false, true},
+    {"gpt qkv forward", 768, 384, 128, false, true},
+    {"gpt proj forward", 768, 128, 128, false, true},
+    {"gpt fc forward", 768, 512, 128, false, true},
+    {"gpt fc-proj forward", 768, 128, 512, false, true},
+    {"gpt qkv input grad", 768, 128, 384, false, false},
+    {"gpt fc-proj input grad", 768, 512, 128, false, false},
+    {"gpt fc input grad", 768, 128, 512, false, false},
+    {"gpt qkv weight grad", 384, 128, 768, true, false},
+    {"gpt fc weight grad", 512, 128, 768, true, false},
+    {"gpt fc-proj weight grad", 128, 512, 768, true, false},
+    {"gpt attn scores", 64, 64, 32, false, true},
+    {"gpt attn values", 64, 32, 64, false, false},
+    {"gpt attn dv", 64, 32, 64, true, false},
 };
 
 static double best_of(int reps,

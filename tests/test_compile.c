@@ -122,7 +122,8 @@ static loom_tensor *reduce(loom_graph *g, const char *op, loom_tensor *x, int ax
 }
 
 /* Reduction patterns the scheduler fuses, on an (R x C) input (C = 100: the 16-lane path along
- * memory; C = 9: sequential): a chain reduced along memory and across it (strided), followed by
+ * memory; C = 9: sequential; across memory: an accumulator per column): a chain reduced along
+ * memory and across it (strided), the middle axis of a 3-D view of it, followed by
  * an elementwise consumer; a leaf reduced with a consumer only (a permuted leaf: strided); two
  * reductions under one consumer (one is fused, the other runs alone: a small reduction alone is
  * a generated kernel too). Returns the outputs. */
@@ -134,19 +135,20 @@ static void *run_red(const char *op, int64_t C, loom_dtype dt, loom_backend be, 
         fill(buf[k], R * C, dt, (uint64_t)k + 20, k == 0 ? 7 : -1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
-    int64_t s2[2] = {R, C}, s2t[2] = {C, R};
+    int64_t s2[2] = {R, C}, s2t[2] = {C, R}, s3[3] = {2, R / 2, C};
     loom_tensor *a = loom_input(g, dt, 2, s2, buf[0]);
     loom_tensor *bt = loom_transpose(g, loom_input(g, dt, 2, s2t, buf[1]));
     loom_tensor *x = loom_mul(g, loom_add(g, a, loom_scalar(g, 0.5, dt)), loom_exp(g, bt));
-    loom_tensor *outs[5] = {
+    loom_tensor *outs[6] = {
         loom_exp(g, reduce(g, op, x, 1)),                                   /* along memory */
         loom_neg(g, reduce(g, op, loom_sub(g, a, bt), 0)),                  /* across memory */
         loom_mul(g, reduce(g, op, bt, 1), loom_scalar(g, 2.0, dt)),         /* a strided leaf */
         loom_add(g, reduce(g, op, loom_neg(g, a), 1), reduce(g, op, x, 1)), /* two */
         reduce(g, op, loom_exp(g, a), 1),                                   /* a reduction root */
+        loom_exp(g, reduce(g, op, loom_reshape(g, x, 3, s3), 1)), /* a middle axis: outer, inner */
     };
     size_t total = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         loom_output(outs[i]);
         total += (size_t)loom_tensor_numel(outs[i]);
     }
@@ -156,7 +158,7 @@ static void *run_red(const char *op, int64_t C, loom_dtype dt, loom_backend be, 
         *bytes = total * es;
         out = malloc(*bytes);
         size_t at = 0;
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 6; i++) {
             size_t n = (size_t)loom_tensor_numel(outs[i]) * es;
             memcpy((char *)out + at, loom_tensor_data(outs[i]), n);
             at += n;
@@ -203,11 +205,11 @@ TEST(reductions_fuse_bitwise) {
                 if (!ref || !got || n1 != n2 || !same_bits(ref, got, n1, dt))
                     FAILF("%s (%s, %lld columns): compiled and interpreted values differ",
                           red_ops[i], d ? "f64" : "f32", (long long)C);
-                /* interpreted: 10 elementwise kernels and 6 reductions; compiled: exp(bt) (read
+                /* interpreted: 11 elementwise kernels and 7 reductions; compiled: exp(bt) (read
                  * through a transpose, so not fused), x, one kernel per output, and the pair's
                  * second reduction alone */
-                if (mc.kernels != 8 || mi.kernels != 16)
-                    FAILF("%s: %lld kernels compiled, %lld interpreted (expected 8 and 16)",
+                if (mc.kernels != 9 || mi.kernels != 18)
+                    FAILF("%s: %lld kernels compiled, %lld interpreted (expected 9 and 18)",
                           red_ops[i], (long long)mc.kernels, (long long)mi.kernels);
                 free(ref);
                 free(got);

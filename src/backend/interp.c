@@ -1978,25 +1978,64 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
     return LOOM_OK;
 }
 
-/* Softmax along the last axis, a row at a time: its max, the sum of exp(x - max) (in the
- * element type, in order; a -inf, as a causal mask leaves, is 0 without calling exp), each
- * exp divided by it. */
-#define SOFTMAX_ROWS(T, EXP)                                                             \
-    static void softmax_rows_##T(const T *x, int64_t rs, int64_t cs, T *y, int64_t rows, \
-                                 int64_t n) {                                            \
-        for (int64_t r = 0; r < rows; r++) {                                             \
-            const T *xr = x + r * rs;                                                    \
-            T *yr = y + r * n, mx = -INFINITY, sum = 0;                                  \
-            for (int64_t j = 0; j < n; j++)                                              \
-                mx = xr[j * cs] > mx || xr[j * cs] != xr[j * cs] ? xr[j * cs] : mx;      \
-            for (int64_t j = 0; j < n; j++)                                              \
-                sum += yr[j] = xr[j * cs] == -INFINITY ? (T)0 : EXP(xr[j * cs] - mx);    \
-            for (int64_t j = 0; j < n; j++)                                              \
-                yr[j] /= sum;                                                            \
-        }                                                                                \
+/* Softmax along the last axis, a row at a time: its max (in RED_LANES lanes: exact in any
+ * order, a NaN kept), exp(x - max) (a -inf, as a causal mask leaves, is 0 without calling exp),
+ * their sum in RED_LANES lanes and a fixed tree (the reductions' order), each exp divided by it.
+ * Each loop vectorizes; built twice, the second for AVX-512, chosen when the CPU has it (the same
+ * operations in the same order: the same values). */
+#define SOFTMAX_ROWS(NAME, T, EXP, ATTR)                                                        \
+    ATTR static void NAME(const T *x, int64_t rs, int64_t cs, T *y, int64_t rows, int64_t n) {  \
+        int64_t full = n / RED_LANES * RED_LANES;                                               \
+        for (int64_t r = 0; r < rows; r++) {                                                    \
+            const T *xr = x + r * rs;                                                           \
+            T *yr = y + r * n, lane[RED_LANES];                                                 \
+            for (int64_t j = 0; j < n; j++) /* the row, contiguous */                           \
+                yr[j] = xr[j * cs];                                                             \
+            for (int j = 0; j < RED_LANES; j++)                                                 \
+                lane[j] = -INFINITY;                                                            \
+            for (int64_t q = 0; q < n; q += RED_LANES)                                          \
+                for (int j = 0; j < RED_LANES && (q < full || q + j < n); j++) {                \
+                    T a = yr[q + j];                                                            \
+                    lane[j] = a > lane[j] || a != a ? a : lane[j];                              \
+                }                                                                               \
+            for (int w = RED_LANES / 2; w >= 1; w /= 2)                                         \
+                for (int j = 0; j < w; j++)                                                     \
+                    lane[j] = lane[j + w] > lane[j] || lane[j + w] != lane[j + w] ? lane[j + w] \
+                                                                                  : lane[j];    \
+            T mx = lane[0];                                                                     \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                T a = yr[j], e = EXP(a - mx);                                                   \
+                yr[j] = a == -INFINITY ? (T)0 : e;                                              \
+            }                                                                                   \
+            for (int j = 0; j < RED_LANES; j++)                                                 \
+                lane[j] = 0;                                                                    \
+            for (int64_t q = 0; q < n; q += RED_LANES)                                          \
+                for (int j = 0; j < RED_LANES && (q < full || q + j < n); j++)                  \
+                    lane[j] += yr[q + j];                                                       \
+            for (int w = RED_LANES / 2; w >= 1; w /= 2)                                         \
+                for (int j = 0; j < w; j++)                                                     \
+                    lane[j] += lane[j + w];                                                     \
+            T sum = lane[0];                                                                    \
+            for (int64_t j = 0; j < n; j++)                                                     \
+                yr[j] /= sum;                                                                   \
+        }                                                                                       \
     }
-SOFTMAX_ROWS(float, loom_expf)
-SOFTMAX_ROWS(double, exp)
+SOFTMAX_ROWS(softmax_rows_float, float, loom_expf, )
+SOFTMAX_ROWS(softmax_rows_double, double, exp, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SOFTMAX_ROWS(softmax_rows_float512, float, loom_expf, __attribute__((target("avx512f"))))
+#endif
+
+static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
+                             int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) {
+        softmax_rows_float512(x, rs, cs, y, rows, n);
+        return;
+    }
+#endif
+    softmax_rows_float(x, rs, cs, y, rows, n);
+}
 
 static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
@@ -2021,7 +2060,7 @@ static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_
             softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
                                 n);
         else
-            softmax_rows_float((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
+            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
         if (!even) { /* to the next row's first element */
             off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
             next_strided(x, ix, &off);

@@ -179,10 +179,31 @@ static void red_step(text *t, const loom__program *p, const loom__fused *k, int3
     put(t, ");\n");
 }
 
+#define RED_COLUMNS_MAX 4096 /* accumulators of a reduction across rows (red_kernel) */
+
+/* The loops over a reduction's dims after its axis, opening a block that knows j, the output's
+ * index among them. */
+static void inner_loops(text *t, const loom__pnode *r, int ax, const char *ind) {
+    int last = -1;
+    for (int d = ax + 1; d < r->ndim; d++)
+        if (r->shape[d] != 1)
+            last = d;
+    for (int d = ax + 1; d < r->ndim; d++)
+        if (r->shape[d] != 1)
+            put(t, "%s%sfor (int64_t i%d = 0; i%d < %lld; i%d++)\n",
+                d == last ? "#pragma GCC ivdep\n" : "", ind, d, d, (long long)r->shape[d], d);
+    put(t, "%s{\n%s    int64_t j = 0", ind, ind);
+    for (int64_t d = r->ndim - 1, s = 1; d > ax; s *= r->shape[d], d--)
+        if (r->shape[d] != 1)
+            put(t, " + i%d * %lld", (int)d, (long long)s);
+    put(t, ";\n");
+}
+
 /* A kernel around a reduction: a loop over its output, the reduction's input computed element by
  * element in an inner loop, then the members after it and the root's store. The order of the
  * combines is the interpreter's (sequential along k, or 16 lanes and a fixed tree when the input
- * runs along memory and is long), so the values are bitwise the same. */
+ * runs along memory and is long; across rows, each output's k ascending), so the values are
+ * bitwise the same. */
 static void red_kernel(text *t, const loom__program *p, const loom__fused *k, int32_t red) {
     const loom__pnode *root = &p->nodes[k->root], *r = &p->nodes[red], *in = &p->nodes[r->src[0]];
     const char *T = r->dtype == LOOM_F64 ? "double" : "float";
@@ -196,16 +217,35 @@ static void red_kernel(text *t, const loom__program *p, const loom__fused *k, in
     if (!member) /* a leaf: its own stride along the axis */
         sax = in->lay.stride[ax];
     bool lanes = sax == 1 && len >= 64; /* the interpreter's rule (RED_LANES 16) */
+    /* columns: a reduction across rows (dims after the axis, `inner` outputs of them) runs the
+     * axis outermost over an accumulator per output, so that the loads along the rows vectorize;
+     * each output still combines its k in ascending order, as the sequential form does */
+    int64_t inner = 1;
+    for (int d = ax + 1; d < r->ndim; d++)
+        inner *= r->shape[d];
+    bool columns = !lanes && inner > 1 && inner <= RED_COLUMNS_MAX;
     put(t, "\nvoid loom_k%d(void *const *p) {\n    %s *o = (%s *)p[0];\n", k->root, T, T);
     for (int a = 1; a < k->nargs; a++)
         put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
-    for (int d = 0; d < r->ndim; d++)
+    for (int d = 0; d < (columns ? ax : r->ndim); d++)
         if (d != ax && r->shape[d] != 1)
             put(t, "    for (int64_t i%d = 0; i%d < %lld; i%d++)\n", d, d, (long long)r->shape[d],
                 d);
     put(t, "    {\n");
     const char *name = loom__ops[r->op].name, *bits = r->dtype == LOOM_F64 ? "64" : "32";
-    if (lanes) {
+    const char *ind = "        ";
+    if (columns) {
+        put(t, "        %s acc[%lld];\n        for (int64_t j = 0; j < %lld; j++)\n", T,
+            (long long)inner, (long long)inner);
+        put(t, "            acc[j] = (%s)(ID_%s);\n", T, name);
+        put(t, "        for (int64_t k = 0; k < %lld; k++)\n", (long long)len);
+        inner_loops(t, r, ax, "        ");
+        red_step(t, p, k, red, "k", "acc[j]", "            ");
+        put(t, "        }\n");
+        inner_loops(t, r, ax, "        ");
+        put(t, "            %s v%d = acc[j];\n", T, red);
+        ind = "            ";
+    } else if (lanes) {
         put(t, "        %s lane[16];\n        for (int j = 0; j < 16; j++)\n", T);
         put(t, "            lane[j] = (%s)(ID_%s);\n        int64_t q = 0;\n", T, name);
         put(t, "        for (; q + 16 <= %lld; q += 16)\n", (long long)len);
@@ -229,18 +269,21 @@ static void red_kernel(text *t, const loom__program *p, const loom__fused *k, in
         if (!leaf_read(p, k, a, red, false))
             continue;
         const loom__pnode *l = &p->nodes[k->args[a]];
-        put(t, "        %s xo%d = l%d[0", T, a, a);
+        put(t, "%s%s xo%d = l%d[0", ind, T, a, a);
         for (int d = 0; d < r->ndim; d++)
             if (d != ax && r->shape[d] != 1)
                 put(t, " + i%d * %lld", d, (long long)l->lay.stride[d]);
         put(t, "];\n");
     }
-    members(t, p, k, red, false, "xo", "        ");
-    put(t, "        o[0");
+    members(t, p, k, red, false, "xo", ind);
+    put(t, "%so[0", ind);
     for (int d = 0; d < root->ndim; d++)
         if (d != ax && root->shape[d] != 1)
             put(t, " + i%d * %lld", d, (long long)cst[d]);
-    put(t, "] = v%d;\n    }\n}\n", k->root);
+    put(t, "] = v%d;\n", k->root);
+    if (columns)
+        put(t, "        }\n");
+    put(t, "    }\n}\n");
 }
 
 /* The epilogue form of an elementwise kernel with a 2-D root (loom__fused.part): row i, columns
