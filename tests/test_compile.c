@@ -35,6 +35,8 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
         return loom_tanh(g, a);
     if (!strcmp(op, "ERF"))
         return loom_erf(g, a);
+    if (!strcmp(op, "GELU"))
+        return loom_gelu(g, a);
     if (!strcmp(op, "ADD"))
         return loom_add(g, a, b);
     if (!strcmp(op, "SUB"))

@@ -213,7 +213,7 @@ static const opcase cases[] = {
     {"DROPOUT", 1, {2}, {S2(4, 5)}, {1}, -2, 2, b_dropout},
     {"TANH", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_tanh},
     {"ERF", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_erf},
-    {"gelu", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
+    {"GELU", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
     {"layer_norm", 3, {3, 1, 1}, {S3(2, 3, 5), S1(5), S1(5)}, {1, 1, 1}, -2, 2, b_layer_norm},
     {"layer_norm_bare", 1, {2}, {S2(4, 1)}, {1}, -2, 2, b_layer_norm_bare},
     {"SOFTMAX", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},

@@ -88,6 +88,19 @@ RULE(ERF) { /* 2 / sqrt(pi) exp(-a^2) */
     loom_tensor *e = loom_exp(g, loom_neg(g, loom_mul(g, A, A)));
     gx[0] = loom_mul(g, gy, loom_mul(g, loom__scalar_like(g, gy, 1.1283791670955126), e));
 }
+RULE(GELU) { /* Phi(a) + a phi(a), recomputed from a: nothing of the forward is kept for it, and
+              * the backward is one elementwise kernel of a and gy */
+    (void)t;
+    loom_tensor *cdf = loom_mul(
+        g,
+        loom_add(g, loom__scalar_like(g, gy, 1.0),
+                 loom_erf(g, loom_mul(g, A, loom__scalar_like(g, gy, 0.70710678118654752)))),
+        loom__scalar_like(g, gy, 0.5));
+    loom_tensor *pdf =
+        loom_mul(g, loom_exp(g, loom_mul(g, loom_mul(g, A, A), loom__scalar_like(g, gy, -0.5))),
+                 loom__scalar_like(g, gy, 0.39894228040143268)); /* 1 / sqrt(2 pi) */
+    gx[0] = loom_mul(g, gy, loom_add(g, cdf, loom_mul(g, A, pdf)));
+}
 RULE(ADD) {
     (void)g, (void)t;
     gx[0] = gy;

@@ -249,6 +249,9 @@ loom_tensor *loom_tanh(loom_graph *g, loom_tensor *a) {
 loom_tensor *loom_erf(loom_graph *g, loom_tensor *a) {
     return ew(g, LOOM_OP_ERF, "loom_erf", 1, a, NULL, NULL);
 }
+loom_tensor *loom_gelu(loom_graph *g, loom_tensor *a) {
+    return ew(g, LOOM_OP_GELU, "loom_gelu", 1, a, NULL, NULL);
+}
 
 static loom_tensor *axis_op(loom_graph *g, loom__op op, const char *name, loom_tensor *a,
                             int axis) {

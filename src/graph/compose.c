@@ -2,8 +2,8 @@
  * compose.c - operations built from primitives, so that their gradients and (later) fusion come
  * for free: reductions over everything, softmax, log-softmax and cross-entropy (the max shift is
  * detached, as its gradient is zero), linear, conv2d (im2col + one matmul), max-pooling (im2col +
- * max, whose gradient goes to the first maximum of each window, as in PyTorch), flatten, GELU
- * (from erf) and layer normalization.
+ * max, whose gradient goes to the first maximum of each window, as in PyTorch), flatten and
+ * layer normalization.
  */
 #include "internal.h"
 
@@ -40,15 +40,6 @@ loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis) {
 loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis) {
     loom_tensor *s = shift_by_max(g, x, axis);
     return loom_sub(g, s, loom_log(g, loom_sum(g, loom_exp(g, s), axis)));
-}
-
-loom_tensor *loom_gelu(loom_graph *g, loom_tensor *x) {
-    if (!x)
-        return loom_erf(g, x);
-    loom_tensor *cdf =
-        loom_add(g, loom__scalar_like(g, x, 1.0),
-                 loom_erf(g, loom_mul(g, x, loom__scalar_like(g, x, 0.70710678118654752))));
-    return loom_mul(g, loom_mul(g, x, loom__scalar_like(g, x, 0.5)), cdf);
 }
 
 /* Sticky error "<op>: <what> <shape a> and <shape b>, expected <expect>" (NULL shows as NULL). */
