@@ -112,6 +112,9 @@ static loom_tensor *b_layer_norm(loom_graph *g, loom_tensor **x) { /* (2, 3, 5) 
 static loom_tensor *b_layer_norm_bare(loom_graph *g, loom_tensor **x) { /* no weight, no bias */
     return loom_layer_norm(g, x[0], NULL, NULL, 0.1);
 }
+static loom_tensor *b_lnorm_strided(loom_graph *g, loom_tensor **x) { /* rows of a transpose */
+    return loom_layer_norm(g, loom_transpose(g, x[0]), NULL, NULL, 1e-3);
+}
 static int32_t gather_idx[6] = {4, 0, 4, 1, 3, 4};             /* repeats, and row 2 never taken */
 static loom_tensor *b_gather(loom_graph *g, loom_tensor **x) { /* table (5, 3), indices (2, 3) */
     int64_t s[2] = {2, 3};
@@ -216,6 +219,7 @@ static const opcase cases[] = {
     {"GELU", 1, {2}, {S2(3, 7)}, {1}, -3, 3, b_gelu},
     {"layer_norm", 3, {3, 1, 1}, {S3(2, 3, 5), S1(5), S1(5)}, {1, 1, 1}, -2, 2, b_layer_norm},
     {"layer_norm_bare", 1, {2}, {S2(4, 1)}, {1}, -2, 2, b_layer_norm_bare},
+    {"LNORM", 1, {2}, {S2(19, 3)}, {1}, -2, 2, b_lnorm_strided},
     {"SOFTMAX", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
     {"softmax_strided", 1, {2}, {S2(4, 3)}, {1}, -2, 2, b_softmax_t},
     {"softmax_axis0", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax_0},
@@ -231,8 +235,9 @@ static const opcase cases[] = {
 #define NCASES (int)(sizeof cases / sizeof *cases)
 
 /* Ops without a gradient, checked by forward tests below. */
-static const char *const forward_only[] = {"INPUT",   "CONST",  "PERSIST", "CMPGT", "CMPEQ",
-                                           "MAXMASK", "ONEHOT", "STORE",   "SYNC",  "POOLGRAD"};
+static const char *const forward_only[] = {"INPUT", "CONST",    "PERSIST",  "CMPGT",
+                                           "CMPEQ", "MAXMASK",  "ONEHOT",   "STORE",
+                                           "SYNC",  "POOLGRAD", "LNORMGRAD"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name, attr)          #name,
@@ -932,6 +937,47 @@ TEST(gelu_and_layer_norm_match_naive) {
     ASSERT_STR_CONTAINS(loom_last_error(),
                         "loom_layer_norm: input (5,37) and weight (4), expected (..., N) and (N)");
     loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    int32_t ix[4] = {0};
+    ASSERT(!loom_layer_norm(g, loom_input(g, LOOM_I32, 1, s4, ix), NULL, NULL, 1e-5));
+    ASSERT_STR_CONTAINS(loom_graph_error(g),
+                        "loom_layer_norm: input dtype i32, expected f32 or f64");
+    loom_graph_free(g);
+}
+
+/* Layer normalization of rows that are not contiguous (a transpose's, 37 rows of 5, strided
+ * 37 apart) against naive loops; its second derivative is refused with a clear error. */
+TEST(layer_norm_of_strided_rows_and_its_second_derivative) {
+    enum { R = 5, N = 37 };
+    static float x[R * N];
+    for (int i = 0; i < R * N; i++)
+        x[i] = (float)test_rand(64, (uint64_t)i, -3, 3);
+    int64_t s[2] = {R, N};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 2, s, x);
+    loom_tensor *ln = loom_layer_norm(g, loom_transpose(g, tx), NULL, NULL, 1e-5); /* (N, R) */
+    loom_output(ln);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pl = loom_tensor_data(ln);
+    for (int r = 0; r < N; r++) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < R; i++)
+            mean += x[i * N + r] / (double)R;
+        for (int i = 0; i < R; i++)
+            var += (x[i * N + r] - mean) * (x[i * N + r] - mean) / R;
+        for (int i = 0; i < R; i++)
+            ASSERT_NEAR(pl[r * R + i], (x[i * N + r] - mean) / sqrt(var + 1e-5), 1e-5);
+    }
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    tx = loom_input(g, LOOM_F32, 2, s, x);
+    loom_requires_grad(tx);
+    loom_tensor *gx = loom_grad(
+        g, loom_sum_all(g, loom_mul(g, loom_layer_norm(g, tx, NULL, NULL, 1e-5), tx)), tx);
+    ASSERT(gx != NULL);
+    ASSERT(loom_grad(g, loom_sum_all(g, gx), tx) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "second derivative of loom_layer_norm");
+    loom_graph_free(g);
 }
 
 /* Gather and scatter-add against naive loops (a transposed table: strided rows), a causal
@@ -1047,6 +1093,7 @@ int main(void) {
     RUN(float_erf_is_faithful);
     RUN(float_exp_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
+    RUN(layer_norm_of_strided_rows_and_its_second_derivative);
     RUN(gather_scatter_and_causal_mask_match_naive);
     RUN(dropout_is_keyed_by_position);
     RUN(gradients_match_finite_differences);

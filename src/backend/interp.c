@@ -1978,11 +1978,28 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
     return LOOM_OK;
 }
 
+/* out = the sum of x[0 .. n) in RED_LANES lanes (element k in lane k % RED_LANES) and a fixed
+ * pairwise tree, as the reductions along memory sum: independent chains that vectorize. */
+#define LANE_SUM(T, x, n, out)                            \
+    do {                                                  \
+        T lane_[RED_LANES] = {0};                         \
+        int64_t full_ = (n) / RED_LANES * RED_LANES;      \
+        for (int64_t q_ = 0; q_ < full_; q_ += RED_LANES) \
+            for (int j_ = 0; j_ < RED_LANES; j_++)        \
+                lane_[j_] += (x)[q_ + j_];                \
+        for (int j_ = 0; full_ + j_ < (n); j_++)          \
+            lane_[j_] += (x)[full_ + j_];                 \
+        for (int w_ = RED_LANES / 2; w_ >= 1; w_ /= 2)    \
+            for (int j_ = 0; j_ < w_; j_++)               \
+                lane_[j_] += lane_[j_ + w_];              \
+        (out) = lane_[0];                                 \
+    } while (0)
+
 /* Softmax along the last axis, a row at a time: its max (in RED_LANES lanes: exact in any
  * order, a NaN kept), exp(x - max) (a -inf, as a causal mask leaves, is 0 without calling exp),
- * their sum in RED_LANES lanes and a fixed tree (the reductions' order), each exp divided by it.
- * Each loop vectorizes; built twice, the second for AVX-512, chosen when the CPU has it (the same
- * operations in the same order: the same values). */
+ * their sum (LANE_SUM), each exp divided by it. Each loop vectorizes; built twice, the second
+ * for AVX-512, chosen when the CPU has it (the same operations in the same order: the same
+ * values). */
 #define SOFTMAX_ROWS(NAME, T, EXP, ATTR)                                                        \
     ATTR static void NAME(const T *x, int64_t rs, int64_t cs, T *y, int64_t rows, int64_t n) {  \
         int64_t full = n / RED_LANES * RED_LANES;                                               \
@@ -2035,6 +2052,112 @@ static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, i
     }
 #endif
     softmax_rows_float(x, rs, cs, y, rows, n);
+}
+
+/* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
+ * scratch first, whatever their strides): the mean (a sum in RED_LANES lanes and a fixed tree,
+ * over n), the biased variance of x - mean the same way, rstd = 1 / sqrt(var + eps);
+ *   forward:  y = (x - mean) rstd
+ *   gradient: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), xhat = (x - mean) rstd
+ * the statistics recomputed from x exactly as the forward computes them. Built twice like the
+ * softmax rows (AVX-512 chosen when the CPU has it; the same operations in the same order). */
+#define LNORM_ROW(NAME, T, ATTR)                                                           \
+    /* xr: the row (n), centred in place; gr: its gradient (NULL: forward), tmp: n more */ \
+    ATTR static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps) {            \
+        T sum, sq, mean, rstd;                                                             \
+        LANE_SUM(T, xr, n, sum);                                                           \
+        mean = sum / (T)n;                                                                 \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            xr[j] -= mean, tmp[j] = xr[j] * xr[j];                                         \
+        LANE_SUM(T, tmp, n, sq);                                                           \
+        rstd = (T)1 / sqrt(sq / (T)n + eps);                                               \
+        if (!gr) {                                                                         \
+            for (int64_t j = 0; j < n; j++)                                                \
+                o[j] = xr[j] * rstd;                                                       \
+            return;                                                                        \
+        }                                                                                  \
+        T gsum, gdot;                                                                      \
+        LANE_SUM(T, gr, n, gsum);                                                          \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            xr[j] *= rstd, tmp[j] = gr[j] * xr[j]; /* xhat, gy xhat */                     \
+        LANE_SUM(T, tmp, n, gdot);                                                         \
+        T gm = gsum / (T)n, dm = gdot / (T)n;                                              \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            o[j] = rstd * (gr[j] - gm - xr[j] * dm);                                       \
+    }
+LNORM_ROW(lnorm_row_float, float, )
+LNORM_ROW(lnorm_row_double, double, )
+#if defined(__x86_64__) && defined(__GNUC__)
+LNORM_ROW(lnorm_row_float512, float, __attribute__((target("avx512f"))))
+#endif
+
+/* Offset of row r (its first element along the last axis) of node x. */
+static int64_t row_offset(const loom__pnode *x, int64_t r) {
+    int64_t off = 0;
+    for (int d = x->ndim - 2; d >= 0; d--) {
+        off += r % x->shape[d] * x->lay.stride[d];
+        r /= x->shape[d];
+    }
+    return off;
+}
+
+/* Row r of node x (n elements along the last axis) into dst, contiguous. */
+#define GATHER_ROW(T, src, x, r, n, dst)                   \
+    do {                                                   \
+        const T *s_ = (const T *)(src) + row_offset(x, r); \
+        int64_t cs_ = (x)->lay.stride[(x)->ndim - 1];      \
+        for (int64_t j_ = 0; j_ < (n); j_++)               \
+            (dst)[j_] = s_[j_ * cs_];                      \
+    } while (0)
+
+static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
+    void *o = loom__addr(p, b, id);
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    char *tmp = loom__malloc(es * (size_t)(3 * n) + 1);
+    if (!tmp)
+        return loom__error(LOOM_ENOMEM, "layer normalization: out of memory");
+#if defined(__x86_64__) && defined(__GNUC__)
+    bool wide = __builtin_cpu_supports("avx512f");
+#else
+    bool wide = false;
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        if (t->dtype == LOOM_F64) {
+            double *xr = (double *)(void *)tmp, *gr = grad ? xr + n : NULL,
+                   *o_r = (double *)o + r * n;
+            GATHER_ROW(double, xs, x, r, n, xr);
+            if (grad)
+                GATHER_ROW(double, gs, gy, r, n, gr);
+            lnorm_row_double(xr, gr, xr + 2 * n, o_r, n, t->attr.value);
+        } else {
+            float *xr = (float *)(void *)tmp, *gr = grad ? xr + n : NULL, *o_r = (float *)o + r * n;
+            GATHER_ROW(float, xs, x, r, n, xr);
+            if (grad)
+                GATHER_ROW(float, gs, gy, r, n, gr);
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (wide) {
+                lnorm_row_float512(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
+                continue;
+            }
+#endif
+            (void)wide;
+            lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
+        }
+    }
+    loom__free(tmp);
+    return LOOM_OK;
+}
+
+static loom_status k_LNORM(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_lnorm(p, b, id, false);
+}
+
+static loom_status k_LNORMGRAD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_lnorm(p, b, id, true);
 }
 
 static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_t id) {

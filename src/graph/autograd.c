@@ -58,6 +58,15 @@ RULE(SOFTMAX) { /* y (gy - sum(gy y)) along the last axis */
     loom_tensor *dot = loom_sum(g, loom_mul(g, gy, t), t->ndim - 1);
     gx[0] = loom_mul(g, t, loom_sub(g, gy, dot));
 }
+RULE(LNORM) { /* a row kernel of x and gy (the statistics recomputed from x) */
+    gx[0] = loom__lnorm_grad(g, A, gy, t->attr.value);
+}
+RULE(LNORMGRAD) { /* a second derivative of layer normalization: refused, not silently zero */
+    (void)t, (void)gy, (void)gx;
+    loom__graph_fail(g, LOOM_EINVAL,
+                     "loom_grad: the gradient of layer normalization's input gradient (a second "
+                     "derivative of loom_layer_norm) is not supported");
+}
 RULE(CAUSAL) { /* the hidden elements were the fill: no gradient through them */
     (void)t;
     gx[0] = loom_causal_mask(g, gy, 0.0);

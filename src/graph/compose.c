@@ -75,14 +75,31 @@ loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight,
             return fail_shapes(g, "loom_layer_norm: input", x, k ? "and bias" : "and weight", p,
                                "(..., N) and (N)");
     }
-    int axis = x->ndim - 1;
-    loom_tensor *inv_n = loom__scalar_like(g, x, 1.0 / (double)n);
-    loom_tensor *xc = loom_sub(g, x, loom_mul(g, loom_sum(g, x, axis), inv_n));
-    loom_tensor *var = loom_mul(g, loom_sum(g, loom_mul(g, xc, xc), axis), inv_n);
-    loom_tensor *y = loom_div(g, xc, loom_sqrt(g, loom_add(g, var, loom__scalar_like(g, x, eps))));
+    if (x->dtype != LOOM_F32 && x->dtype != LOOM_F64) {
+        loom__graph_fail(g, LOOM_ESHAPE, "loom_layer_norm: input dtype %s, expected f32 or f64",
+                         loom__dtype_name((loom_dtype)x->dtype));
+        return NULL;
+    }
+    loom_tensor *y = loom__lnorm(g, x, eps); /* one row kernel; weight and bias broadcast */
     if (weight)
         y = loom_mul(g, y, weight);
     return bias ? loom_add(g, y, bias) : y;
+}
+
+static loom_tensor *lnorm_node(loom_graph *g, loom__op op, loom_tensor *x, loom_tensor *gy,
+                               double eps) {
+    loom_tensor *t = loom__node(g, op, (loom_dtype)x->dtype, x->ndim, x->shape, x, gy, NULL);
+    if (t)
+        t->attr.value = eps;
+    return t;
+}
+
+loom_tensor *loom__lnorm(loom_graph *g, loom_tensor *x, double eps) {
+    return lnorm_node(g, LOOM_OP_LNORM, x, NULL, eps);
+}
+
+loom_tensor *loom__lnorm_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy, double eps) {
+    return lnorm_node(g, LOOM_OP_LNORMGRAD, x, gy, eps);
 }
 
 loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor *labels) {
