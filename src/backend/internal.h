@@ -104,6 +104,7 @@ static inline bool loom__runs_kernel(const loom__pnode *t) {
 }
 
 #define LOOM_FUSED_MAX_ARGS 16
+#define LOOM_FUSED_MAX_OUTS 4
 
 /* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
  * (epi_of >= 0) runs inside library kernel epi_of instead of on its own: part(args, i, j0, j1, v)
@@ -118,10 +119,19 @@ typedef struct {
     loom__kfn fn;
     int32_t epi_of, epi_arg;
     loom__kpart part;
-    /* A member also stored, into its slab place (an optimizer's momentum, read by the update
-     * that is the root), as argument out_arg; -1 for none. Same shape, contiguous. */
-    int32_t out, out_arg;
+    /* Members also stored, each into its slab place (an optimizer's moments, read by the update
+     * that is the root): outs[q] as argument out_args[q], q < nout. Same shape, contiguous. */
+    int32_t nout;
+    int32_t outs[LOOM_FUSED_MAX_OUTS], out_args[LOOM_FUSED_MAX_OUTS];
 } loom__fused;
+
+/* Whether argument a of kernel k is a stored member's (written, not read). */
+static inline bool loom__fused_out_arg(const loom__fused *k, int a) {
+    for (int q = 0; q < k->nout; q++)
+        if (k->out_args[q] == a)
+            return true;
+    return false;
+}
 
 struct loom__program {
     uint64_t hash;

@@ -98,7 +98,7 @@ static void build_space(const loom__program *p, const loom__fused *k, space *sp)
 
 static void operand(text *t, const loom__fused *k, int32_t id, const char *leaf) {
     for (int a = 1; a < k->nargs; a++)
-        if (k->args[a] == id && a != k->out_arg) {
+        if (k->args[a] == id && !loom__fused_out_arg(k, a)) {
             put(t, "%s%d", leaf, a);
             return;
         }
@@ -329,7 +329,7 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
     build_space(p, k, &sp);
     put(t, "\nvoid loom_k%d(void *const *p) {\n    %s *o = (%s *)p[0];\n", k->root, T, T);
     for (int a = 1; a < k->nargs; a++)
-        if (a == k->out_arg) /* a member stored too */
+        if (loom__fused_out_arg(k, a)) /* a member stored too */
             put(t, "    %s *o%d = (%s *)p[%d];\n", T, a, T, a);
         else
             put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
@@ -341,7 +341,7 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
             d == sp.nd - 1 ? "#pragma GCC ivdep\n" : "", d, d, (long long)sp.shape[d], d);
     put(t, "    {\n");
     for (int a = 1; a < k->nargs; a++) {
-        if (a == k->out_arg)
+        if (loom__fused_out_arg(k, a))
             continue;
         put(t, "        %s x%d = l%d[0", T, a, a);
         for (int d = 0; d < sp.nd; d++)
@@ -368,11 +368,11 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
         }
         put(t, ");\n");
     }
-    if (k->out >= 0) {
-        put(t, "        o%d[0", k->out_arg);
+    for (int q = 0; q < k->nout; q++) {
+        put(t, "        o%d[0", k->out_args[q]);
         for (int d = 0; d < sp.nd; d++)
-            put(t, " + i%d * %lld", d, (long long)sp.st[k->out_arg][d]);
-        put(t, "] = v%d;\n", k->out);
+            put(t, " + i%d * %lld", d, (long long)sp.st[k->out_args[q]][d]);
+        put(t, "] = v%d;\n", k->outs[q]);
     }
     put(t, "        o[0");
     for (int d = 0; d < sp.nd; d++)

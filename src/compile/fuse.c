@@ -61,7 +61,7 @@ static bool in_place_safe_for(const loom__program *p, const loom__fused *k, int3
     const loom__pnode *r = &p->nodes[out];
     int64_t lo = o->offset, hi = o->offset + loom__numel(r->ndim, r->shape);
     for (int a = 1; a < k->nargs; a++) {
-        if (a == k->out_arg)
+        if (loom__fused_out_arg(k, a))
             continue;
         const loom__pnode *l = &p->nodes[k->args[a]];
         int64_t last = l->lay.offset;
@@ -76,9 +76,12 @@ static bool in_place_safe_for(const loom__program *p, const loom__fused *k, int3
     return true;
 }
 
-/* ... for each slab the kernel writes: its root's and its stored member's */
+/* ... for each slab the kernel writes: its root's and its stored members' */
 static bool in_place_safe(const loom__program *p, const loom__fused *k) {
-    return in_place_safe_for(p, k, k->root) && (k->out < 0 || in_place_safe_for(p, k, k->out));
+    bool safe = in_place_safe_for(p, k, k->root);
+    for (int q = 0; q < k->nout && safe; q++)
+        safe = in_place_safe_for(p, k, k->outs[q]);
+    return safe;
 }
 
 static int32_t root_of(const loom__program *p, int64_t i) {
@@ -170,7 +173,7 @@ restart:
             continue;
         loom__fused *k = &p->fused[p->nfused];
         *k = (loom__fused){
-            .root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}, .epi_of = -1, .out = -1};
+            .root = (int32_t)i, .nargs = 1, .args = {(int32_t)i}, .epi_of = -1, .nout = 0};
         bool ok = add_leaves(p, k, i);
         for (int64_t m = 0; m < i && ok; m++)
             if (p->nodes[m].fused_into >= 0 && root_of(p, m) == i)
@@ -178,13 +181,15 @@ restart:
         bool has_members = false;
         for (int64_t m = 0; m < i && !has_members; m++)
             has_members = p->nodes[m].fused_into >= 0 && root_of(p, m) == i;
-        for (int64_t m = 0; m < i && ok; m++) { /* a member stored in its slab: one, no reduction */
+        for (int64_t m = 0; m < i && ok; m++) { /* members stored in their slabs: no reduction */
             if (p->nodes[m].fused_into < 0 || root_of(p, m) != i ||
                 p->nodes[m].lay.base != LOOM_BASE_PERSIST)
                 continue;
-            ok = k->out < 0 && !is_red(t) && !has_red_below(p, i) && k->nargs < LOOM_FUSED_MAX_ARGS;
+            ok = k->nout < LOOM_FUSED_MAX_OUTS && !is_red(t) && !has_red_below(p, i) &&
+                 k->nargs < LOOM_FUSED_MAX_ARGS;
             if (ok)
-                k->out = (int32_t)m, k->out_arg = k->nargs, k->args[k->nargs++] = (int32_t)m;
+                k->outs[k->nout] = (int32_t)m, k->out_args[k->nout++] = k->nargs,
+                k->args[k->nargs++] = (int32_t)m;
         }
         ok = ok && (!has_members || in_place_safe(p, k));
         if (!ok) { /* too many leaves, or unsafe in place: the members run on their own */
@@ -275,7 +280,7 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
                            const int32_t *readers, const loom__fused *k, int *arg) {
     const loom__pnode *r = &p->nodes[k->root];
     if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32 ||
-        k->out >= 0)
+        k->nout > 0)
         return -1;
     for (int32_t m = 0; m < k->root; m++)
         if (is_red(&p->nodes[m]) && root_of(p, m) == k->root)
@@ -760,7 +765,7 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
             continue;
         const loom__fused *k = &p->fused[t->epi];
         const loom__pnode *r = &p->nodes[k->root];
-        if (k->args[k->epi_arg] != L || k->out >= 0 || r->ndim != 2 ||
+        if (k->args[k->epi_arg] != L || k->nout > 0 || r->ndim != 2 ||
             r->lay.base != LOOM_BASE_WS || r->lay.stride[0] != r->shape[1] ||
             (r->lay.stride[1] != 1 && r->shape[1] > 1))
             continue;

@@ -35,8 +35,8 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
                 fprintf(f, " %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
         }
         const loom__fused *k = &p->fused[p->fused_of[id]];
-        if (k->out >= 0)
-            fprintf(f, ", storing %s#%d too", loom__ops[p->nodes[k->out].op].name, k->out);
+        for (int q = 0; q < k->nout; q++)
+            fprintf(f, ", storing %s#%d too", loom__ops[p->nodes[k->outs[q]].op].name, k->outs[q]);
     } else {
         fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
         for (int64_t m = 0; m < id; m++)
