@@ -21,8 +21,11 @@
  * multiply-adds), so results are bitwise the same; -fno-trapping-math: comparisons may be
  * if-converted into vector selects (the values do not change, only whether an FP exception
  * could be raised, which loom never reads), so branch-free functions such as loom_erff
- * (graph/opmath.h) run as vector code */
-#define CC_FLAGS      "-O3 -march=native -std=c11 -ffp-contract=off -fno-trapping-math -fPIC -shared -w"
+ * (graph/opmath.h) run as vector code; -fno-math-errno: sqrt needs no errno check around it
+ * (a negative operand's NaN is the same), so an update with one vectorizes */
+#define CC_FLAGS                                                                             \
+    "-O3 -march=native -std=c11 -ffp-contract=off -fno-trapping-math -fno-math-errno -fPIC " \
+    "-shared -w"
 /* The trailer's magic; also in the compiler identity, so entries of other formats are not found
  * (and not called damaged). */
 #define TRAILER       "loomsum1"
