@@ -315,6 +315,11 @@ typedef struct {
     int sh, sw; /* stride (0 means 1) */
     int ph, pw; /* zero padding */
 } loom_window;
+/* Zero padding of the last two axes, ph rows above and below, pw columns left and right:
+ * (..., H, W) -> (..., H + 2 ph, W + 2 pw), as torch.nn.functional.pad(x, (pw, pw, ph, ph)).
+ * loom_crop2d is its adjoint: the interior, (..., H, W) -> (..., H - 2 ph, W - 2 pw). */
+LOOM_API loom_tensor *loom_pad2d(loom_graph *g, loom_tensor *x, int ph, int pw);
+LOOM_API loom_tensor *loom_crop2d(loom_graph *g, loom_tensor *x, int ph, int pw);
 /* im2col: (N, C, H, W) -> (C, KH, KW, N, OH, OW). */
 LOOM_API loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w);
 /* col2im, the adjoint of unfold (overlaps add): (C, KH, KW, N, OH, OW) -> (N, C, H, W). */

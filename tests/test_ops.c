@@ -112,6 +112,12 @@ static loom_tensor *b_layer_norm(loom_graph *g, loom_tensor **x) { /* (2, 3, 5) 
 static loom_tensor *b_layer_norm_bare(loom_graph *g, loom_tensor **x) { /* no weight, no bias */
     return loom_layer_norm(g, x[0], NULL, NULL, 0.1);
 }
+static loom_tensor *b_pad(loom_graph *g, loom_tensor **x) { /* (2, 3, 4) strided, by 2, 1 */
+    return loom_pad2d(g, loom_permute(g, x[0], (const int[]){0, 2, 1}), 2, 1);
+}
+static loom_tensor *b_crop(loom_graph *g, loom_tensor **x) { /* (2, 5, 6) by 1, 2 */
+    return loom_crop2d(g, x[0], 1, 2);
+}
 static loom_tensor *b_lnorm_strided(loom_graph *g, loom_tensor **x) { /* rows of a transpose */
     return loom_layer_norm(g, loom_transpose(g, x[0]), NULL, NULL, 1e-3);
 }
@@ -220,6 +226,8 @@ static const opcase cases[] = {
     {"layer_norm", 3, {3, 1, 1}, {S3(2, 3, 5), S1(5), S1(5)}, {1, 1, 1}, -2, 2, b_layer_norm},
     {"layer_norm_bare", 1, {2}, {S2(4, 1)}, {1}, -2, 2, b_layer_norm_bare},
     {"LNORM", 1, {2}, {S2(19, 3)}, {1}, -2, 2, b_lnorm_strided},
+    {"PAD", 1, {3}, {S3(2, 4, 3)}, {1}, -2, 2, b_pad},
+    {"CROP", 1, {3}, {S3(2, 5, 6)}, {1}, -2, 2, b_crop},
     {"SOFTMAX", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax},
     {"softmax_strided", 1, {2}, {S2(4, 3)}, {1}, -2, 2, b_softmax_t},
     {"softmax_axis0", 1, {2}, {S2(3, 5)}, {1}, -2, 2, b_softmax_0},
@@ -980,6 +988,43 @@ TEST(layer_norm_of_strided_rows_and_its_second_derivative) {
     loom_graph_free(g);
 }
 
+/* Zero padding of a strided input against its definition, cropping it back, and bad sizes. */
+TEST(pad2d_and_crop2d_match_naive) {
+    enum { A = 2, H = 3, W = 4, YP = 1, XP = 2 };
+    static float x[A * W * H];
+    for (int i = 0; i < A * W * H; i++)
+        x[i] = (float)test_rand(65, (uint64_t)i, -1, 1);
+    int64_t s[3] = {A, W, H};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *xt = loom_transpose(g, loom_input(g, LOOM_F32, 3, s, x)); /* (A, H, W) */
+    loom_tensor *pd = loom_pad2d(g, xt, YP, XP), *back = loom_crop2d(g, pd, YP, XP);
+    loom_output(pd), loom_output(back);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    ASSERT(loom_tensor_shape(pd)[1] == H + 2 * YP && loom_tensor_shape(pd)[2] == W + 2 * XP);
+    const float *pp = loom_tensor_data(pd), *pb = loom_tensor_data(back);
+    for (int a = 0; a < A; a++)
+        for (int i = 0; i < H + 2 * YP; i++)
+            for (int j = 0; j < W + 2 * XP; j++) {
+                bool in = i >= YP && i < H + YP && j >= XP && j < W + XP;
+                float want = in ? x[(a * W + j - XP) * H + i - YP] : 0.0f;
+                ASSERT(pp[(a * (H + 2 * YP) + i) * (W + 2 * XP) + j] == want);
+            }
+    for (int a = 0; a < A; a++)
+        for (int i = 0; i < H; i++)
+            for (int j = 0; j < W; j++)
+                ASSERT(pb[(a * H + i) * W + j] == x[(a * W + j) * H + i]);
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    xt = loom_input(g, LOOM_F32, 3, s, x);
+    ASSERT(!loom_crop2d(g, xt, 3, 1));
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_crop2d: input (2,4,3) by 3, 1; expected");
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    ASSERT(!loom_pad2d(g, loom_input(g, LOOM_F32, 3, s, x), -1, 0));
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_pad2d: input (2,4,3) by -1, 0; expected");
+    loom_graph_free(g);
+}
+
 /* Gather and scatter-add against naive loops (a transposed table: strided rows), a causal
  * mask under a softmax (rows sum to 1, nothing after the diagonal), and an index out of range
  * failing the step with its position. */
@@ -1094,6 +1139,7 @@ int main(void) {
     RUN(float_exp_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
     RUN(layer_norm_of_strided_rows_and_its_second_derivative);
+    RUN(pad2d_and_crop2d_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);
     RUN(dropout_is_keyed_by_position);
     RUN(gradients_match_finite_differences);

@@ -2152,6 +2152,52 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
     return LOOM_OK;
 }
 
+/* Offset of element (plane q of the leading dims, row i, column j) of node x. */
+static int64_t plane_offset(const loom__pnode *x, int64_t q, int64_t i, int64_t j) {
+    int nd = x->ndim;
+    int64_t off = i * x->lay.stride[nd - 2] + j * x->lay.stride[nd - 1];
+    for (int d = nd - 3; d >= 0; d--) {
+        off += q % x->shape[d] * x->lay.stride[d];
+        q /= x->shape[d];
+    }
+    return off;
+}
+
+/* PAD and CROP: each row of the last axis of the smaller (PAD's input, CROP's output) copied to
+ * or from its place in the larger, whose other elements PAD sets to zero. */
+static loom_status k_pad_crop(const loom__program *p, const loom__bind *b, int32_t id, bool crop) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    int nd = t->ndim;
+    const int64_t *small = crop ? t->shape : x->shape;
+    int64_t ph = t->attr.win.ph, pw = t->attr.win.pw, H = small[nd - 2], W = small[nd - 1];
+    int64_t rows = H && W ? loom__numel(nd, small) / W : 0, cs = x->lay.stride[nd - 1];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    char *o = loom__addr(p, b, id);
+    const char *src = loom__addr(p, b, t->src[0]);
+    if (!crop)
+        memset(o, 0, es * (size_t)loom__numel(nd, t->shape));
+    for (int64_t r = 0; r < rows; r++) { /* row r of the smaller: plane r / H, row r % H */
+        int64_t q = r / H, i = r % H;
+        char *dst =
+            o + es * (size_t)(crop ? r * W : (q * (H + 2 * ph) + i + ph) * (W + 2 * pw) + pw);
+        const char *s = src + es * (size_t)plane_offset(x, q, crop ? i + ph : i, crop ? pw : 0);
+        if (cs == 1)
+            memcpy(dst, s, es * (size_t)W);
+        else
+            for (int64_t j = 0; j < W; j++)
+                memcpy(dst + (size_t)j * es, s + (size_t)(j * cs) * es, es);
+    }
+    return LOOM_OK;
+}
+
+static loom_status k_PAD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_pad_crop(p, b, id, false);
+}
+
+static loom_status k_CROP(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_pad_crop(p, b, id, true);
+}
+
 static loom_status k_LNORM(const loom__program *p, const loom__bind *b, int32_t id) {
     return k_lnorm(p, b, id, false);
 }

@@ -230,8 +230,11 @@ int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_o
     int64_t fused = 0;
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *f = &p->nodes[i];
+        /* (stride 1: a strided fold's scattered adds made its product 6x slower than the
+         * product and a fold apart, bench/RESULTS.md) */
         if (!live[i] || f->op != LOOM_OP_FOLD || f->dtype != LOOM_F32 || f->attr.win.ph ||
-            f->attr.win.pw || f->lay.base != LOOM_BASE_WS)
+            f->attr.win.pw || f->attr.win.sh > 1 || f->attr.win.sw > 1 ||
+            f->lay.base != LOOM_BASE_WS)
             continue;
         int32_t m = folded_product(p, f);
         if (m < 0 || readers[m] != 1 || readers[f->src[0]] != 1 || is_out[m] || is_out[f->src[0]] ||

@@ -67,6 +67,12 @@ RULE(LNORMGRAD) { /* a second derivative of layer normalization: refused, not si
                      "loom_grad: the gradient of layer normalization's input gradient (a second "
                      "derivative of loom_layer_norm) is not supported");
 }
+RULE(PAD) {
+    gx[0] = loom_crop2d(g, gy, t->attr.win.ph, t->attr.win.pw);
+}
+RULE(CROP) {
+    gx[0] = loom_pad2d(g, gy, t->attr.win.ph, t->attr.win.pw);
+}
 RULE(CAUSAL) { /* the hidden elements were the fill: no gradient through them */
     (void)t;
     gx[0] = loom_causal_mask(g, gy, 0.0);

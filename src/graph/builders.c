@@ -341,6 +341,41 @@ static int64_t out_size(int64_t in, int k, int s, int p) {
     return in + 2 * p < k ? -1 : (in + 2 * p - k) / s + 1;
 }
 
+/* PAD (crop false) or CROP of x's last two axes by ph, pw. */
+static loom_tensor *pad_or_crop(loom_graph *g, const char *name, loom_tensor *x, int ph, int pw,
+                                bool crop) {
+    if (!enter(g, name, 1, &x) || !check_float(g, name, 1, &x))
+        return NULL;
+    int64_t s[LOOM_MAX_DIMS];
+    bool ok = x->ndim >= 2 && ph >= 0 && pw >= 0;
+    for (int d = 0; ok && d < x->ndim; d++) {
+        int64_t by = d == x->ndim - 2 ? ph : d == x->ndim - 1 ? pw : 0;
+        s[d] = x->shape[d] + (crop ? -2 : 2) * by;
+        ok = s[d] >= 0;
+    }
+    if (!ok) {
+        char sx[96];
+        loom__shape_str(x, sx, sizeof sx);
+        loom__graph_fail(g, LOOM_ESHAPE, "%s: input %s by %d, %d; expected (..., H, W) and %s",
+                         name, sx, ph, pw,
+                         crop ? "H >= 2 ph, W >= 2 pw, both >= 0" : "paddings >= 0");
+        return NULL;
+    }
+    loom_tensor *t = loom__node(g, crop ? LOOM_OP_CROP : LOOM_OP_PAD, (loom_dtype)x->dtype, x->ndim,
+                                s, x, NULL, NULL);
+    if (t)
+        t->attr.win = (loom_window){1, 1, 1, 1, ph, pw};
+    return t;
+}
+
+loom_tensor *loom_pad2d(loom_graph *g, loom_tensor *x, int ph, int pw) {
+    return pad_or_crop(g, "loom_pad2d", x, ph, pw, false);
+}
+
+loom_tensor *loom_crop2d(loom_graph *g, loom_tensor *x, int ph, int pw) {
+    return pad_or_crop(g, "loom_crop2d", x, ph, pw, true);
+}
+
 loom_tensor *loom_unfold(loom_graph *g, loom_tensor *x, loom_window w) {
     if (!enter(g, "loom_unfold", 1, &x) || !check_float(g, "loom_unfold", 1, &x) ||
         !check_window(g, "loom_unfold", &w))

@@ -143,7 +143,12 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
         (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
         return fail_shapes(g, "loom_conv2d: input", x, "and weight", w,
                            "(N,C,H,W) and (O,C,KH,KW) with the same C, bias (O)");
-    loom_window win = {(int)w->shape[2], (int)w->shape[3], stride, stride, padding, padding};
+    /* padding as its own zero-padded copy of x: the unfold of the copy has none, and loom's
+     * matmul reads such an unfold in place (no im2col buffer, KH KW times the image) */
+    if (padding > 0)
+        x = loom_pad2d(g, x, padding, padding);
+    loom_window win = {(int)w->shape[2], (int)w->shape[3],          stride,
+                       stride,           padding < 0 ? padding : 0, padding < 0 ? padding : 0};
     loom_tensor *cols = loom_unfold(g, x, win); /* (C,KH,KW,N,OH,OW) */
     if (!cols)
         return NULL;
