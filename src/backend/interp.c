@@ -2163,29 +2163,41 @@ static int64_t plane_offset(const loom__pnode *x, int64_t q, int64_t i, int64_t 
     return off;
 }
 
-/* PAD and CROP: each row of the last axis of the smaller (PAD's input, CROP's output) copied to
- * or from its place in the larger, whose other elements PAD sets to zero. */
+/* PAD and CROP, a plane at a time: each row of the smaller (PAD's input, CROP's output) copied
+ * to or from its place in the larger; PAD writes zeros around them (the rows above and below, and
+ * each row's two ends), nothing twice. */
 static loom_status k_pad_crop(const loom__program *p, const loom__bind *b, int32_t id, bool crop) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     int nd = t->ndim;
     const int64_t *small = crop ? t->shape : x->shape;
     int64_t ph = t->attr.win.ph, pw = t->attr.win.pw, H = small[nd - 2], W = small[nd - 1];
-    int64_t rows = H && W ? loom__numel(nd, small) / W : 0, cs = x->lay.stride[nd - 1];
-    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t planes = H && W ? loom__numel(nd, small) / (H * W) : 0, BW = W + 2 * pw;
+    int64_t rs = x->lay.stride[nd - 2], cs = x->lay.stride[nd - 1];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype), row = es * (size_t)W;
     char *o = loom__addr(p, b, id);
     const char *src = loom__addr(p, b, t->src[0]);
-    if (!crop)
-        memset(o, 0, es * (size_t)loom__numel(nd, t->shape));
-    for (int64_t r = 0; r < rows; r++) { /* row r of the smaller: plane r / H, row r % H */
-        int64_t q = r / H, i = r % H;
-        char *dst =
-            o + es * (size_t)(crop ? r * W : (q * (H + 2 * ph) + i + ph) * (W + 2 * pw) + pw);
-        const char *s = src + es * (size_t)plane_offset(x, q, crop ? i + ph : i, crop ? pw : 0);
-        if (cs == 1)
-            memcpy(dst, s, es * (size_t)W);
-        else
-            for (int64_t j = 0; j < W; j++)
-                memcpy(dst + (size_t)j * es, s + (size_t)(j * cs) * es, es);
+    for (int64_t q = 0; q < planes; q++) {
+        const char *xs = src + es * (size_t)plane_offset(x, q, crop ? ph : 0, crop ? pw : 0);
+        char *dst = o + es * (size_t)(q * (crop ? H * W : (H + 2 * ph) * BW));
+        if (!crop) {
+            memset(dst, 0, es * (size_t)(ph * BW)); /* the rows above */
+            dst += es * (size_t)(ph * BW);
+        }
+        for (int64_t i = 0; i < H; i++, xs += es * (size_t)rs) {
+            char *d = crop ? dst + row * (size_t)i : dst + es * (size_t)(i * BW);
+            if (!crop) /* the row's ends */
+                memset(d, 0, es * (size_t)pw),
+                    memset(d + es * (size_t)(pw + W), 0, es * (size_t)pw);
+            if (!crop)
+                d += es * (size_t)pw;
+            if (cs == 1)
+                memcpy(d, xs, row);
+            else
+                for (int64_t j = 0; j < W; j++)
+                    memcpy(d + (size_t)j * es, xs + (size_t)(j * cs) * es, es);
+        }
+        if (!crop) /* the rows below */
+            memset(dst + es * (size_t)(H * BW), 0, es * (size_t)(ph * BW));
     }
     return LOOM_OK;
 }
