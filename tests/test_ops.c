@@ -521,8 +521,8 @@ TEST(conv2d_and_pool_match_naive_loops) {
  * gradients against naive loops in double. Shapes cross the sgemm's tiles and blocks: a ragged
  * column count, stride 2, a non-square kernel, and 300 output channels (the input gradient's
  * product then spans two k blocks, added twice). */
-static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S, int *bad) {
-    int OH = (H - KH) / S + 1, OW = (W - KW) / S + 1;
+static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S, int P, int *bad) {
+    int OH = (H + 2 * P - KH) / S + 1, OW = (W + 2 * P - KW) / S + 1;
     int nx = N * C * H * W, nw = O * C * KH * KW, ny = N * O * OH * OW;
     float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)nw);
     float *dy = malloc(sizeof(float) * (size_t)ny);
@@ -537,7 +537,7 @@ static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S,
     int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sy[4] = {N, O, OH, OW};
     loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x), *tw = loom_input(g, LOOM_F32, 4, sw, w);
     loom_requires_grad(tx), loom_requires_grad(tw);
-    loom_tensor *y = loom_conv2d(g, tx, tw, NULL, S, 0);
+    loom_tensor *y = loom_conv2d(g, tx, tw, NULL, S, P);
     loom_tensor *loss = loom_sum_all(g, loom_mul(g, y, loom_input(g, LOOM_F32, 4, sy, dy)));
     loom_tensor *dx = loom_grad(g, loss, tx), *dw = loom_grad(g, loss, tw);
     loom_output(y), loom_output(dx), loom_output(dw);
@@ -555,7 +555,10 @@ static void check_conv(int N, int C, int H, int W, int O, int KH, int KW, int S,
                     for (int c = 0; c < C; c++)
                         for (int i = 0; i < KH; i++)
                             for (int j = 0; j < KW; j++) {
-                                int xi = ((n * C + c) * H + oy * S + i) * W + ox * S + j;
+                                int iy = oy * S + i - P, ix = ox * S + j - P;
+                                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                                    continue; /* the zero padding */
+                                int xi = ((n * C + c) * H + iy) * W + ix;
                                 int wi = ((o * C + c) * KH + i) * KW + j;
                                 ref += (double)x[xi] * w[wi];
                                 rdx[xi] += d * w[wi];
@@ -589,9 +592,34 @@ TEST(conv2d_views_match_naive_loops) {
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int *s = shapes[i];
         int bad = 0;
-        check_conv(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], &bad);
+        check_conv(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], 0, &bad);
         if (bad)
             FAILF("conv shape %zu: %d wrong elements", i, bad);
+    }
+}
+
+/* conv2d of randomized shapes (seeded: the same each run), padding 0 to 2 ("same" among them),
+ * stride 1 to 3, kernels 1 to 5 and odd sizes, through whichever fast path each takes (the padded
+ * copy read in place, a fold computing its product, products as their transposes, dot products
+ * along K), forward and both gradients against naive loops. */
+TEST(conv2d_of_random_shapes_matches_naive_loops) {
+    for (int i = 0; i < 24; i++) {
+        int K = 1 + (int)(test_rand(90, (uint64_t)i, 0, 5)),
+            S = 1 + (int)(test_rand(91, (uint64_t)i, 0, 3));
+        int P = (int)test_rand(92, (uint64_t)i, 0, 3), KW = i % 3 ? K : 1 + K % 3;
+        int N = 1 + (int)test_rand(93, (uint64_t)i, 0, 5),
+            C = 1 + (int)test_rand(94, (uint64_t)i, 0, 20);
+        int O = 1 + (int)test_rand(95, (uint64_t)i, 0, 70);
+        int H = K + (int)test_rand(96, (uint64_t)i, 0, 16),
+            W = KW + (int)test_rand(97, (uint64_t)i, 0, 16);
+        if (i == 0) /* "same": 3x3, stride 1, padding 1 */
+            K = KW = 3, S = 1, P = 1;
+        int bad = 0;
+        check_conv(N, C, H, W, O, K, KW, S, P, &bad);
+        if (bad)
+            FAILF("conv %d: N %d C %d H %d W %d O %d kernel %dx%d stride %d padding %d: %d wrong "
+                  "elements",
+                  i, N, C, H, W, O, K, KW, S, P, bad);
     }
 }
 
@@ -1147,6 +1175,7 @@ int main(void) {
     RUN(matmul_columns_do_not_depend_on_their_panels);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);
+    RUN(conv2d_of_random_shapes_matches_naive_loops);
     RUN(pool_matches_naive_loops);
     RUN(pool_small_planes_match_naive_loops);
     RUN(long_reductions_match_naive);
