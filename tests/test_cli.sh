@@ -58,7 +58,7 @@ if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then
 else
     echo "FAIL: closing metrics: $(grep '^metrics: graphs' "$tmp/out")"; fails=$((fails + 1))
 fi
-expect_fail "tensor '0.weight' is f32 (256,784), the model expects F32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
+expect_fail "tensor '0.weight' is f32 (256,784), the model expects f32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
 
 # --devices auto respects the CPU affinity; a failing device stops the run with one line.
 if taskset -c 0 "$loom" train fmnist-mlp --steps 2 >"$tmp/out" 2>&1 && grep -q "on 1 device," "$tmp/out"; then

@@ -90,7 +90,7 @@ TEST(bad_files_are_refused_with_the_reason) {
          ",\"9.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[32,36]}}",
          36, 0, LOOM_EFORMAT, "tensor '9.weight' is not a parameter of the model"},
         {"{\"0.weight\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[0,24]}," B_OK_ "}", 32,
-         0, LOOM_ESHAPE, "tensor '0.weight' is f32 (3,2), the model expects F32 (2,3)"},
+         0, LOOM_ESHAPE, "tensor '0.weight' is f32 (3,2), the model expects f32 (2,3)"},
     };
     char path[512];
     test_tmp(path, sizeof path, "bad.safetensors");

@@ -423,7 +423,7 @@ loom_status loom_model_load(loom_model *m, const char *path) {
                    memcmp(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
             shape_str(e->ndim, e->shape, a, sizeof a);
             shape_str(p->ndim, p->shape, b, sizeof b);
-            s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects F32 %s", path,
+            s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects f32 %s", path,
                             p->name, loom__dtype_name(e->dtype), a, b);
         }
     }
