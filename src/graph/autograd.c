@@ -37,6 +37,13 @@ static const grad_rule rules[LOOM_OP_COUNT] = {
     RULE(name) {                              \
         (void)g, (void)t, (void)gy, (void)gx; \
     }
+/* Rules for gradients loom does not take (second derivatives of library kernels): refused with
+ * a clear error, not silently zero. */
+#define REFUSED(name, what)                                                                       \
+    RULE(name) {                                                                                  \
+        (void)t, (void)gy, (void)gx;                                                              \
+        loom__graph_fail(g, LOOM_EINVAL, "loom_grad: the gradient of %s is not supported", what); \
+    }
 NO_GRAD(INPUT)
 NO_GRAD(CONST)
 NO_GRAD(PERSIST)
@@ -61,12 +68,8 @@ RULE(SOFTMAX) { /* y (gy - sum(gy y)) along the last axis */
 RULE(LNORM) { /* a row kernel of x and gy (the statistics recomputed from x) */
     gx[0] = loom__lnorm_grad(g, A, gy, t->attr.value);
 }
-RULE(LNORMGRAD) { /* a second derivative of layer normalization: refused, not silently zero */
-    (void)t, (void)gy, (void)gx;
-    loom__graph_fail(g, LOOM_EINVAL,
-                     "loom_grad: the gradient of layer normalization's input gradient (a second "
-                     "derivative of loom_layer_norm) is not supported");
-}
+REFUSED(LNORMGRAD, "layer normalization's input gradient (a second derivative of "
+                   "loom_layer_norm)")
 RULE(PAD) {
     gx[0] = loom_crop2d(g, gy, t->attr.win.ph, t->attr.win.pw);
 }
@@ -171,12 +174,7 @@ RULE(UNFOLD) {
 RULE(POOLMAX) {
     gx[0] = loom_pool_max_grad(g, A, gy, t->attr.win);
 }
-RULE(POOLGRAD) { /* a second derivative of max pooling: refused, not silently zero */
-    (void)t, (void)gy, (void)gx;
-    loom__graph_fail(g, LOOM_EINVAL,
-                     "loom_grad: the gradient of loom_pool_max_grad (a second derivative of max "
-                     "pooling) is not supported");
-}
+REFUSED(POOLGRAD, "loom_pool_max_grad (a second derivative of max pooling)")
 RULE(ALLREDUCE) { /* every device's output depends on every device's input */
     gx[0] = loom_allreduce(g, gy, t->attr.reduce);
 }
