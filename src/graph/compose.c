@@ -45,11 +45,9 @@ loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis) {
 /* Sticky error "<op>: <what> <shape a> and <shape b>, expected <expect>" (NULL shows as NULL). */
 static loom_tensor *fail_shapes(loom_graph *g, const char *what, const loom_tensor *a,
                                 const char *and_what, const loom_tensor *b, const char *expect) {
-    char sa[96] = "NULL", sb[96] = "NULL";
-    if (a)
-        loom__shape_str(a, sa, sizeof sa);
-    if (b)
-        loom__shape_str(b, sb, sizeof sb);
+    char sa[96], sb[96];
+    loom__shape_str(a, sa, sizeof sa);
+    loom__shape_str(b, sb, sizeof sb);
     loom__graph_fail(g, LOOM_ESHAPE, "%s %s %s %s, expected %s", what, sa, and_what, sb, expect);
     return NULL;
 }
@@ -60,9 +58,8 @@ loom_tensor *loom_layer_norm(loom_graph *g, loom_tensor *x, loom_tensor *weight,
         return NULL;
     int64_t n = x && x->ndim > 0 ? x->shape[x->ndim - 1] : 0;
     if (n == 0 || !(eps >= 0)) {
-        char sx[96] = "NULL";
-        if (x)
-            loom__shape_str(x, sx, sizeof sx);
+        char sx[96];
+        loom__shape_str(x, sx, sizeof sx);
         loom__graph_fail(g, LOOM_ESHAPE,
                          "loom_layer_norm: input %s, eps %g; expected a last axis of size > 0 "
                          "and eps >= 0",

@@ -43,6 +43,10 @@ int64_t loom__numel(int ndim, const int64_t *shape) {
 }
 
 void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
+    if (!t) {
+        snprintf(buf, size, "NULL");
+        return;
+    }
     size_t k = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < t->ndim && k < size; i++)
         k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? "," : "", (long long)t->shape[i]);
@@ -374,9 +378,8 @@ void loom_assign(loom_graph *g, loom_param *p, loom_tensor *v) {
         return;
     if (!p || p->m != g->model || !v || v->dtype != LOOM_F32 || v->ndim != p->ndim ||
         memcmp(v->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
-        char sv[96] = "NULL";
-        if (v)
-            loom__shape_str(v, sv, sizeof sv);
+        char sv[96];
+        loom__shape_str(v, sv, sizeof sv);
         loom__graph_fail(g, LOOM_ESHAPE,
                          "loom_assign: value %s for parameter '%s', expected f32 of "
                          "the parameter's shape",

@@ -194,6 +194,7 @@ int64_t loom__model_state(loom_model *m, int64_t numel);
 loom_tensor *loom__node(loom_graph *g, loom__op op, loom_dtype dt, int ndim, const int64_t *shape,
                         loom_tensor *a, loom_tensor *b, loom_tensor *c);
 void loom__graph_fail(loom_graph *g, loom_status s, const char *fmt, ...) LOOM_PRINTF(3, 4);
+/* "(2,3)" for a tensor of shape (2, 3), "NULL" for none. */
 void loom__shape_str(const loom_tensor *t, char *buf, size_t size);
 int64_t loom__numel(int ndim, const int64_t *shape);
 size_t loom__dtype_size(loom_dtype dt);

@@ -190,9 +190,8 @@ loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx) {
     const loom_gpt_config *c = &gpt->c;
     if (!idx || idx->dtype != LOOM_I32 || idx->ndim != 2 || idx->shape[1] < 1 ||
         idx->shape[1] > c->context) {
-        char s[96] = "NULL";
-        if (idx)
-            loom__shape_str(idx, s, sizeof s);
+        char s[96];
+        loom__shape_str(idx, s, sizeof s);
         loom__graph_fail(g, LOOM_ESHAPE,
                          "loom_gpt_forward: tokens %s, expected i32 (B, T) with 1 <= T <= the "
                          "context, %lld",
