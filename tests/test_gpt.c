@@ -7,8 +7,11 @@
  *   - the logits at the initial parameters match float64 PyTorch's;
  *   - 5 training steps on this thread and on 1 and 2 devices: loom's distance from the float64
  *     run at most MAX_RATIO times float32 PyTorch's, the losses close to float64's;
- *   - 20 steps on 2 devices match 1 device within 1e-5 (normwise), and repeat bitwise.
+ *   - 20 steps on 2 devices match 1 device within 1e-5 (normwise), and repeat bitwise;
+ *   - under the tests' own executor (executor_check.h) every kernel of those steps equals the
+ *     reference interpreter's, and the parameters those of the CPU executor's run, bitwise.
  */
+#include "executor_check.h"
 #include "harness.h"
 
 #include <math.h>
@@ -198,6 +201,28 @@ TEST(two_devices_match_one_and_repeat_bitwise) {
     free(one), free(two), free(again), free(plain);
 }
 
+TEST(every_kernel_equals_the_reference_under_a_second_executor) {
+    loom_model *m = loom_model_new();
+    loom_gpt *gpt = loom_gpt_new(m, &cfg);
+    int64_t n = loom_model_numel(m);
+    loom_gpt_free(gpt);
+    loom_model_free(m);
+    float *cpu = malloc(sizeof(float) * (size_t)n), *checked = malloc(sizeof(float) * (size_t)n);
+    for (int devices = 1; devices <= 2; devices++) {
+        bool ok = train20(devices, 0.2, cpu, n);
+        check_executor_install();
+        int64_t values = check.values;
+        ok = ok && train20(devices, 0.2, checked, n);
+        loom__set_executor(NULL);
+        fprintf(stderr, "%d device(s), 20 steps: %lld values checked against the reference\n",
+                devices, (long long)(check.values - values));
+        ASSERT(ok);
+        ASSERT(check.values - values >= 20 * devices * 100);
+        ASSERT(memcmp(cpu, checked, sizeof(float) * (size_t)n) == 0);
+    }
+    free(cpu), free(checked);
+}
+
 TEST(bad_shapes_are_one_line) {
     loom_model *m = loom_model_new();
     ASSERT(!loom_gpt_new(
@@ -270,6 +295,7 @@ int main(void) {
     RUN(logits_match_pytorch);
     RUN(training_steps_match_pytorch);
     RUN(two_devices_match_one_and_repeat_bitwise);
+    RUN(every_kernel_equals_the_reference_under_a_second_executor);
     RUN(bad_shapes_are_one_line);
     loom_tensor_file_free(ref);
     return HARNESS_EXIT();

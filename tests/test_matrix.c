@@ -9,6 +9,7 @@
  * steps of at most 16 samples.
  */
 #include "../bench/matrix.h"
+#include "executor_check.h"
 #include "harness.h"
 
 #include <math.h>
@@ -30,14 +31,16 @@ static void batch_data(int64_t rows, int step, float *x, int32_t *y) {
     }
 }
 
+/* The last failure of train(). */
+static char train_error[1024];
+
 /* Trains mm for `steps` steps of `rows` samples: on `devices` devices (compiled), or with none
- * (devices 0) interpreted on this thread. false on failure (reported). */
-static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
+ * (devices 0) interpreted on this thread. false on failure (said in train_error). */
+static bool try_train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
     loom_model *m = loom_model_new();
     loom_sequential *net = loom_sequential_new(m, mm->layers);
     if (!net) {
-        fprintf(stderr, "FAIL %s: %s\n", mm->name, loom_last_error());
-        harness_failed++;
+        snprintf(train_error, sizeof train_error, "%s: %s", mm->name, loom_last_error());
         loom_model_free(m);
         return false;
     }
@@ -63,9 +66,8 @@ static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, 
         loom_backward(g, loss);
         loom_optim_step(g, o);
         if (loom_graph_run(g)) {
-            fprintf(stderr, "FAIL %s, %d devices, step %d: %s\n", mm->name, devices, s,
-                    loom_last_error());
-            harness_failed++;
+            snprintf(train_error, sizeof train_error, "%s, %d devices, step %d: %s", mm->name,
+                     devices, s, loom_last_error());
             ok = false;
             break;
         }
@@ -87,6 +89,14 @@ static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, 
     loom_optim_free(o);
     loom_sequential_free(net);
     loom_model_free(m);
+    return ok;
+}
+
+/* try_train(), a failure reported. */
+static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
+    bool ok = try_train(mm, devices, steps, rows, r);
+    if (!ok)
+        fprintf(stderr, "FAIL %s\n", train_error), harness_failed++;
     return ok;
 }
 
@@ -149,7 +159,55 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
     }
 }
 
+/* Through the tests' own executor (executor_check.h), every model's steps on 1 and 2 devices:
+ * each value every kernel leaves whole equals the reference interpreter's bit for bit. */
+TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
+    bool quick = getenv("LOOM_TEST_QUICK") != NULL;
+    check_executor_install();
+    for (int i = 0; i < MATRIX_COUNT; i++) {
+        const matrix_model *mm = &matrix[i];
+        int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
+        for (int devices = 1; devices <= 2; devices++) {
+            int64_t kernels = check.kernels, values = check.values;
+            result r = {0};
+            bool ok = train(mm, devices, 2, rows, &r);
+            free(r.params), free(r.first);
+            fprintf(stderr, "%-15s %d device%s: %lld kernels run, %lld values checked\n", mm->name,
+                    devices, devices > 1 ? "s" : " ", (long long)(check.kernels - kernels),
+                    (long long)(check.values - values));
+            if (ok && !(check.values - values >= 2 * devices * 10))
+                fprintf(stderr, "FAIL %s: only %lld values checked\n", mm->name,
+                        (long long)(check.values - values)),
+                    harness_failed++;
+        }
+    }
+    loom__set_executor(NULL);
+}
+
+/* The check fails a step whose kernel writes one wrong bit, naming the node (kernels of the
+ * forward, the backward and the update among the MLP's 34). */
+TEST(the_second_executor_fails_a_step_on_one_wrong_bit) {
+    check_executor_install();
+    for (int64_t e = 0; e < 34; e += 11) {
+        check.corrupt_entry = e;
+        result r = {0};
+        bool ok = try_train(&matrix[0], 2, 1, 64, &r);
+        free(r.params), free(r.first);
+        if (ok)
+            FAILF("a bit flipped in kernel #%lld went unnoticed", (long long)e);
+        ASSERT_STR_CONTAINS(train_error, "executor check: node ");
+        char want[64];
+        snprintf(want, sizeof want, "made by kernel #%lld ", (long long)e);
+        ASSERT_STR_CONTAINS(train_error, want);
+    }
+    fprintf(stderr, "e.g. %s\n", train_error);
+    check.corrupt_entry = -1;
+    loom__set_executor(NULL);
+}
+
 int main(void) {
     RUN(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1);
+    RUN(every_kernel_of_every_model_equals_the_reference_under_a_second_executor);
+    RUN(the_second_executor_fails_a_step_on_one_wrong_bit);
     return HARNESS_EXIT();
 }

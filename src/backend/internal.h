@@ -33,6 +33,7 @@ typedef struct {
     bool copy;   /* a movement node materialized by copying src_lay (shape: copy_shape) */
     bool check;  /* anomaly detection: the run fails if this node's values are not finite */
     bool elided; /* a STORE whose source was computed in place */
+    bool out;    /* an output of the step (read after it) */
     int64_t shape[LOOM_MAX_DIMS];
     int32_t src[3]; /* node ids, -1 for none */
     loom__attr attr;
@@ -145,8 +146,9 @@ struct loom__program {
     size_t gemm_scratch; /* workspace offset of the matmul packing scratch (with a matmul) */
     loom__fused *fused;  /* generated kernels */
     int64_t nfused;
-    int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
-    void *dl;          /* the loaded shared object of the generated kernels */
+    int32_t *fused_of;       /* per node: index in fused, -1 where the interpreter runs it */
+    const loom__executor *x; /* the executor that built it and runs it */
+    void *target;            /* what x's build made for it (the CPU's: the loaded object) */
     uint64_t *prof_ns; /* LOOM_PROFILE: nanoseconds per exec entry summed over devices, then runs */
     /* ... and per exec entry the times of its last LOOM_PROF_KEEP runs (ns, a ring; the count of
      * runs recorded in prof_seen), for the median: this machine's speed has spikes that move a
@@ -167,6 +169,50 @@ typedef struct {
     loom__allreduce_fn allreduce;
     void *comm;
 } loom__bind;
+
+/* An executor runs programs on one kind of device. The planner (compile/program.c) records the
+ * graph, decides fusion and memory, and hands each new program to its graph's executor once:
+ * build renders the generated kernels (p->fused) for the target and loads them; a failure
+ * leaves the program's ops to run one by one. Whoever runs a step (one device on the caller's
+ * thread, or dist/devices.c's device threads, concurrently) calls run with that device's
+ * bindings; release frees what build made when the program is freed. Nothing above this
+ * interface knows the target: loom__cpu_executor (compile/cpu.c: C rendered by codegen.c, built by
+ * cc.c, run with interp.c's kernels) is the one in the library, and the tests add another. */
+struct loom__executor {
+    const char *name;
+    /* *compiled: whether a compiler ran (else the build came from a cache) */
+    loom_status (*build)(const loom__executor *x, loom__program *p, bool *compiled);
+    loom_status (*run)(const loom__executor *x, const loom__program *p, const loom__bind *b);
+    void (*release)(const loom__executor *x, loom__program *p);
+    void *ctx;
+};
+extern const loom__executor loom__cpu_executor;
+/* The executor of graphs made from now on (NULL: loom__cpu_executor); not thread-safe. */
+void loom__set_executor(const loom__executor *x);
+const loom__executor *loom__executor_default(void);
+
+/* The executable entries of a program one at a time: exec entry e with bindings b. */
+loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e);
+/* A value that a kernel leaves whole in memory: node id's elements at lay (its shape and dtype;
+ * a STORE's or SYNC's: the slab range it wrote). exact: the same arithmetic in the same order as
+ * the op alone computes it, so the same bits (false: a fold adding its product into the image as
+ * the product goes sums the taps in another order; a pool gradient's sinks by windows take the
+ * sums and products in another order). */
+typedef struct {
+    int32_t id;
+    bool exact;
+    loom__layout lay;
+} loom__value;
+#define LOOM_ENTRY_VALUES_MAX 8
+/* The values exec entry e of p leaves whole in memory once it has run (its node's, an epilogue's
+ * root, a ReLU it wrote, sums it made, members stored), into out; returns how many. */
+int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
+/* A twin of p planned from its nodes (the same ids, shapes and outputs) with nothing fused: each
+ * op its own interpreted kernel, the reference that compiled programs are checked against; every
+ * value it computes keeps its own buffer to the step's end. Its executor is x; NULL out of
+ * memory. loom__program_free() it. */
+loom__program *loom__program_reference(const loom__program *p, const loom__executor *x);
+void loom__program_free(loom__program *p);
 
 /* Address of node id's first element (which may be strided). */
 void *loom__addr(const loom__program *p, const loom__bind *b, int32_t id);

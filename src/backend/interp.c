@@ -2318,25 +2318,30 @@ static const kernel_fn kernels[LOOM_OP_COUNT] = {
 #include "../graph/ops.def"
 };
 
+loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e) {
+    int32_t id = p->exec[e];
+    loom_status s = LOOM_OK;
+    if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel */
+        const loom__fused *k = &p->fused[p->fused_of[id]];
+        void *args[LOOM_FUSED_MAX_ARGS];
+        for (int a = 0; a < k->nargs; a++)
+            args[a] = loom__addr(p, b, k->args[a]);
+        k->fn(args);
+    } else {
+        s = kernels[p->nodes[id].op](p, b, id);
+    }
+    if (!s && p->nodes[id].check)
+        s = check_finite(p, b, id);
+    return s;
+}
+
 loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
     loom__blas_init();
     if (p->prof_ns)
         __atomic_fetch_add(&p->prof_ns[p->nexec], 1, __ATOMIC_RELAXED);
     for (int64_t i = 0; i < p->nexec; i++) {
-        int32_t id = p->exec[i];
-        loom_status s = LOOM_OK;
         double t0 = p->prof_ns ? loom__now() : 0;
-        if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel */
-            const loom__fused *k = &p->fused[p->fused_of[id]];
-            void *args[LOOM_FUSED_MAX_ARGS];
-            for (int a = 0; a < k->nargs; a++)
-                args[a] = loom__addr(p, b, k->args[a]);
-            k->fn(args);
-        } else {
-            s = kernels[p->nodes[id].op](p, b, id);
-        }
-        if (!s && p->nodes[id].check)
-            s = check_finite(p, b, id);
+        loom_status s = loom__interp_entry(p, b, i);
         if (p->prof_ns) {
             uint64_t ns = (uint64_t)((loom__now() - t0) * 1e9);
             uint64_t slot = __atomic_fetch_add(&p->prof_seen[i], 1, __ATOMIC_RELAXED);
@@ -2348,4 +2353,58 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
             return s;
     }
     return LOOM_OK;
+}
+
+/* A slab range as a value: node id's shape, contiguous from the slab's offset. */
+static loom__value slab_value(const loom__pnode *t, int32_t id) {
+    loom__value v = {.id = id,
+                     .exact = true,
+                     .lay = {.base = LOOM_BASE_PERSIST,
+                             .index = t->attr.persist.slab,
+                             .offset = t->attr.persist.offset}};
+    for (int64_t d = t->ndim - 1, s = 1; d >= 0; d--)
+        v.lay.stride[d] = s, s *= t->shape[d];
+    return v;
+}
+
+int loom__entry_values(const loom__program *p, int64_t e, loom__value *out) {
+    int32_t id = p->exec[e];
+    const loom__pnode *t = &p->nodes[id];
+    int n = 0;
+#define VALUE(node) \
+    (out[n++] = (loom__value){.id = (node), .exact = true, .lay = p->nodes[node].lay})
+    if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel: its root and stores */
+        const loom__fused *k = &p->fused[p->fused_of[id]];
+        VALUE(id);
+        for (int q = 0; q < k->nout; q++)
+            VALUE(k->outs[q]);
+        return n;
+    }
+    if (t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC) {
+        out[n++] = slab_value(t, id);
+        return n;
+    }
+    /* a library kernel's own buffer holds blocks or planes of its values where an epilogue or
+     * sinks take them, and nothing where it writes a ReLU instead */
+    if (!loom__pool_by_plane(t) && t->relu < 0 && t->epi < 0)
+        VALUE(id);
+    int32_t m = t->op == LOOM_OP_FOLD ? p->nodes[t->src[0]].src[0] : -1;
+    if (n > 0 && m >= 0 && p->nodes[m].fused_into == id)
+        out[0].exact = false; /* (its product's columns added in the product's order) */
+    if (t->epi >= 0 && !(t->nsinks && !t->keep))
+        VALUE(p->fused[t->epi].root);
+    if (t->relu >= 0)
+        VALUE(t->relu);
+    for (int q = 0; q < t->nsinks; q++) {
+        VALUE(t->sinks[q]);
+        out[n - 1].exact = !t->quad; /* (by windows: the products and sums in another order) */
+    }
+    if (t->act_sum >= 0)
+        VALUE(t->act_sum);
+    if (t->back >= 0)
+        VALUE(t->back_w);
+    if (t->back >= 0 && t->back_sum >= 0)
+        VALUE(t->back_sum);
+#undef VALUE
+    return n;
 }

@@ -9,11 +9,12 @@
 #include "../backend/internal.h"
 
 /* memplan.c, in this order: layouts of live nodes; stores computed in their slab place; workspace
- * offsets and the exec list (last: scratch of p->n entries). */
+ * offsets (with keep_all, no buffer reused: every value stays to the step's end) and the exec
+ * list (last: scratch of p->n entries). */
 void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out);
 void loom__store_in_place(loom__program *p, const bool *live, const bool *is_out);
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
-                                int64_t *last);
+                                bool keep_all, int64_t *last);
 /* Whether layout l (of a node of shape nd, shape) touches elements [lo, hi) of slab `slab`; whether
  * node c reads them, or writes them as a store or a sync (not as a kernel's own output). */
 bool loom__slab_touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab,

@@ -359,7 +359,7 @@ static int64_t place(block *blocks, int64_t *nblocks, int64_t *end, int64_t size
 /* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
  * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
-                                int64_t *last) {
+                                bool keep_all, int64_t *last) {
     int64_t n = p->n, nblocks = 0, end = 0;
     block *blocks = loom__malloc(sizeof(block) * (size_t)(n + 1));
     if (!blocks)
@@ -458,7 +458,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
         for (int64_t b = 0; b < nblocks; b++)
-            if (last[blocks[b].owner] > i)
+            if (keep_all || last[blocks[b].owner] > i)
                 blocks[w++] = blocks[b];
         nblocks = w;
     }

@@ -9,7 +9,6 @@
  */
 #include "internal.h"
 
-#include <dlfcn.h>
 #include <sys/stat.h>
 
 #include <math.h>
@@ -223,15 +222,15 @@ static uint64_t graph_hash(const loom_graph *g) {
     return loom__hash_final(&h);
 }
 
-static void program_free(loom__program *p) {
+void loom__program_free(loom__program *p) {
     if (!p)
         return;
     print_profile(p);
     loom__free(p->prof_ns);
     loom__free(p->prof_seen);
     loom__free(p->prof_keep);
-    if (p->dl)
-        dlclose(p->dl);
+    if (p->x && p->x->release)
+        p->x->release(p->x, p);
     loom__free(p->fused);
     loom__free(p->fused_of);
     loom__free(p->nodes);
@@ -240,78 +239,64 @@ static void program_free(loom__program *p) {
     loom__free(p);
 }
 
-/* Fuses elementwise chains and builds their kernels; without a compiler (or on a failed build) the
- * program stays interpreted. */
-static void compile_kernels(loom_graph *g, loom__program *p, const bool *live, const bool *is_out,
-                            const int32_t *readers) {
+/* Fuses elementwise chains and has p's executor build their kernels; where it cannot (no
+ * compiler, a failed build) the program stays interpreted. */
+static void compile_kernels(loom__program *p, const bool *live, const bool *is_out,
+                            const int32_t *readers, loom_metrics *m) {
     int64_t fused = loom__fuse(p, live, is_out);
     if (fused < 0 || p->nfused == 0) {
         loom__unfuse(p);
         return;
     }
     int64_t epilogues = loom__fuse_epilogues(p, live, is_out, readers);
-    uint64_t key;
-    char *src = loom__codegen(p, &key);
     bool compiled = false;
     double t0 = loom__now();
-    loom_status st = src ? loom__cc_load(src, key, &p->dl, &compiled) : LOOM_ENOMEM;
-    loom__free(src);
-    for (int64_t k = 0; !st && k < p->nfused; k++) {
-        char name[32];
-        snprintf(name, sizeof name, "loom_k%d", p->fused[k].root);
-        void *sym = dlsym(p->dl, name);
-        memcpy(&p->fused[k].fn, &sym, sizeof sym); /* object pointer to function pointer */
-        st = sym ? LOOM_OK : LOOM_EINTERNAL;
-        if (!st && p->fused[k].epi_of >= 0) {
-            snprintf(name, sizeof name, "loom_k%d_part", p->fused[k].root);
-            sym = dlsym(p->dl, name);
-            memcpy(&p->fused[k].part, &sym, sizeof sym);
-            st = sym ? LOOM_OK : LOOM_EINTERNAL;
-        }
-    }
-    if (st) {
-        if (p->dl)
-            dlclose(p->dl);
-        p->dl = NULL;
+    if (p->x->build(p->x, p, &compiled)) {
         loom__unfuse(p);
         return;
     }
-    g->metrics.compiles += compiled;
-    g->metrics.disk_hits += !compiled;
-    g->metrics.compile_seconds += compiled ? loom__now() - t0 : 0;
-    g->metrics.fused_ops += fused + epilogues;
+    m->compiles += compiled;
+    m->disk_hits += !compiled;
+    m->compile_seconds += compiled ? loom__now() - t0 : 0;
+    m->fused_ops += fused + epilogues;
 }
 
-static loom__program *plan(loom_graph *g, uint64_t hash) {
-    int64_t n = g->n;
+/* A program of n nodes (zeroed) for executor x; NULL out of memory. */
+static loom__program *program_new(int64_t n, const loom__executor *x) {
     loom__program *p = loom__calloc(1, sizeof *p);
-    bool *flags = loom__calloc((size_t)(2 * n + 1), sizeof(bool));
-    int64_t *last = loom__calloc((size_t)n + 1, sizeof(int64_t));
-    int32_t *readers = NULL;
-    if (!p || !flags || !last)
-        goto fail;
-    p->hash = hash;
-    p->n = n;
+    if (!p)
+        return NULL;
+    p->n = n, p->x = x;
     p->nodes = loom__calloc((size_t)n + 1, sizeof *p->nodes);
     p->exec = loom__calloc((size_t)n + 1, sizeof *p->exec);
     p->consts = loom__calloc((size_t)n + 1, sizeof *p->consts);
-    if (!p->nodes || !p->exec || !p->consts)
-        goto fail;
+    if (!p->nodes || !p->exec || !p->consts) {
+        loom__program_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Plans p from what its nodes say of themselves (op, dtype, shape, attribute, sources, out,
+ * check): liveness (nodes that reach an output or a side effect), layouts, then with `fuse` the
+ * generated kernels (built by p->x where `compile`) and the library kernels' fusions, then
+ * buffers (without `fuse`, the reference: none reused). false out of memory. */
+static bool plan_nodes(loom__program *p, bool compile, bool fuse, loom_metrics *m) {
+    int64_t n = p->n;
+    bool *flags = loom__calloc((size_t)(2 * n + 1), sizeof(bool));
+    int64_t *last = loom__calloc((size_t)n + 1, sizeof(int64_t));
+    int32_t *readers = NULL;
+    bool ok = false;
+    if (!flags || !last)
+        goto done;
     bool *live = flags, *is_out = flags + n;
     for (int64_t i = n - 1; i >= 0; i--) {
-        const loom_tensor *t = g->nodes[i];
         loom__pnode *q = &p->nodes[i];
-        q->op = t->op, q->dtype = t->dtype, q->ndim = t->ndim;
-        memcpy(q->shape, t->shape, sizeof q->shape);
-        q->attr = t->attr;
-        for (int k = 0; k < 3; k++)
-            q->src[k] = t->src[k] ? t->src[k]->id : -1;
-        is_out[i] = t->is_output;
-        q->check = t->is_loss && g->detect_anomaly;
-        live[i] = live[i] || t->is_output || t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC;
+        is_out[i] = q->out;
+        live[i] = live[i] || q->out || q->op == LOOM_OP_STORE || q->op == LOOM_OP_SYNC;
         for (int k = 0; k < 3 && live[i]; k++)
-            if (t->src[k])
-                live[t->src[k]->id] = true;
+            if (q->src[k] >= 0)
+                live[q->src[k]] = true;
     }
     loom__assign_layouts(p, live, is_out);
     loom__store_in_place(p, live, is_out);
@@ -322,39 +307,83 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         p->nodes[i].act = false,
         p->nodes[i].act_bias = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
     if (!(readers = loom__count_readers(p, live)))
-        goto fail;
-    if (use_compiler(g) && n > 0)
-        compile_kernels(g, p, live, is_out, readers);
-    int64_t fused = loom__fuse_products(p, live, is_out, readers);
-    int64_t sinks = loom__fuse_sinks(p, live, is_out, readers);
-    int64_t codes = loom__fuse_pool_codes(p, live), relu = loom__fuse_pool_relu(p, live, is_out);
-    int64_t conv = loom__fuse_pool_conv(p, live, is_out, readers);
-    int64_t back = loom__fuse_conv_back(p, live, is_out, readers);
-    int64_t quad = loom__fuse_pool_quad(p, live), act = loom__fuse_product_act(p, live);
-    g->metrics.fused_ops += fused + sinks + codes + relu + conv + back + quad + act;
-    if (loom__place_buffers(p, live, is_out, last))
-        goto fail;
+        goto done;
+    if (fuse && compile && n > 0)
+        compile_kernels(p, live, is_out, readers, m);
+    if (fuse) {
+        int64_t fused = loom__fuse_products(p, live, is_out, readers);
+        int64_t sinks = loom__fuse_sinks(p, live, is_out, readers);
+        int64_t codes = loom__fuse_pool_codes(p, live);
+        int64_t relu = loom__fuse_pool_relu(p, live, is_out);
+        int64_t conv = loom__fuse_pool_conv(p, live, is_out, readers);
+        int64_t back = loom__fuse_conv_back(p, live, is_out, readers);
+        int64_t quad = loom__fuse_pool_quad(p, live), act = loom__fuse_product_act(p, live);
+        m->fused_ops += fused + sinks + codes + relu + conv + back + quad + act;
+    }
+    ok = !loom__place_buffers(p, live, is_out, !fuse, last);
+done:
+    loom__free(flags);
+    loom__free(last);
+    loom__free(readers);
+    return ok;
+}
+
+static loom__program *plan(loom_graph *g, uint64_t hash) {
+    int64_t n = g->n;
+    loom__program *p = program_new(n, g->x);
+    if (!p)
+        return NULL;
+    p->hash = hash;
+    for (int64_t i = 0; i < n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        loom__pnode *q = &p->nodes[i];
+        q->op = t->op, q->dtype = t->dtype, q->ndim = t->ndim;
+        memcpy(q->shape, t->shape, sizeof q->shape);
+        q->attr = t->attr;
+        for (int k = 0; k < 3; k++)
+            q->src[k] = t->src[k] ? t->src[k]->id : -1;
+        q->out = t->is_output;
+        q->check = t->is_loss && g->detect_anomaly;
+    }
+    if (!plan_nodes(p, use_compiler(g), true, &g->metrics)) {
+        loom__program_free(p);
+        return NULL;
+    }
     dump_schedule(p);
     if (loom__getenv()->profile &&
         (!(p->prof_ns = loom__calloc((size_t)p->nexec + 1, 8)) ||
          !(p->prof_seen = loom__calloc((size_t)p->nexec + 1, 8)) ||
-         !(p->prof_keep = loom__calloc((size_t)(p->nexec + 1) * LOOM_PROF_KEEP, 4))))
-        goto fail;
-    loom__free(flags);
-    loom__free(last);
-    loom__free(readers);
+         !(p->prof_keep = loom__calloc((size_t)(p->nexec + 1) * LOOM_PROF_KEEP, 4)))) {
+        loom__program_free(p);
+        return NULL;
+    }
     return p;
-fail:
-    loom__free(flags);
-    loom__free(last);
-    loom__free(readers);
-    program_free(p);
-    return NULL;
+}
+
+loom__program *loom__program_reference(const loom__program *p, const loom__executor *x) {
+    loom__program *q = program_new(p->n, x);
+    if (!q)
+        return NULL;
+    q->hash = p->hash;
+    for (int64_t i = 0; i < p->n; i++) {
+        const loom__pnode *s = &p->nodes[i];
+        loom__pnode *t = &q->nodes[i];
+        t->op = s->op, t->dtype = s->dtype, t->ndim = s->ndim, t->attr = s->attr;
+        memcpy(t->shape, s->shape, sizeof t->shape);
+        memcpy(t->src, s->src, sizeof t->src);
+        t->out = s->out, t->check = s->check;
+    }
+    loom_metrics m = {0};
+    if (!plan_nodes(q, false, false, &m)) {
+        loom__program_free(q);
+        return NULL;
+    }
+    return q;
 }
 
 void loom__programs_free(loom_graph *g) {
     for (int64_t i = 0; i < g->nprograms; i++)
-        program_free(g->programs[i]);
+        loom__program_free(g->programs[i]);
     loom__free(g->programs);
     g->programs = NULL;
     g->nprograms = g->programs_cap = 0;
@@ -393,6 +422,8 @@ static void warn_recompile(loom_graph *g) {
 }
 
 static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
+    if (!g->x)
+        g->x = loom__executor_default();
     uint64_t h = graph_hash(g);
     for (int64_t i = 0; i < g->nprograms; i++) {
         if (g->programs[i]->hash == h && g->programs[i]->n == g->n) {
@@ -565,7 +596,7 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
         return st;
     loom__bind b = here_bind(g, inputs);
     double t0 = loom__now();
-    st = loom__interp_run(p, &b);
+    st = p->x->run(p->x, p, &b);
     g->metrics.exec_seconds += loom__now() - t0;
     g->last_inputs = inputs;
     return st;

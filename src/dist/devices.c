@@ -248,9 +248,9 @@ static void run_job(loom_devices *D, device *d) {
         double hang = 2 * D->c.timeout_s + 2.0; /* past the controller's deadline and grace */
         struct timespec ts = {(time_t)hang, (long)(fmod(hang, 1.0) * 1e9)};
         nanosleep(&ts, NULL); /* a device that stops answering, then comes back */
-        st = loom__interp_run(D->prog, &d->bind);
+        st = D->prog->x->run(D->prog->x, D->prog, &d->bind);
     } else
-        st = loom__interp_run(D->prog, &d->bind);
+        st = D->prog->x->run(D->prog->x, D->prog, &d->bind);
     d->st = st;
     if (st) {
         snprintf(d->msg, sizeof d->msg, "%s", loom_last_error());

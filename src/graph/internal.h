@@ -95,6 +95,7 @@ struct loom_tensor {
 };
 
 typedef struct loom__program loom__program;
+typedef struct loom__executor loom__executor;
 
 /* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here.
  * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running).
@@ -141,6 +142,7 @@ struct loom_graph {
     loom_metrics metrics;
     bool warned_recompile;
     loom_backend backend;
+    const loom__executor *x; /* what builds and runs its programs (backend/internal.h) */
     /* devices: set by loom_graph_set_devices() before the first node */
     const loom__runner *runner;
     void *runner_ctx;

@@ -1,0 +1,263 @@
+/*
+ * executor_check.h - a second executor for the tests (the interface of src/backend/internal.h):
+ * it builds a program as the CPU executor does and runs each step beside the program's reference
+ * twin (loom__program_reference: the same nodes, nothing fused, every op its own interpreted
+ * kernel, every value kept), which writes copies of the slabs. After each of the program's
+ * kernels (on the real bindings) the twin runs up to the nodes that kernel made, and every value
+ * the kernel leaves whole (loom__entry_values) is compared with the twin's, bit for bit; a value of
+ * other arithmetic (a fold summing its taps in its product's order) within a normwise bound,
+ * the twin then going on from the program's bits. The first difference fails the step with one
+ * line naming the node, its kernel and the element. Graphs, trainers and devices running with
+ * this executor show that nothing above the interface depends on the CPU one.
+ *
+ * check_executor_install() makes it the executor of graphs made from then on; the counts say
+ * what it compared. With corrupt_entry >= 0 it flips a bit of that exec entry's first value
+ * before comparing (a test that the check can fail).
+ */
+#ifndef LOOM_TEST_EXECUTOR_CHECK_H
+#define LOOM_TEST_EXECUTOR_CHECK_H
+
+#include "../src/backend/internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK_TWINS 256
+
+static struct {
+    pthread_mutex_t mu;
+    const loom__program *of[CHECK_TWINS];
+    loom__program *twin[CHECK_TWINS];
+    int n;
+    int64_t kernels, values; /* compared, over all runs (atomic) */
+    int64_t corrupt_entry;
+} check = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0, 0, 0, -1};
+
+/* p's twin, made at its first run (devices run concurrently). */
+static loom__program *check_twin(const loom__program *p) {
+    pthread_mutex_lock(&check.mu);
+    loom__program *q = NULL;
+    for (int i = 0; i < check.n && !q; i++)
+        if (check.of[i] == p)
+            q = check.twin[i];
+    if (!q && check.n < CHECK_TWINS && (q = loom__program_reference(p, &loom__cpu_executor)))
+        check.of[check.n] = p, check.twin[check.n++] = q;
+    pthread_mutex_unlock(&check.mu);
+    return q;
+}
+
+static loom_status check_build(const loom__executor *x, loom__program *p, bool *compiled) {
+    (void)x;
+    return loom__cpu_executor.build(&loom__cpu_executor, p, compiled);
+}
+
+static void check_release(const loom__executor *x, loom__program *p) {
+    (void)x;
+    pthread_mutex_lock(&check.mu);
+    for (int i = 0; i < check.n; i++)
+        if (check.of[i] == p) {
+            loom__program_free(check.twin[i]);
+            check.of[i] = check.of[--check.n], check.twin[i] = check.twin[check.n];
+            break;
+        }
+    pthread_mutex_unlock(&check.mu);
+    loom__cpu_executor.release(&loom__cpu_executor, p);
+}
+
+/* Element i (row-major over the node's shape) of value v's elements, bound by b in p. */
+static const unsigned char *check_elem(const loom__program *p, const loom__bind *b,
+                                       const loom__value *v, int64_t i) {
+    const loom__pnode *t = &p->nodes[v->id];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t off = 0;
+    for (int d = t->ndim - 1; d >= 0; d--)
+        off += (i % t->shape[d]) * v->lay.stride[d], i /= t->shape[d];
+    return (const unsigned char *)loom__lay_addr(p, b, &v->lay, es) + (size_t)off * es;
+}
+
+/* How far into each slab the nodes of q reach. */
+static void check_extents(const loom__program *q, int64_t *ext) {
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        ext[s] = 0;
+    for (int64_t i = 0; i < q->n; i++) {
+        const loom__pnode *t = &q->nodes[i];
+        int64_t end = -1;
+        int s = -1;
+        if (t->op == LOOM_OP_STORE || t->op == LOOM_OP_SYNC)
+            s = t->attr.persist.slab, end = t->attr.persist.offset + loom__numel(t->ndim, t->shape);
+        else if (t->lay.base == LOOM_BASE_PERSIST) {
+            s = t->lay.index, end = t->lay.offset + 1;
+            for (int d = 0; d < t->ndim; d++)
+                end += (t->shape[d] - 1) * t->lay.stride[d];
+        }
+        if (s >= 0 && end > ext[s])
+            ext[s] = end;
+    }
+}
+
+/* The reference's state in one step: its bindings, and per node the value it made (a copy of
+ * its elements, taken as it was made: a later all-reduce or store may change them in place), its
+ * place, and the entry that made it. */
+typedef struct {
+    const loom__program *q;
+    loom__bind b;
+    int64_t next; /* its next entry */
+    unsigned char **snap;
+    loom__value *at;
+    int64_t *made;
+} check_ref;
+
+/* The reference's entries up to node `upto`, each value it makes copied. */
+static loom_status check_advance(check_ref *r, int32_t upto) {
+    loom__value v[LOOM_ENTRY_VALUES_MAX];
+    for (; r->next < r->q->nexec && r->q->exec[r->next] <= upto; r->next++) {
+        loom_status st = loom__interp_entry(r->q, &r->b, r->next);
+        for (int k = 0, nv = st ? 0 : loom__entry_values(r->q, r->next, v); k < nv && !st; k++) {
+            const loom__pnode *t = &r->q->nodes[v[k].id];
+            size_t es = loom__dtype_size((loom_dtype)t->dtype);
+            int64_t n = loom__numel(t->ndim, t->shape);
+            unsigned char **snap = &r->snap[v[k].id];
+            free(*snap);
+            if (!(*snap = malloc((size_t)n * es + 1)))
+                return LOOM_ENOMEM;
+            for (int64_t i = 0; i < n; i++)
+                memcpy(*snap + (size_t)i * es, check_elem(r->q, &r->b, &v[k], i), es);
+            r->at[v[k].id] = v[k], r->made[v[k].id] = r->next;
+        }
+        if (st)
+            return st;
+    }
+    return LOOM_OK;
+}
+
+/* One line on element i of node id differing: what each has. */
+static loom_status check_differs(const loom__program *p, int64_t e, int32_t id, int64_t i,
+                                 const unsigned char *got, const unsigned char *want,
+                                 const char *why) {
+    const loom__pnode *t = &p->nodes[id];
+    double g = t->dtype == LOOM_F64   ? *(const double *)(const void *)got
+               : t->dtype == LOOM_F32 ? *(const float *)(const void *)got
+                                      : *(const int32_t *)(const void *)got;
+    double w = t->dtype == LOOM_F64   ? *(const double *)(const void *)want
+               : t->dtype == LOOM_F32 ? *(const float *)(const void *)want
+                                      : *(const int32_t *)(const void *)want;
+    return loom__error(LOOM_EINTERNAL,
+                       "executor check: node %d (%s), made by kernel #%lld (node %d, %s), "
+                       "element %lld is %.9g where the reference has %.9g%s",
+                       id, loom__ops[t->op].name, (long long)e, p->exec[e],
+                       p->fused_of && p->fused_of[p->exec[e]] >= 0 ? "generated" : "library",
+                       (long long)i, g, w, why);
+}
+
+/* The bound on a value whose arithmetic differs from the reference's (sums in another order):
+ * ||got - ref|| <= CHECK_NORMWISE ||ref||, 2^-16, 256 units of float's rounding of the norm (a
+ * bias gradient's sum of 86528 terms in another order differs by 1e-6 of its value). */
+#define CHECK_NORMWISE 0x1p-16
+
+/* Whether the reference has run an all-reduce or a store since entry `since` (which may have
+ * changed a value of its slabs in place). */
+static bool check_wrote_slabs(const check_ref *r, int64_t since) {
+    for (int64_t e = since + 1; e < r->next; e++) {
+        const loom__pnode *t = &r->q->nodes[r->q->exec[e]];
+        if (t->op == LOOM_OP_SYNC || t->op == LOOM_OP_STORE)
+            return true;
+    }
+    return false;
+}
+
+/* Value v (entry e of p) against the reference's: the same bits, or where v is not exact within
+ * the normwise bound, and then the reference goes on from p's bits (its later kernels read what
+ * p's read). */
+static loom_status check_value(const loom__program *p, const loom__bind *b, int64_t e,
+                               const loom__value *v, check_ref *r) {
+    const loom__pnode *t = &p->nodes[v->id];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t n = loom__numel(t->ndim, t->shape), first = -1;
+    unsigned char *ref = r->snap[v->id];
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const unsigned char *got = check_elem(p, b, v, i), *want = ref + (size_t)i * es;
+        bool same = memcmp(got, want, es) == 0;
+        if (!same && v->exact)
+            return check_differs(p, e, v->id, i, got, want, "");
+        first = !same && first < 0 ? i : first;
+        if (t->dtype == LOOM_F32) {
+            float g = *(const float *)(const void *)got, w = *(const float *)(const void *)want;
+            err += ((double)g - w) * ((double)g - w), norm += (double)w * w;
+        }
+    }
+    if (first < 0)
+        return LOOM_OK;
+    if (t->dtype != LOOM_F32 || !(sqrt(err) <= CHECK_NORMWISE * sqrt(norm)))
+        return check_differs(p, e, v->id, first, check_elem(p, b, v, first),
+                             ref + (size_t)first * es, " (beyond the normwise bound)");
+    bool in_slab = r->at[v->id].lay.base == LOOM_BASE_PERSIST;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(ref + (size_t)i * es, check_elem(p, b, v, i), es);
+        if (!in_slab || !check_wrote_slabs(r, r->made[v->id]))
+            memcpy((void *)(uintptr_t)check_elem(r->q, &r->b, &r->at[v->id], i), ref + i * es, es);
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_run(const loom__executor *x, const loom__program *p, const loom__bind *b) {
+    (void)x;
+    check_ref r = {.q = check_twin(p), .b = *b};
+    if (!r.q)
+        return loom__error(LOOM_ENOMEM, "executor check: no reference program");
+    int64_t ext[LOOM_SLAB_COUNT], n = r.q->n + 1;
+    check_extents(r.q, ext);
+    r.snap = calloc((size_t)n, sizeof *r.snap);
+    r.at = calloc((size_t)n, sizeof *r.at);
+    r.made = calloc((size_t)n, sizeof *r.made);
+    r.b.ws = aligned_alloc(64, (r.q->ws_bytes + 127) / 64 * 64);
+    loom_status st = r.snap && r.at && r.made && r.b.ws ? LOOM_OK : LOOM_ENOMEM;
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++) { /* the reference writes copies of the slabs */
+        r.b.slab[s] = NULL;
+        if (!st && ext[s] > 0 && !(r.b.slab[s] = malloc(sizeof(float) * (size_t)ext[s])))
+            st = LOOM_ENOMEM;
+        if (r.b.slab[s])
+            memcpy(r.b.slab[s], b->slab[s], sizeof(float) * (size_t)ext[s]);
+    }
+    loom__value v[LOOM_ENTRY_VALUES_MAX];
+    int64_t kernels = 0, values = 0;
+    for (int64_t e = 0; !st && e < p->nexec; e++) {
+        if ((st = loom__interp_entry(p, b, e)))
+            break;
+        int nv = loom__entry_values(p, e, v);
+        int32_t upto = p->exec[e];
+        for (int k = 0; k < nv; k++)
+            upto = v[k].id > upto ? v[k].id : upto;
+        if ((st = check_advance(&r, upto)))
+            break;
+        kernels++;
+        if (e == check.corrupt_entry && nv > 0)
+            *(unsigned char *)(uintptr_t)check_elem(p, b, &v[0], 0) ^= 1;
+        for (int k = 0; k < nv && !st; k++, values++)
+            st = r.snap[v[k].id] ? check_value(p, b, e, &v[k], &r)
+                                 : loom__error(LOOM_EINTERNAL,
+                                               "executor check: node %d (%s), made by kernel "
+                                               "#%lld (node %d), has no reference value",
+                                               v[k].id, loom__ops[p->nodes[v[k].id].op].name,
+                                               (long long)e, p->exec[e]);
+    }
+    __atomic_fetch_add(&check.kernels, kernels, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&check.values, values, __ATOMIC_RELAXED);
+    for (int64_t i = 0; r.snap && i < n; i++)
+        free(r.snap[i]);
+    free(r.snap), free(r.at), free(r.made), free(r.b.ws);
+    for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        free(r.b.slab[s]);
+    return st == LOOM_ENOMEM ? loom__error(st, "executor check: out of memory") : st;
+}
+
+static const loom__executor check_executor = {
+    .name = "check", .build = check_build, .run = check_run, .release = check_release};
+
+static void check_executor_install(void) {
+    loom__set_executor(&check_executor);
+}
+
+#endif
