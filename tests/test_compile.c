@@ -18,6 +18,9 @@ static const int ew_arity[] = {
 #include "../src/graph/ops.def"
 };
 
+/* GELU's gradient has no public builder: autograd makes it (src/graph/builders.c). */
+loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy);
+
 /* op applied to operands through the public builders (the table's names map to them). */
 static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_tensor *b,
                           loom_tensor *c) {
@@ -37,6 +40,8 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
         return loom_erf(g, a);
     if (!strcmp(op, "GELU"))
         return loom_gelu(g, a);
+    if (!strcmp(op, "GELUGRAD"))
+        return loom__gelu_grad(g, a, b);
     if (!strcmp(op, "ADD"))
         return loom_add(g, a, b);
     if (!strcmp(op, "SUB"))

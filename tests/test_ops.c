@@ -243,9 +243,9 @@ static const opcase cases[] = {
 #define NCASES (int)(sizeof cases / sizeof *cases)
 
 /* Ops without a gradient, checked by forward tests below. */
-static const char *const forward_only[] = {"INPUT", "CONST",    "PERSIST",  "CMPGT",
-                                           "CMPEQ", "MAXMASK",  "ONEHOT",   "STORE",
-                                           "SYNC",  "POOLGRAD", "LNORMGRAD"};
+static const char *const forward_only[] = {"INPUT", "CONST",    "PERSIST",   "CMPGT",
+                                           "CMPEQ", "MAXMASK",  "ONEHOT",    "STORE",
+                                           "SYNC",  "POOLGRAD", "LNORMGRAD", "GELUGRAD"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name, attr)          #name,
@@ -981,6 +981,39 @@ TEST(gelu_and_layer_norm_match_naive) {
     loom_graph_free(g);
 }
 
+/* GELU's gradient in float32 (GELUGRAD: erf and exp evaluated in float, graph/opmath.h) against
+ * its definition in double over [-6, 6] and 0, within 4 units of 2^-24 (|x| + 1) |dy|; its own
+ * gradient (a second derivative) is refused with a clear error. */
+TEST(gelu_gradient_in_float_matches_its_definition) {
+    enum { N = 4801 };
+    static float x[N], dy[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(-6.0 + 12.0 * i / (N - 1)), dy[i] = (float)test_rand(65, (uint64_t)i, -2, 2);
+    int64_t s[1] = {N};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 1, s, x);
+    loom_requires_grad(tx);
+    loom_tensor *loss =
+        loom_sum_all(g, loom_mul(g, loom_gelu(g, tx), loom_input(g, LOOM_F32, 1, s, dy)));
+    loom_tensor *gx = loom_grad(g, loss, tx);
+    loom_output(gx);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pg = loom_tensor_data(gx);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double v = x[i];
+        double ref =
+            dy[i] * (0.5 * (1 + erf(v / sqrt(2.0))) + v * exp(-0.5 * v * v) * 0.39894228040143268);
+        worst = fmax(worst, fabs(pg[i] - ref) / (0x1p-24 * (1 + fabs(v)) * fabs(dy[i])));
+    }
+    fprintf(stderr, "float GELU gradient: within %.2f units of 2^-24 (1 + |x|) |dy|\n", worst);
+    ASSERT(worst <= 4.0);
+    ASSERT(loom_grad(g, loom_sum_all(g, gx), tx) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "the gradient of GELU's gradient (a second derivative "
+                                             "of GELU) is not supported");
+    loom_graph_free(g);
+}
+
 /* Layer normalization of rows that are not contiguous (a transpose's, 37 rows of 5, strided
  * 37 apart) against naive loops; its second derivative is refused with a clear error. */
 TEST(layer_norm_of_strided_rows_and_its_second_derivative) {
@@ -1166,6 +1199,7 @@ int main(void) {
     RUN(float_erf_is_faithful);
     RUN(float_exp_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
+    RUN(gelu_gradient_in_float_matches_its_definition);
     RUN(layer_norm_of_strided_rows_and_its_second_derivative);
     RUN(pad2d_and_crop2d_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);

@@ -107,18 +107,11 @@ RULE(ERF) { /* 2 / sqrt(pi) exp(-a^2) */
     gx[0] = loom_mul(g, gy, loom_mul(g, loom__scalar_like(g, gy, 1.1283791670955126), e));
 }
 RULE(GELU) { /* Phi(a) + a phi(a), recomputed from a: nothing of the forward is kept for it, and
-              * the backward is one elementwise kernel of a and gy */
+              * the backward is one elementwise op of a and gy */
     (void)t;
-    loom_tensor *cdf = loom_mul(
-        g,
-        loom_add(g, loom__scalar_like(g, gy, 1.0),
-                 loom_erf(g, loom_mul(g, A, loom__scalar_like(g, gy, 0.70710678118654752)))),
-        loom__scalar_like(g, gy, 0.5));
-    loom_tensor *pdf =
-        loom_mul(g, loom_exp(g, loom_mul(g, loom_mul(g, A, A), loom__scalar_like(g, gy, -0.5))),
-                 loom__scalar_like(g, gy, 0.39894228040143268)); /* 1 / sqrt(2 pi) */
-    gx[0] = loom_mul(g, gy, loom_add(g, cdf, loom_mul(g, A, pdf)));
+    gx[0] = loom__gelu_grad(g, A, gy);
 }
+REFUSED(GELUGRAD, "GELU's gradient (a second derivative of GELU)")
 RULE(ADD) {
     (void)g, (void)t;
     gx[0] = gy;

@@ -252,6 +252,9 @@ loom_tensor *loom_erf(loom_graph *g, loom_tensor *a) {
 loom_tensor *loom_gelu(loom_graph *g, loom_tensor *a) {
     return ew(g, LOOM_OP_GELU, "loom_gelu", 1, a, NULL, NULL);
 }
+loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy) {
+    return ew(g, LOOM_OP_GELUGRAD, "loom_gelu's gradient", 2, x, gy, NULL);
+}
 
 static loom_tensor *axis_op(loom_graph *g, loom__op op, const char *name, loom_tensor *a,
                             int axis) {

@@ -208,6 +208,8 @@ loom_tensor *loom__persist(loom_graph *g, loom__slab slab, int64_t offset, int n
 void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset);
 /* A scalar of x's dtype broadcast against nothing (shape ()). */
 loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
+/* GELU's gradient from its input x and the output's gradient gy (GELUGRAD). */
+loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy);
 /* Layer normalization without weight or bias (LNORM) and its input gradient (LNORMGRAD) from x
  * and the output's gradient gy: row kernels along the last axis. */
 loom_tensor *loom__lnorm(loom_graph *g, loom_tensor *x, double eps);
