@@ -398,5 +398,10 @@ int main(int argc, char **argv) {
     RUN(a_fault_in_one_process_ends_the_job_naming_it);
     RUN(a_killed_process_ends_the_job);
     RUN(a_signal_stops_every_process_at_the_same_step);
+    if (harness_failed) { /* the jobs' own words, for a failure seen once in many runs */
+        snprintf(cmd, sizeof cmd,
+                 "for f in '%s'/*.log; do echo \"== $f\"; tail -n 15 \"$f\"; done >&2", tmp);
+        (void)!system(cmd);
+    }
     return HARNESS_EXIT();
 }
