@@ -5,7 +5,9 @@
  * ordinals and persistent offsets, which nodes are outputs; never data or addresses). On a cache
  * hit the stored program runs with this step's input buffers; on a miss the graph is planned:
  * liveness (only nodes that reach an output or a store are kept), layouts and buffers
- * (memplan.c), fusion and generated kernels (fuse.c, codegen.c, cc.c).
+ * (memplan.c), fusion (fuse.c), and the graph's executor builds the generated kernels (the CPU's:
+ * cpu.c, codegen.c, cc.c). The graph is the recorded step; what running it keeps (the programs,
+ * the workspace, the step in flight, the last step's results) is its loom__steps, here alone.
  */
 #include "internal.h"
 
@@ -14,6 +16,28 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A graph's run state (loom_graph.run). */
+struct loom__steps {
+    const loom__executor *x;  /* what builds and runs its programs */
+    loom__program **programs; /* the programs built for it: the cache */
+    int64_t nprograms, programs_cap;
+    loom__program *last; /* program of the last successful run, NULL before */
+    /* a step submitted and not yet waited for (loom_graph_submit): its program, whether the
+     * graph was reset since (its tensors are gone), its loss node (-1: none) and dtype; then the
+     * status and loss of the last step that ended */
+    loom__program *inflight;
+    bool inflight_reset;
+    int32_t loss_id;
+    uint8_t loss_dtype;
+    loom_status ended_status;
+    double ended_loss;
+    const void **last_inputs; /* its input bindings (in the graph's arena) */
+    const void **kept; /* last's outputs once kept off the devices (loom__graph_keep), or NULL */
+    void *workspace;   /* of the steps run on this thread */
+    size_t workspace_size;
+    bool warned_recompile;
+};
 
 /* One kernel of the schedule: its node, op, shape and whether it is generated (with the nodes it
  * fuses) or interpreted. */
@@ -330,7 +354,7 @@ done:
 
 static loom__program *plan(loom_graph *g, uint64_t hash) {
     int64_t n = g->n;
-    loom__program *p = program_new(n, g->x);
+    loom__program *p = program_new(n, g->run->x);
     if (!p)
         return NULL;
     p->hash = hash;
@@ -381,19 +405,38 @@ loom__program *loom__program_reference(const loom__program *p, const loom__execu
     return q;
 }
 
-void loom__programs_free(loom_graph *g) {
-    for (int64_t i = 0; i < g->nprograms; i++)
-        loom__program_free(g->programs[i]);
-    loom__free(g->programs);
-    g->programs = NULL;
-    g->nprograms = g->programs_cap = 0;
+loom__steps *loom__steps_new(void) {
+    loom__steps *r = loom__calloc(1, sizeof *r);
+    if (r)
+        r->ended_loss = NAN;
+    return r;
+}
+
+void loom__steps_free(loom_graph *g) {
+    loom__steps *r = g->run;
+    for (int64_t i = 0; i < r->nprograms; i++)
+        loom__program_free(r->programs[i]);
+    loom__free(r->programs);
+    loom__free(r->workspace);
+    loom__free(r);
+    g->run = NULL;
+}
+
+void loom__steps_reset(loom_graph *g) {
+    if (g->run->inflight) /* a submitted step runs on (its bindings are the devices') */
+        g->run->inflight_reset = true;
+    g->run->last = NULL, g->run->kept = NULL;
+}
+
+const loom__program *loom__graph_last(const loom_graph *g) {
+    return g->run->last;
 }
 
 /* A new program after the first: if a cached program has the same ops and only input shapes differ
  * (the usual cause: a short last batch), say so once, naming the input and both shapes. */
 static void warn_recompile(loom_graph *g) {
-    for (int64_t k = 0; k < g->nprograms && !g->warned_recompile; k++) {
-        const loom__program *p = g->programs[k];
+    for (int64_t k = 0; k < g->run->nprograms && !g->run->warned_recompile; k++) {
+        const loom__program *p = g->run->programs[k];
         int64_t diff = -1;
         for (int64_t i = 0; p->n == g->n && i < g->n; i++) {
             const loom_tensor *t = g->nodes[i];
@@ -415,32 +458,33 @@ static void warn_recompile(loom_graph *g) {
                           "or pad it to keep one program",
                           (long long)g->metrics.graphs_built, in->attr.input, now_s,
                           in->role == LOOM_ROLE_BATCH ? " per device" : "", old_s);
-                g->warned_recompile = true;
+                g->run->warned_recompile = true;
             }
         }
     }
 }
 
 static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
-    if (!g->x)
-        g->x = loom__executor_default();
+    if (!g->run->x)
+        g->run->x = loom__executor_default();
     uint64_t h = graph_hash(g);
-    for (int64_t i = 0; i < g->nprograms; i++) {
-        if (g->programs[i]->hash == h && g->programs[i]->n == g->n) {
+    for (int64_t i = 0; i < g->run->nprograms; i++) {
+        if (g->run->programs[i]->hash == h && g->run->programs[i]->n == g->n) {
             g->metrics.cache_hits++;
-            return g->programs[i];
+            return g->run->programs[i];
         }
     }
     warn_recompile(g);
     double t0 = loom__now();
     loom__program *p = NULL;
-    if (loom__grow((void **)&g->programs, &g->programs_cap, g->nprograms + 1, sizeof(void *)) ||
+    if (loom__grow((void **)&g->run->programs, &g->run->programs_cap, g->run->nprograms + 1,
+                   sizeof(void *)) ||
         !(p = plan(g, h))) {
         *st = loom__error(LOOM_ENOMEM, "loom_graph_run: out of memory planning %lld nodes",
                           (long long)g->n);
         return NULL;
     }
-    g->programs[g->nprograms++] = p;
+    g->run->programs[g->run->nprograms++] = p;
     g->metrics.programs_built++;
     g->metrics.plan_seconds += loom__now() - t0;
     if ((int64_t)p->ws_bytes > g->metrics.workspace_bytes)
@@ -519,15 +563,15 @@ loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int nd
  * a step of another graph on devices ends first, and slabs lent to devices come back). */
 static loom__bind here_bind(const loom_graph *g, const void **inputs) {
     loom__model_settle(g->model);
-    loom__bind b = {.ws = g->workspace, .inputs = inputs};
+    loom__bind b = {.ws = g->run->workspace, .inputs = inputs};
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         b.slab[s] = g->model ? g->model->slab[s] : NULL;
     return b;
 }
 
 void loom__graph_keep(loom_graph *g) {
-    const loom__program *p = g->last;
-    if (!p || g->kept || !g->runner)
+    const loom__program *p = g->run->last;
+    if (!p || g->run->kept || !g->runner)
         return;
     const void **kept = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->n * g->nlocal));
     for (int64_t i = 0; kept && i < g->n; i++) {
@@ -538,17 +582,17 @@ void loom__graph_keep(loom_graph *g) {
                       &g->arena, g->runner->data(g->runner_ctx, p, (int32_t)i, d), bytes)))
                 kept = NULL;
     }
-    g->kept = kept;
+    g->run->kept = kept;
     if (!kept)
-        g->last = NULL;
+        g->run->last = NULL;
 }
 
 const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d) {
-    if (g->kept && p == g->last)
-        return g->kept[id * g->nlocal + d];
+    if (g->run->kept && p == g->run->last)
+        return g->run->kept[id * g->nlocal + d];
     if (g->runner)
         return g->runner->data(g->runner_ctx, p, id, d);
-    loom__bind b = here_bind(g, g->last_inputs);
+    loom__bind b = here_bind(g, g->run->last_inputs);
     return loom__addr(p, &b, id);
 }
 
@@ -581,7 +625,7 @@ double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, 
 
 /* One device, on this thread. */
 static loom_status run_here(loom_graph *g, loom__program *p) {
-    if (loom__scratch(&g->workspace, &g->workspace_size, p->ws_bytes))
+    if (loom__scratch(&g->run->workspace, &g->run->workspace_size, p->ws_bytes))
         return LOOM_ENOMEM;
     size_t slots = sizeof(void *) * (size_t)(g->ninputs + 1);
     const void **inputs = loom__arena_alloc(&g->arena, slots);
@@ -598,7 +642,7 @@ static loom_status run_here(loom_graph *g, loom__program *p) {
     double t0 = loom__now();
     st = p->x->run(p->x, p, &b);
     g->metrics.exec_seconds += loom__now() - t0;
-    g->last_inputs = inputs;
+    g->run->last_inputs = inputs;
     return st;
 }
 
@@ -608,7 +652,7 @@ loom_status loom_graph_submit(loom_graph *g) {
     loom_status st = loom__graph_finish(g); /* the step before, if still running */
     if (st)
         return st;
-    g->last = NULL, g->kept = NULL;
+    g->run->last = NULL, g->run->kept = NULL;
     if (g->err)
         return loom__error(g->err, "%s", g->errmsg);
     g->metrics.graphs_built++;
@@ -617,19 +661,19 @@ loom_status loom_graph_submit(loom_graph *g) {
     if (!p)
         return st;
     g->metrics.kernels = p->nexec;
-    g->loss_id = -1;
-    for (int64_t i = g->n - 1; i >= 0 && g->loss_id < 0; i--)
+    g->run->loss_id = -1;
+    for (int64_t i = g->n - 1; i >= 0 && g->run->loss_id < 0; i--)
         if (g->nodes[i]->is_loss)
-            g->loss_id = (int32_t)i, g->loss_dtype = g->nodes[i]->dtype;
+            g->run->loss_id = (int32_t)i, g->run->loss_dtype = g->nodes[i]->dtype;
     if (!g->runner) { /* one device, on this thread: the step ends here */
-        g->inflight = p, g->inflight_reset = false;
-        g->ended_status = run_here(g, p);
+        g->run->inflight = p, g->run->inflight_reset = false;
+        g->run->ended_status = run_here(g, p);
         return loom__graph_finish(g);
     }
     st = g->runner->submit(g->runner_ctx, g, p);
     if (st)
         return st;
-    g->inflight = p, g->inflight_reset = false;
+    g->run->inflight = p, g->run->inflight_reset = false;
     if (g->model) /* the host's ways into the model's slabs end this step first */
         g->model->running = g;
     return LOOM_OK;
@@ -641,7 +685,8 @@ loom_status loom_graph_submit(loom_graph *g) {
 static loom_status step_loss(const loom_graph *g, const loom__program *p, int32_t id,
                              double *mean) {
     int first = -1, bad = 0;
-    double v = 0, sum = 0, buf[256], *all = device_values(g, p, id, (loom_dtype)g->loss_dtype, buf);
+    double v = 0, sum = 0, buf[256],
+           *all = device_values(g, p, id, (loom_dtype)g->run->loss_dtype, buf);
     *mean = NAN;
     if (!all)
         return loom__error(LOOM_ENOMEM, "the loss of every device: out of memory");
@@ -666,18 +711,18 @@ static loom_status step_loss(const loom_graph *g, const loom__program *p, int32_
 }
 
 loom_status loom__graph_finish(loom_graph *g) {
-    loom__program *p = g->inflight;
+    loom__program *p = g->run->inflight;
     if (!p)
         return LOOM_OK;
-    loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->ended_status;
+    loom_status st = g->runner ? g->runner->wait(g->runner_ctx, g) : g->run->ended_status;
     bool ran = !st;
-    g->ended_loss = NAN;
-    if (ran && g->loss_id >= 0)
-        st = step_loss(g, p, g->loss_id, &g->ended_loss);
-    g->ended_status = st;
-    if (ran && !g->inflight_reset) /* (a non-finite loss's outputs stay readable) */
-        g->last = p;
-    g->inflight = NULL;
+    g->run->ended_loss = NAN;
+    if (ran && g->run->loss_id >= 0)
+        st = step_loss(g, p, g->run->loss_id, &g->run->ended_loss);
+    g->run->ended_status = st;
+    if (ran && !g->run->inflight_reset) /* (a non-finite loss's outputs stay readable) */
+        g->run->last = p;
+    g->run->inflight = NULL;
     if (g->model && g->model->running == g)
         g->model->running = NULL;
     return st;
@@ -686,9 +731,9 @@ loom_status loom__graph_finish(loom_graph *g) {
 loom_status loom_graph_wait(loom_graph *g, double *loss) {
     if (!g)
         return loom__error(LOOM_EINVAL, "loom_graph_wait: NULL graph");
-    loom_status st = g->inflight ? loom__graph_finish(g) : g->ended_status;
+    loom_status st = g->run->inflight ? loom__graph_finish(g) : g->run->ended_status;
     if (loss)
-        *loss = g->ended_loss;
+        *loss = g->run->ended_loss;
     return st;
 }
 
@@ -703,9 +748,9 @@ const void *loom_tensor_data(const loom_tensor *t) {
     if (!t)
         return NULL;
     loom_graph *g = t->g;
-    if (g->inflight && !g->inflight_reset) /* its step, submitted: it ends first */
+    if (g->run->inflight && !g->run->inflight_reset) /* its step, submitted: it ends first */
         loom__graph_finish(g);
-    const loom__program *p = g->last;
+    const loom__program *p = g->run->last;
     if (!p || !t->is_output || t->id >= p->n)
         return NULL;
     return loom__node_data(g, p, t->id, 0);

@@ -56,11 +56,14 @@ void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
 
 loom_graph *loom_graph_new(loom_model *m) {
     loom_graph *g = loom__calloc(1, sizeof *g);
+    if (g && !(g->run = loom__steps_new())) {
+        loom__free(g);
+        return NULL;
+    }
     if (g) {
         g->model = m;
         g->ndev = g->nlocal = 1;
         g->batch_rows = -1;
-        g->ended_loss = NAN;
     }
     return g;
 }
@@ -76,24 +79,20 @@ void loom_graph_free(loom_graph *g) {
         loom_metrics_format(&g->metrics, buf, sizeof buf);
         loom__log(LOOM_LOG_INFO, "%s", buf);
     }
-    loom__programs_free(g);
+    loom__steps_free(g);
     loom__arena_free(&g->arena);
     loom__free(g->nodes);
-    loom__free(g->workspace);
     loom__free(g);
 }
 
 void loom_graph_reset(loom_graph *g) {
-    if (g->inflight) /* a submitted step runs on (its bindings are the devices'): its tensors go */
-        g->inflight_reset = true;
+    loom__steps_reset(g);
     loom__arena_reset(&g->arena);
-    g->last = NULL, g->kept = NULL; /* the step's tensors, through which outputs are read, go */
     g->n = 0;
     g->ninputs = 0;
     g->persist_nodes = NULL;
     g->err = LOOM_OK;
     g->errmsg[0] = 0;
-    g->last = NULL;
     g->batch_rows = -1;
     g->mask_node = g->count_node = g->row0_node = NULL;
 }
@@ -342,7 +341,7 @@ double loom_item(const loom_tensor *t) {
     if (!p || loom_tensor_numel(t) < 1)
         return NAN;
     /* the mean over devices (a loss is normalised so that this is global) */
-    return loom__node_mean(t->g, t->g->last, t->id, (loom_dtype)t->dtype);
+    return loom__node_mean(t->g, loom__graph_last(t->g), t->id, (loom_dtype)t->dtype);
 }
 
 int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
@@ -355,7 +354,7 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     char *mine = across ? loom__malloc(block * (size_t)g->nlocal + 1) : NULL;
     char *all = across ? loom__malloc(block * (size_t)g->ndev + 1) : NULL;
     for (int d = 0; across && mine && d < g->nlocal; d++)
-        memcpy(mine + (size_t)d * block, loom__node_data(g, g->last, t->id, d), block);
+        memcpy(mine + (size_t)d * block, loom__node_data(g, loom__graph_last(g), t->id, d), block);
     if (across && (!mine || !all ||
                    g->runner->allgather(g->runner_ctx, mine, block * (size_t)g->nlocal, all))) {
         loom__free(mine), loom__free(all);
@@ -365,7 +364,8 @@ int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
     for (int d = 0; d < (across ? g->ndev : g->nlocal); d++) {
         int64_t r = loom__shard_rows(g, across ? d : g->dev0 + d, g->ndev);
         r = r < t->shape[0] ? r : t->shape[0];
-        const char *src = across ? all + (size_t)d * block : loom__node_data(g, g->last, t->id, d);
+        const char *src =
+            across ? all + (size_t)d * block : loom__node_data(g, loom__graph_last(g), t->id, d);
         memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
         rows += r;
     }

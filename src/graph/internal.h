@@ -96,6 +96,7 @@ struct loom_tensor {
 
 typedef struct loom__program loom__program;
 typedef struct loom__executor loom__executor;
+typedef struct loom__steps loom__steps;
 
 /* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here.
  * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running).
@@ -122,27 +123,11 @@ struct loom_graph {
     loom_tensor **persist_nodes; /* per model parameter, this step's PERSIST node or NULL */
     loom_status err;
     char errmsg[512];
-    /* compile state (compile/program.c) */
-    loom__program **programs;
-    int64_t nprograms, programs_cap;
-    loom__program *last; /* program of the last successful run, NULL before */
-    /* a step submitted and not yet waited for (loom_graph_submit): its program, whether the
-     * graph was reset since (its tensors are gone), its loss node (-1: none) and dtype; then the
-     * status and loss of the last step that ended */
-    loom__program *inflight;
-    bool inflight_reset;
-    int32_t loss_id;
-    uint8_t loss_dtype;
-    loom_status ended_status;
-    double ended_loss;
-    const void **last_inputs; /* its input bindings (in the arena) */
-    const void **kept; /* last's outputs once kept off the devices (loom__graph_keep), or NULL */
-    void *workspace;
-    size_t workspace_size;
+    /* what running its steps keeps: programs, workspace, the step in flight and the last one's
+     * results (compile/program.c's alone) */
+    loom__steps *run;
     loom_metrics metrics;
-    bool warned_recompile;
     loom_backend backend;
-    const loom__executor *x; /* what builds and runs its programs (backend/internal.h) */
     /* devices: set by loom_graph_set_devices() before the first node */
     const loom__runner *runner;
     void *runner_ctx;
@@ -231,8 +216,13 @@ typedef void (*loom__grad_ready)(void *ctx, int i, loom_tensor *grad);
 void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
                  loom_tensor **out, loom__grad_ready ready, void *ctx);
 
-/* compile/program.c */
-void loom__programs_free(loom_graph *g);
+/* compile/program.c: a graph's run state (loom_graph.run), made with it, freed with it (its step
+ * in flight ended first), and reset with it (the step's tensors, through which outputs are read,
+ * go; a step in flight runs on); the program of its last step that ran (NULL before). */
+loom__steps *loom__steps_new(void);
+void loom__steps_free(loom_graph *g);
+void loom__steps_reset(loom_graph *g);
+const loom__program *loom__graph_last(const loom_graph *g);
 /* The buffers g's step reads its caller-supplied inputs from, by input ordinal, into src. With
  * `copy` (a step that runs on after submit returns), every input but a borrowed one is copied
  * into `a` now (a batch input: the whole global batch), so that the step reads its inputs' values
