@@ -8,10 +8,10 @@
  *   - 5 training steps on this thread and on 1 and 2 devices: loom's distance from the float64
  *     run at most MAX_RATIO times float32 PyTorch's, the losses close to float64's;
  *   - 20 steps on 2 devices match 1 device within 1e-5 (normwise), and repeat bitwise;
- *   - under the tests' own executor (executor_check.h) every kernel of those steps equals the
+ *   - under the check executor (src/backend/check.c) every kernel of those steps equals the
  *     reference interpreter's, and the parameters those of the CPU executor's run, bitwise.
  */
-#include "executor_check.h"
+#include "../src/backend/internal.h"
 #include "harness.h"
 
 #include <math.h>
@@ -210,14 +210,14 @@ TEST(every_kernel_equals_the_reference_under_a_second_executor) {
     float *cpu = malloc(sizeof(float) * (size_t)n), *checked = malloc(sizeof(float) * (size_t)n);
     for (int devices = 1; devices <= 2; devices++) {
         bool ok = train20(devices, 0.2, cpu, n);
-        check_executor_install();
-        int64_t values = check.values;
+        loom__set_executor(&loom__check_executor);
+        int64_t values = loom__check.values;
         ok = ok && train20(devices, 0.2, checked, n);
         loom__set_executor(NULL);
         fprintf(stderr, "%d device(s), 20 steps: %lld values checked against the reference\n",
-                devices, (long long)(check.values - values));
+                devices, (long long)(loom__check.values - values));
         ASSERT(ok);
-        ASSERT(check.values - values >= 20 * devices * 100);
+        ASSERT(loom__check.values - values >= 20 * devices * 100);
         ASSERT(memcmp(cpu, checked, sizeof(float) * (size_t)n) == 0);
     }
     free(cpu), free(checked);

@@ -9,7 +9,7 @@
  * steps of at most 16 samples.
  */
 #include "../bench/matrix.h"
-#include "executor_check.h"
+#include "../src/backend/internal.h"
 #include "harness.h"
 
 #include <math.h>
@@ -159,25 +159,26 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
     }
 }
 
-/* Through the tests' own executor (executor_check.h), every model's steps on 1 and 2 devices:
- * each value every kernel leaves whole equals the reference interpreter's bit for bit. */
+/* Through the check executor (src/backend/check.c, a second implementation of the executor
+ * interface), every model's steps on 1 and 2 devices: each value every kernel leaves whole equals
+ * the reference interpreter's bit for bit. */
 TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
     bool quick = getenv("LOOM_TEST_QUICK") != NULL;
-    check_executor_install();
+    loom__set_executor(&loom__check_executor);
     for (int i = 0; i < MATRIX_COUNT; i++) {
         const matrix_model *mm = &matrix[i];
         int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
         for (int devices = 1; devices <= 2; devices++) {
-            int64_t kernels = check.kernels, values = check.values;
+            int64_t kernels = loom__check.kernels, values = loom__check.values;
             result r = {0};
             bool ok = train(mm, devices, 2, rows, &r);
             free(r.params), free(r.first);
             fprintf(stderr, "%-15s %d device%s: %lld kernels run, %lld values checked\n", mm->name,
-                    devices, devices > 1 ? "s" : " ", (long long)(check.kernels - kernels),
-                    (long long)(check.values - values));
-            if (ok && !(check.values - values >= 2 * devices * 10))
+                    devices, devices > 1 ? "s" : " ", (long long)(loom__check.kernels - kernels),
+                    (long long)(loom__check.values - values));
+            if (ok && !(loom__check.values - values >= 2 * devices * 10))
                 fprintf(stderr, "FAIL %s: only %lld values checked\n", mm->name,
-                        (long long)(check.values - values)),
+                        (long long)(loom__check.values - values)),
                     harness_failed++;
         }
     }
@@ -187,9 +188,9 @@ TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
 /* The check fails a step whose kernel writes one wrong bit, naming the node (kernels of the
  * forward, the backward and the update among the MLP's 34). */
 TEST(the_second_executor_fails_a_step_on_one_wrong_bit) {
-    check_executor_install();
+    loom__set_executor(&loom__check_executor);
     for (int64_t e = 0; e < 34; e += 11) {
-        check.corrupt_entry = e;
+        loom__check.corrupt_entry = e;
         result r = {0};
         bool ok = try_train(&matrix[0], 2, 1, 64, &r);
         free(r.params), free(r.first);
@@ -201,7 +202,7 @@ TEST(the_second_executor_fails_a_step_on_one_wrong_bit) {
         ASSERT_STR_CONTAINS(train_error, want);
     }
     fprintf(stderr, "e.g. %s\n", train_error);
-    check.corrupt_entry = -1;
+    loom__check.corrupt_entry = -1;
     loom__set_executor(NULL);
 }
 

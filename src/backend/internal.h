@@ -177,7 +177,8 @@ typedef struct {
  * thread, or dist/devices.c's device threads, concurrently) calls run with that device's
  * bindings; release frees what build made when the program is freed. Nothing above this
  * interface knows the target: loom__cpu_executor (compile/cpu.c: C rendered by codegen.c, built by
- * cc.c, run with interp.c's kernels) is the one in the library, and the tests add another. */
+ * cc.c, run with interp.c's kernels) runs steps; loom__check_executor (check.c) is a second,
+ * which checks every kernel of a step against the reference interpreter. */
 struct loom__executor {
     const char *name;
     /* *compiled: whether a compiler ran (else the build came from a cache) */
@@ -187,7 +188,18 @@ struct loom__executor {
     void *ctx;
 };
 extern const loom__executor loom__cpu_executor;
-/* The executor of graphs made from now on (NULL: loom__cpu_executor); not thread-safe. */
+/* backend/check.c: the check executor, each kernel's values against the reference interpreter's
+ * (LOOM_CHECK=1 makes it every graph's); what it compared over all runs (atomic counts), and
+ * corrupt_entry >= 0 flips a bit of that exec entry's first value before comparing (a test that
+ * the check can fail). */
+extern const loom__executor loom__check_executor;
+typedef struct {
+    int64_t kernels, values;
+    int64_t corrupt_entry;
+} loom__check_counts;
+extern loom__check_counts loom__check;
+/* The executor of graphs planned from now on (NULL: loom__cpu_executor, or loom__check_executor
+ * under LOOM_CHECK=1); not thread-safe. */
 void loom__set_executor(const loom__executor *x);
 const loom__executor *loom__executor_default(void);
 

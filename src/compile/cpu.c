@@ -57,5 +57,7 @@ void loom__set_executor(const loom__executor *x) {
 }
 
 const loom__executor *loom__executor_default(void) {
-    return default_executor ? default_executor : &loom__cpu_executor;
+    if (default_executor)
+        return default_executor;
+    return loom__getenv()->check ? &loom__check_executor : &loom__cpu_executor;
 }

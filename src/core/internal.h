@@ -64,6 +64,7 @@ uint64_t loom__hash_final(const loom__hash *h);
 typedef struct {
     bool metrics;           /* LOOM_METRICS=1 */
     bool profile;           /* LOOM_PROFILE=1: time every kernel, print a table per program */
+    bool check;             /* LOOM_CHECK=1: every kernel checked against the reference */
     const char *data;       /* LOOM_DATA, or NULL */
     const char *backend;    /* LOOM_BACKEND (interp or cpu), or NULL */
     const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */

@@ -104,6 +104,8 @@ static void read_env(void) {
     env.metrics = m && *m && strcmp(m, "0") != 0;
     const char *pr = getenv("LOOM_PROFILE");
     env.profile = pr && *pr && strcmp(pr, "0") != 0;
+    const char *ck = getenv("LOOM_CHECK");
+    env.check = ck && *ck && strcmp(ck, "0") != 0;
     const char *d = getenv("LOOM_DATA");
     env.data = d && *d ? d : NULL;
     const char *b = getenv("LOOM_BACKEND");

@@ -1,23 +1,19 @@
 /*
- * executor_check.h - a second executor for the tests (the interface of src/backend/internal.h):
- * it builds a program as the CPU executor does and runs each step beside the program's reference
- * twin (loom__program_reference: the same nodes, nothing fused, every op its own interpreted
- * kernel, every value kept), which writes copies of the slabs. After each of the program's
- * kernels (on the real bindings) the twin runs up to the nodes that kernel made, and every value
- * the kernel leaves whole (loom__entry_values) is compared with the twin's, bit for bit; a value of
- * other arithmetic (a fold summing its taps in its product's order) within a normwise bound,
- * the twin then going on from the program's bits. The first difference fails the step with one
- * line naming the node, its kernel and the element. Graphs, trainers and devices running with
- * this executor show that nothing above the interface depends on the CPU one.
- *
- * check_executor_install() makes it the executor of graphs made from then on; the counts say
- * what it compared. With corrupt_entry >= 0 it flips a bit of that exec entry's first value
- * before comparing (a test that the check can fail).
+ * check.c - the check executor (LOOM_CHECK=1, or loom__set_executor(&loom__check_executor)): a
+ * second implementation of the executor interface (internal.h) that builds a program as the CPU
+ * executor does and runs each step beside the program's reference twin (loom__program_reference:
+ * the same nodes, nothing fused, every op its own interpreted kernel, every value kept), which
+ * writes copies of the slabs. After each of the program's kernels (on the real bindings) the
+ * twin runs up to the nodes that kernel made, and every value the kernel leaves whole
+ * (loom__entry_values) is compared with the twin's, bit for bit; a value of other arithmetic (a
+ * fold summing its taps in its product's order, a pool gradient's sinks by windows) within a
+ * normwise bound, the twin then going on from the program's bits. The first difference fails
+ * the step with one line naming the node, its kernel and the element: a miscompiled or wrong fast
+ * kernel is found where it happens, not as a loss that drifts. Steps take several times as long.
+ * Graphs, trainers and devices running with it show that nothing above the interface depends on
+ * the CPU executor (tests/test_matrix.c, tests/test_gpt.c, tests/test_cli.sh).
  */
-#ifndef LOOM_TEST_EXECUTOR_CHECK_H
-#define LOOM_TEST_EXECUTOR_CHECK_H
-
-#include "../src/backend/internal.h"
+#include "internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -26,26 +22,36 @@
 
 #define CHECK_TWINS 256
 
+/* A program's twin, and what its runs that passed compared (atomic). */
+typedef struct {
+    loom__program *q;
+    int64_t runs, values;
+} twin;
+
 static struct {
     pthread_mutex_t mu;
     const loom__program *of[CHECK_TWINS];
-    loom__program *twin[CHECK_TWINS];
+    twin *twin[CHECK_TWINS];
     int n;
-    int64_t kernels, values; /* compared, over all runs (atomic) */
-    int64_t corrupt_entry;
-} check = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0, 0, 0, -1};
+} check = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0};
+
+loom__check_counts loom__check = {0, 0, -1};
 
 /* p's twin, made at its first run (devices run concurrently). */
-static loom__program *check_twin(const loom__program *p) {
+static twin *check_twin(const loom__program *p) {
     pthread_mutex_lock(&check.mu);
-    loom__program *q = NULL;
-    for (int i = 0; i < check.n && !q; i++)
+    twin *t = NULL;
+    for (int i = 0; i < check.n && !t; i++)
         if (check.of[i] == p)
-            q = check.twin[i];
-    if (!q && check.n < CHECK_TWINS && (q = loom__program_reference(p, &loom__cpu_executor)))
-        check.of[check.n] = p, check.twin[check.n++] = q;
+            t = check.twin[i];
+    if (!t && check.n < CHECK_TWINS && (t = loom__calloc(1, sizeof *t))) {
+        if ((t->q = loom__program_reference(p, &loom__cpu_executor)))
+            check.of[check.n] = p, check.twin[check.n++] = t;
+        else
+            loom__free(t), t = NULL;
+    }
     pthread_mutex_unlock(&check.mu);
-    return q;
+    return t;
 }
 
 static loom_status check_build(const loom__executor *x, loom__program *p, bool *compiled) {
@@ -58,7 +64,13 @@ static void check_release(const loom__executor *x, loom__program *p) {
     pthread_mutex_lock(&check.mu);
     for (int i = 0; i < check.n; i++)
         if (check.of[i] == p) {
-            loom__program_free(check.twin[i]);
+            twin *t = check.twin[i];
+            loom__log(LOOM_LOG_INFO,
+                      "executor check: program %016llx: %lld values its kernels made in %lld "
+                      "runs agreed with the reference interpreter's",
+                      (unsigned long long)p->hash, (long long)t->values, (long long)t->runs);
+            loom__program_free(t->q);
+            loom__free(t);
             check.of[i] = check.of[--check.n], check.twin[i] = check.twin[check.n];
             break;
         }
@@ -119,8 +131,8 @@ static loom_status check_advance(check_ref *r, int32_t upto) {
             size_t es = loom__dtype_size((loom_dtype)t->dtype);
             int64_t n = loom__numel(t->ndim, t->shape);
             unsigned char **snap = &r->snap[v[k].id];
-            free(*snap);
-            if (!(*snap = malloc((size_t)n * es + 1)))
+            loom__free(*snap);
+            if (!(*snap = loom__malloc((size_t)n * es + 1)))
                 return LOOM_ENOMEM;
             for (int64_t i = 0; i < n; i++)
                 memcpy(*snap + (size_t)i * es, check_elem(r->q, &r->b, &v[k], i), es);
@@ -204,19 +216,20 @@ static loom_status check_value(const loom__program *p, const loom__bind *b, int6
 
 static loom_status check_run(const loom__executor *x, const loom__program *p, const loom__bind *b) {
     (void)x;
-    check_ref r = {.q = check_twin(p), .b = *b};
+    twin *t = check_twin(p);
+    check_ref r = {.q = t ? t->q : NULL, .b = *b};
     if (!r.q)
         return loom__error(LOOM_ENOMEM, "executor check: no reference program");
     int64_t ext[LOOM_SLAB_COUNT], n = r.q->n + 1;
     check_extents(r.q, ext);
-    r.snap = calloc((size_t)n, sizeof *r.snap);
-    r.at = calloc((size_t)n, sizeof *r.at);
-    r.made = calloc((size_t)n, sizeof *r.made);
-    r.b.ws = aligned_alloc(64, (r.q->ws_bytes + 127) / 64 * 64);
+    r.snap = loom__calloc((size_t)n, sizeof *r.snap);
+    r.at = loom__calloc((size_t)n, sizeof *r.at);
+    r.made = loom__calloc((size_t)n, sizeof *r.made);
+    r.b.ws = loom__malloc(r.q->ws_bytes + 64);
     loom_status st = r.snap && r.at && r.made && r.b.ws ? LOOM_OK : LOOM_ENOMEM;
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) { /* the reference writes copies of the slabs */
         r.b.slab[s] = NULL;
-        if (!st && ext[s] > 0 && !(r.b.slab[s] = malloc(sizeof(float) * (size_t)ext[s])))
+        if (!st && ext[s] > 0 && !(r.b.slab[s] = loom__malloc(sizeof(float) * (size_t)ext[s])))
             st = LOOM_ENOMEM;
         if (r.b.slab[s])
             memcpy(r.b.slab[s], b->slab[s], sizeof(float) * (size_t)ext[s]);
@@ -233,7 +246,7 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
         if ((st = check_advance(&r, upto)))
             break;
         kernels++;
-        if (e == check.corrupt_entry && nv > 0)
+        if (e == loom__check.corrupt_entry && nv > 0)
             *(unsigned char *)(uintptr_t)check_elem(p, b, &v[0], 0) ^= 1;
         for (int k = 0; k < nv && !st; k++, values++)
             st = r.snap[v[k].id] ? check_value(p, b, e, &v[k], &r)
@@ -243,21 +256,19 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
                                                v[k].id, loom__ops[p->nodes[v[k].id].op].name,
                                                (long long)e, p->exec[e]);
     }
-    __atomic_fetch_add(&check.kernels, kernels, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&check.values, values, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&loom__check.kernels, kernels, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&loom__check.values, values, __ATOMIC_RELAXED);
+    if (!st) {
+        __atomic_fetch_add(&t->runs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&t->values, values, __ATOMIC_RELAXED);
+    }
     for (int64_t i = 0; r.snap && i < n; i++)
-        free(r.snap[i]);
-    free(r.snap), free(r.at), free(r.made), free(r.b.ws);
+        loom__free(r.snap[i]);
+    loom__free(r.snap), loom__free(r.at), loom__free(r.made), loom__free(r.b.ws);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        free(r.b.slab[s]);
+        loom__free(r.b.slab[s]);
     return st == LOOM_ENOMEM ? loom__error(st, "executor check: out of memory") : st;
 }
 
-static const loom__executor check_executor = {
+const loom__executor loom__check_executor = {
     .name = "check", .build = check_build, .run = check_run, .release = check_release};
-
-static void check_executor_install(void) {
-    loom__set_executor(&check_executor);
-}
-
-#endif
