@@ -355,6 +355,52 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
     free(got);
 }
 
+/* A residual: x w + r (r a matrix of the product's shape, with a NaN, an infinity and -0), added
+ * in registers as the product stores. Variant 0: K = 50, r on the right; 1: relu(r + x w), r on
+ * the left, K = 450 (three k blocks: the sum is whole before r is added); 2: w read transposed
+ * (N > 2 M: the product runs as its transpose, r added as C^T is transposed into y). 37 rows
+ * (ragged tiles), 300 columns (two column blocks). Returns y. */
+static void *run_residual(loom_backend be, int variant, size_t *bytes, loom_metrics *m) {
+    enum { M = 37, KMAX = 450, N = 300 };
+    int64_t K = variant ? KMAX : 50;
+    static float x[M * KMAX], w[KMAX * N], r[M * N];
+    test_fill(x, M * K, 50, -1, 1);
+    test_fill(w, K * N, 51, -1, 1);
+    test_fill(r, M * N, 52, -2, 2);
+    r[3] = NAN, r[4] = INFINITY, r[5] = -0.0f;
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t sx[2] = {M, K}, sw[2] = {K, N}, swt[2] = {N, K}, sr[2] = {M, N};
+    loom_tensor *p =
+        loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x),
+                    variant == 2 ? loom_transpose(g, loom_input(g, LOOM_F32, 2, swt, w))
+                                 : loom_input(g, LOOM_F32, 2, sw, w));
+    loom_tensor *res = loom_input(g, LOOM_F32, 2, sr, r);
+    loom_tensor *y = variant == 1 ? loom_relu(g, loom_add(g, res, p)) : loom_add(g, p, res);
+    return two_outputs(g, y, M * N, loom_sum_all(g, y), 1, bytes, m);
+}
+
+TEST(a_residual_is_added_in_the_products_registers_bitwise) {
+    for (int variant = 0; variant < 3; variant++) {
+        size_t n1 = 0, n2 = 0;
+        loom_metrics mi, mc;
+        void *ref = run_residual(LOOM_BACKEND_INTERP, variant, &n1, &mi);
+        void *got = run_residual(LOOM_BACKEND_CPU, variant, &n2, &mc);
+        ASSERT(ref && got && n1 == n2);
+        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        /* interpreted: the product, the add (and the ReLU), the sum; compiled: the product with
+         * the add (and the ReLU) inside, the sum (with BLAS the add runs apart). Ops fused: the
+         * ADD into the ReLU's kernel (variant 1), that kernel into the product as its epilogue,
+         * and the epilogue into its registers (a block epilogue would count one fewer). */
+        ASSERT_EQ(mi.kernels, variant == 1 ? 4 : 3);
+        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+        if (!getenv("LOOM_MATMUL"))
+            ASSERT_EQ(mc.fused_ops, variant == 1 ? 3 : 2);
+        free(ref);
+        free(got);
+    }
+}
+
 /* A bias gradient made as its product stores: sum(y, 0) of y = where(h > 0, x w, 0) (`relu`
  * false) or relu(x w + bias): 37 rows (ragged tiles, summed in row order), 300 columns (two
  * column blocks, a ragged panel), K = 450 (three k blocks); h and x with a NaN. Returns y and
@@ -914,6 +960,7 @@ int main(void) {
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
+    RUN(a_residual_is_added_in_the_products_registers_bitwise);
     RUN(products_sum_their_columns_as_they_store_bitwise);
     RUN(epilogue_rows_go_into_sinks_bitwise);
     RUN(a_sum_takes_rows_others_read_too);

@@ -13,9 +13,9 @@
  * places row by row (C += A B). A dense layer's epilogue (a bias row, a ReLU) may be applied in
  * registers as the last k block stores C's final values (loom__sgemm_act), so that C is written
  * once, already activated (or, for a product run as its transpose, nt_by_transpose, as C^T is
- * transposed into C). A product with a small C and a long K (a first convolution's weight
- * gradient: few input channels, every position of the batch) is dot products along K instead
- * (skinny_gemm). Every element is summed in a fixed order (k ascending
+ * transposed into C); a residual (a matrix added) likewise. A product with a small C and a long K
+ * (a first convolution's weight gradient: few input channels, every position of the batch) is dot
+ * products along K instead (skinny_gemm). Every element is summed in a fixed order (k ascending
  * within KC blocks; on the dot-product path 16 lanes of k and a fixed tree), so runs repeat
  * bitwise.
  */
@@ -242,6 +242,8 @@ act_vec(const loom__gemm_act *act, int64_t i, int64_t j, __mmask16 m, __m512 v) 
             v);
     if (act->bias)
         v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, act->bias + j));
+    if (act->addend)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, act->addend + i * act->ldm + j));
     if (act->relu)
         v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LE_OQ),
                                _mm512_setzero_ps());
@@ -264,6 +266,8 @@ static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, flo
         return op_WHERE(op_CMPGT(act->mask[i * act->ldm + j], 0, 0), v, 0);
     if (act->bias)
         v = op_ADD(v, act->bias[j], 0);
+    if (act->addend)
+        v = op_ADD(v, act->addend[i * act->ldm + j], 0);
     return act->relu ? op_RELU(v, 0, 0) : v;
 }
 
@@ -696,9 +700,13 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
                         if (ld)
                             ap = a->p + (ic + ir) * lda + pc;
                         loom__gemm_act ta = {
-                            fin && act->bias ? act->bias + jc + jr : NULL, fin && act->relu,
+                            fin && act->bias ? act->bias + jc + jr : NULL,
+                            fin && act->relu,
                             fin && act->mask ? act->mask + (ic + ir) * act->ldm + jc + jr : NULL,
-                            fin ? act->ldm : 0, fin && act->colsum ? act->colsum + jc + jr : NULL};
+                            fin ? act->ldm : 0,
+                            fin && act->colsum ? act->colsum + jc + jr : NULL,
+                            fin && act->addend ? act->addend + (ic + ir) * act->ldm + jc + jr
+                                               : NULL};
                         if (plain && m == MR && n == w) {
                             micro(pbs, w, kc, ap, ld, bp, c + roff[ir] + coff[jr], ldc, acc,
                                   fin ? &ta : NULL);

@@ -51,15 +51,16 @@ typedef struct {
     int64_t gshape[LOOM_MAX_DIMS];
     int32_t epi; /* a product or pool gradient: the generated kernel (index in fused) it
                   * runs on each block of its output as that block is done, -1 for none */
-    /* A product whose epilogue is a bias row added and/or a ReLU (ADD, RELU of it, nothing
-     * else), or a ReLU's backward where(h > 0, product, 0): done in registers as the product
-     * stores its final values (loom__sgemm_act), straight into the epilogue's root; act_bias is
-     * the bias leaf (a row broadcast down), -1 for none. */
+    /* A product whose epilogue is a bias row or a matrix added (a residual) and/or a ReLU (ADD,
+     * RELU of it, nothing else), or a ReLU's backward where(h > 0, product, 0): done in registers
+     * as the product stores its final values (loom__sgemm_act), straight into the epilogue's
+     * root; act_add is the leaf added (a row broadcast down, or a matrix of the product's shape,
+     * by its row stride), -1 for none. */
     bool act, act_relu;
-    int32_t act_bias, act_mask; /* act_mask: where(act_mask > 0, product, 0), or -1 */
-    int32_t act_sum;            /* a SUM over axis 0 of the epilogue's root made too, or -1 */
-    int64_t ws_off;             /* bytes: where this node's own workspace buffer starts */
-    int32_t fused_into;         /* the consumer computing this node in its kernel, -1 for none */
+    int32_t act_add, act_mask; /* act_mask: where(act_mask > 0, product, 0), or -1 */
+    int32_t act_sum;           /* a SUM over axis 0 of the epilogue's root made too, or -1 */
+    int64_t ws_off;            /* bytes: where this node's own workspace buffer starts */
+    int32_t fused_into;        /* the consumer computing this node in its kernel, -1 for none */
     /* A pool gradient whose rows (its epilogue's 2-D root, or a 2-D view of its output) only
      * sinks read: a sum along them, a product on the dot-product path (compile/fuse.c). It keeps
      * two of those rows at a time, each going into the sinks once complete and still in cache, so
@@ -266,9 +267,10 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
                         float *c, int64_t ldc, void (*done)(void *ctx, int64_t jc, int64_t nc),
                         void *ctx, void *scratch);
 /* A product's epilogue done in registers as C's final values are stored: the bias (a row of N,
- * added: C + bias, or NULL) and then the ReLU (a <= 0 ? 0 : a); or, with a mask (an M x N
- * matrix, rows ldm apart), where(mask > 0, C, 0) (a ReLU's backward). The same operations as the
- * generated ADD, RELU, CMPGT and WHERE, so the same bits (loom__pnode.act). */
+ * added: C + bias, or NULL) or the addend (an M x N matrix, rows ldm apart: C + addend, or NULL)
+ * and then the ReLU (a <= 0 ? 0 : a); or, with a mask (an M x N matrix, rows ldm apart),
+ * where(mask > 0, C, 0) (a ReLU's backward). The same operations as the generated ADD, RELU,
+ * CMPGT and WHERE, so the same bits (loom__pnode.act). */
 typedef struct {
     const float *bias;
     bool relu;
@@ -276,6 +278,7 @@ typedef struct {
     int64_t ldm;
     float *colsum; /* or NULL: C's final columns summed down its rows, in row order from 0 (a
                     * bias gradient, as the SUM over axis 0 adds them), into N floats */
+    const float *addend;
 } loom__gemm_act;
 void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                      float *c, int64_t ldc, const loom__gemm_act *act, void *scratch);

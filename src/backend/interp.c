@@ -526,10 +526,18 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
     if (t->epi >= 0 && t->act) { /* straight into the epilogue's root, done as it stores */
         loom__gmat ga, gb;
         int64_t k = product_operands(p, b, id, &ga, &gb);
-        loom__gemm_act act = {t->act_bias >= 0 ? loom__addr(p, b, t->act_bias) : NULL, t->act_relu,
+        /* the leaf added: a bias row (broadcast down: row stride 0) or a matrix */
+        const loom__pnode *v = t->act_add >= 0 ? &p->nodes[t->act_add] : NULL;
+        const float *vp = v ? loom__addr(p, b, t->act_add) : NULL;
+        bool matrix = v && v->lay.stride[0] != 0;
+        loom__gemm_act act = {v && !matrix ? vp : NULL,
+                              t->act_relu,
                               t->act_mask >= 0 ? loom__addr(p, b, t->act_mask) : NULL,
-                              t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0] : 0,
-                              t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL};
+                              t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0]
+                              : matrix         ? v->lay.stride[0]
+                                               : 0,
+                              t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL,
+                              matrix ? vp : NULL};
         loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
                         loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
                         b->ws + p->gemm_scratch);

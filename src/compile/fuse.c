@@ -706,6 +706,15 @@ static bool zero_const(const loom__program *p, int32_t v) {
     return f == 0 && !signbit(f);
 }
 
+/* Whether v is a leaf of a kernel (not computed in it) holding a float matrix of r's shape, its
+ * rows contiguous and apart by at least their length. */
+static bool matrix_leaf(const loom__program *p, int32_t v, const loom__pnode *r) {
+    const loom__pnode *m = &p->nodes[v];
+    return m->fused_into < 0 && m->dtype == LOOM_F32 && m->ndim == 2 &&
+           m->shape[0] == r->shape[0] && m->shape[1] == r->shape[1] && m->lay.stride[1] == 1 &&
+           m->lay.stride[0] >= m->shape[1] && !m->gndim;
+}
+
 /* Whether kernel k (root r) is where(h > 0, L, 0) with h a matrix of L's shape, its rows
  * contiguous: the mask leaf h, or -1. */
 static int32_t relu_backward(const loom__program *p, const loom__fused *k, int32_t L) {
@@ -715,14 +724,7 @@ static int32_t relu_backward(const loom__program *p, const loom__fused *k, int32
     const loom__pnode *c = &p->nodes[r->src[0]];
     if (c->op != LOOM_OP_CMPGT || c->fused_into != k->root || !zero_const(p, c->src[1]))
         return -1;
-    int32_t h = c->src[0];
-    const loom__pnode *m = &p->nodes[h];
-    bool member = m->fused_into >= 0; /* a leaf, not computed in the kernel */
-    return !member && m->dtype == LOOM_F32 && m->ndim == 2 && m->shape[0] == r->shape[0] &&
-                   m->shape[1] == r->shape[1] && m->lay.stride[1] == 1 &&
-                   m->lay.stride[0] >= m->shape[1] && !m->gndim
-               ? h
-               : -1;
+    return matrix_leaf(p, c->src[0], r) ? c->src[0] : -1;
 }
 
 /* Whether a live node in (lo, hi) writes or reads slab `slab` over [a, b) (a store, a sync, an
@@ -779,16 +781,19 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
                 add = p->nodes[m].op == LOOM_OP_ADD ? m : add;
                 relu = p->nodes[m].op == LOOM_OP_RELU ? m : relu;
             }
-        /* RELU(L), ADD(L, bias) or RELU(ADD(L, bias)): the product first, as act_vec adds */
+        /* RELU(L), ADD(L, v) or RELU(ADD(L, v)), v a bias row or a matrix (a residual), either
+         * side of the ADD (a float addition's operands commute exactly) */
+        const loom__pnode *ad = add >= 0 ? &p->nodes[add] : NULL;
+        int32_t v = !ad ? -1 : ad->src[0] == L ? ad->src[1] : ad->src[0];
         bool ok = members == (add >= 0) + (relu >= 0) && (relu < 0 || relu == k->root) &&
                   (add < 0 || add == (relu >= 0 ? p->nodes[relu].src[0] : k->root)) &&
                   (relu < 0 || p->nodes[relu].src[0] == (add >= 0 ? add : L)) &&
-                  (add < 0 || (p->nodes[add].src[0] == L && bias_row(p, p->nodes[add].src[1])));
+                  (add < 0 || ((ad->src[0] == L) != (ad->src[1] == L) &&
+                               (bias_row(p, v) || matrix_leaf(p, v, r))));
         if (mask >= 0 && members == 2) { /* the WHERE and its CMPGT */
             t->act = true, t->act_mask = mask;
         } else if (ok) {
-            t->act = true, t->act_relu = relu >= 0;
-            t->act_bias = add >= 0 ? p->nodes[add].src[1] : -1;
+            t->act = true, t->act_relu = relu >= 0, t->act_add = v;
         } else {
             continue;
         }

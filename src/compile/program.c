@@ -85,10 +85,13 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             if (t->act_mask >= 0)
                 fprintf(f, "where node %d > 0", t->act_mask);
             else
-                fprintf(f, "%s%s", t->act_bias >= 0 ? "bias" : "",
-                        t->act_bias >= 0 && t->act_relu ? ", ReLU"
-                        : t->act_relu                   ? "ReLU"
-                                                        : "");
+                fprintf(f, "%s%s",
+                        t->act_add < 0                            ? ""
+                        : p->nodes[t->act_add].lay.stride[0] == 0 ? "bias"
+                                                                  : "a matrix added",
+                        t->act_add >= 0 && t->act_relu ? ", ReLU"
+                        : t->act_relu                  ? "ReLU"
+                                                       : "");
             fprintf(f, " in registers)");
             if (t->act_sum >= 0)
                 fprintf(f, ", summing its columns into SUM#%d", t->act_sum);
@@ -329,7 +332,7 @@ static bool plan_nodes(loom__program *p, bool compile, bool fuse, loom_metrics *
         p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
         p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1,
         p->nodes[i].act = false,
-        p->nodes[i].act_bias = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
+        p->nodes[i].act_add = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
     if (!(readers = loom__count_readers(p, live)))
         goto done;
     if (fuse && compile && n > 0)
