@@ -159,6 +159,16 @@ TEST(training_steps_match_pytorch) {
     }
 }
 
+/* The parameters of the test's GPT. */
+static int64_t gpt_numel(void) {
+    loom_model *m = loom_model_new();
+    loom_gpt *gpt = loom_gpt_new(m, &cfg);
+    int64_t n = loom_model_numel(m);
+    loom_gpt_free(gpt);
+    loom_model_free(m);
+    return n;
+}
+
 /* 20 steps over the fixture's batches again and again; the parameters into out. */
 static bool train20(int devices, double dropout, float *out, int64_t n) {
     rig r;
@@ -172,11 +182,7 @@ static bool train20(int devices, double dropout, float *out, int64_t n) {
 }
 
 TEST(two_devices_match_one_and_repeat_bitwise) {
-    loom_model *m = loom_model_new();
-    loom_gpt *gpt = loom_gpt_new(m, &cfg);
-    int64_t n = loom_model_numel(m);
-    loom_gpt_free(gpt);
-    loom_model_free(m);
+    int64_t n = gpt_numel();
     float *one = malloc(sizeof(float) * (size_t)n), *two = malloc(sizeof(float) * (size_t)n),
           *again = malloc(sizeof(float) * (size_t)n), *plain = malloc(sizeof(float) * (size_t)n);
     for (int k = 0; k < 2; k++) { /* without dropout, then with 0.2 */
@@ -202,11 +208,7 @@ TEST(two_devices_match_one_and_repeat_bitwise) {
 }
 
 TEST(every_kernel_equals_the_reference_under_a_second_executor) {
-    loom_model *m = loom_model_new();
-    loom_gpt *gpt = loom_gpt_new(m, &cfg);
-    int64_t n = loom_model_numel(m);
-    loom_gpt_free(gpt);
-    loom_model_free(m);
+    int64_t n = gpt_numel();
     float *cpu = malloc(sizeof(float) * (size_t)n), *checked = malloc(sizeof(float) * (size_t)n);
     for (int devices = 1; devices <= 2; devices++) {
         bool ok = train20(devices, 0.2, cpu, n);

@@ -219,7 +219,10 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
     twin *t = check_twin(p);
     check_ref r = {.q = t ? t->q : NULL, .b = *b};
     if (!r.q)
-        return loom__error(LOOM_ENOMEM, "executor check: no reference program");
+        return loom__error(
+            LOOM_ENOMEM,
+            "executor check: no reference program (out of memory, or %d programs alive)",
+            CHECK_TWINS);
     int64_t ext[LOOM_SLAB_COUNT], n = r.q->n + 1;
     check_extents(r.q, ext);
     r.snap = loom__calloc((size_t)n, sizeof *r.snap);
