@@ -21,6 +21,7 @@ void loom_info(char *buf, size_t size) {
              "loom %s\n"
              "backends: interp (reference executor); cpu (generated C kernels) %s\n"
              "default backend: %s\n"
+             "executor: %s\n"
              "matmul: %s\n"
              "blas: %s (one thread per device)\n"
              "devices: %d (one per core this process may run on)\n"
@@ -30,6 +31,9 @@ void loom_info(char *buf, size_t size) {
              backend ? backend
              : cc    ? "cpu"
                      : "interp",
+             loom__executor_default() == &loom__check_executor
+                 ? "check (LOOM_CHECK=1: every kernel against the reference interpreter)"
+                 : "cpu (LOOM_CHECK=1: check, every kernel against the reference interpreter)",
              loom__use_own_gemm()     ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
              : loom__gemm_available() ? "BLAS (LOOM_MATMUL=blas)"
                                       : "BLAS (no AVX-512)",
