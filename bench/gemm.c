@@ -1,6 +1,8 @@
 /*
  * gemm.c - sgemm microbenchmark at the recipes' and the GPT's shapes: OpenBLAS (as configured by
- * the environment) against loom's own kernel, GFLOP/s of one thread, best of several runs.
+ * the environment) against loom's own kernel, GFLOP/s of one thread, best of several runs; then
+ * loom's kernel in each form that can run the shape (packed, transposed, dot, dot rows: '-'
+ * where it cannot), the one loom__gemm_choose takes marked '*' (the data a cost model needs).
  * Transposed operands are passed with the strides the training step uses. Built as
  * build/bench_gemm.
  *   build/bench_gemm            every shape
@@ -22,6 +24,10 @@ static const shape shapes[] = {
     {"mlp fc1 forward", 128, 256, 784, false, true},
     {"mlp fc1 weight grad", 256, 784, 128, true, false},
     {"mlp fc2 forward", 128, 256, 256, false, true},
+    {"mlp fc3 forward", 128, 10, 256, false, true},
+    {"mlp fc3 input grad", 128, 256, 10, false, false},
+    {"mlp fc3 weight grad", 10, 256, 128, true, false},
+    {"mlp fc3 weight grad^T", 256, 10, 128, true, false},
     {"cnn fc1 forward", 128, 128, 1600, false, true},
     {"cnn conv2 forward", 64, 15488, 288, false, false},
     {"cnn conv2 weight grad", 64, 288, 15488, false, true},
@@ -66,6 +72,22 @@ static void run_blas(const shape *s, const float *a, const float *b, float *c, v
 static void run_loom(const shape *s, const float *a, const float *b, float *c, void *scratch) {
     loom__sgemm(s->m, s->n, s->k, a, s->ta ? 1 : s->k, s->ta ? s->m : 1, b, s->tb ? 1 : s->n,
                 s->tb ? s->k : 1, c, s->n, scratch);
+}
+
+/* The shape's operands as loom's matrices. */
+static void operands(const shape *s, const float *a, const float *b, loom__gmat *ga,
+                     loom__gmat *gb) {
+    *ga = (loom__gmat){a, {1, {s->m}, {s->ta ? 1 : s->k}}, {1, {s->k}, {s->ta ? s->m : 1}}};
+    *gb = (loom__gmat){b, {1, {s->k}, {s->tb ? 1 : s->n}}, {1, {s->n}, {s->tb ? s->k : 1}}};
+}
+
+static loom__gemm_form form_now; /* the form run_form runs */
+
+static void run_form(const shape *s, const float *a, const float *b, float *c, void *scratch) {
+    loom__gmat ga, gb;
+    operands(s, a, b, &ga, &gb);
+    loom__sgemm_form(form_now, s->m, s->n, s->k, &ga, &gb, c, (loom__gdim){1, {s->m}, {s->n}},
+                     (loom__gdim){1, {s->n}, {1}}, false, scratch);
 }
 
 /* The CNN's conv2 products as the training step runs them: reading the (N,C,H,W) image through
@@ -120,7 +142,8 @@ int main(void) {
     loom__blas_init();
     bool own = loom__gemm_available();
     void *scratch = malloc(loom__gemm_scratch_bytes());
-    printf("%-24s %6s %6s %6s %10s %10s\n", "shape", "M", "N", "K", "openblas", "loom");
+    printf("%-24s %6s %6s %6s %10s %10s %9s %9s %9s %9s\n", "shape", "M", "N", "K", "openblas",
+           "loom", "packed", "transp", "dot", "dot-rows");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const shape *s = &shapes[i];
         float *a = malloc(sizeof(float) * (size_t)(s->m * s->k));
@@ -134,8 +157,21 @@ int main(void) {
         int reps = flop > 1e9 ? 5 : 20;
         double tb = best_of(reps, run_blas, s, a, b, c, scratch);
         double tl = own ? best_of(reps, run_loom, s, a, b, c, scratch) : 0;
-        printf("%-24s %6lld %6lld %6lld %10.1f %10.1f\n", s->what, (long long)s->m, (long long)s->n,
+        printf("%-24s %6lld %6lld %6lld %10.1f %10.1f", s->what, (long long)s->m, (long long)s->n,
                (long long)s->k, flop / tb * 1e-9, own ? flop / tl * 1e-9 : 0.0);
+        loom__gmat ga, gb; /* every form that can run it; * the one loom__gemm_choose takes */
+        operands(s, a, b, &ga, &gb);
+        for (int f = 0; own && f < LOOM_GEMM_FORMS; f++) {
+            form_now = (loom__gemm_form)f;
+            if (!loom__gemm_form_ok(form_now, s->m, s->n, s->k, &ga, &gb)) {
+                printf(" %9s", "-");
+                continue;
+            }
+            double t = best_of(reps, run_form, s, a, b, c, scratch);
+            printf(" %8.1f%c", flop / t * 1e-9,
+                   loom__gemm_choose(s->m, s->n, s->k, &ga, &gb) == form_now ? '*' : ' ');
+        }
+        printf("\n");
         free(a), free(b), free(c);
     }
     if (own)

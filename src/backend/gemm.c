@@ -888,13 +888,6 @@ static dot_fn *const dot_tile[4][9] = {
     {dot_3_1, dot_3_2, dot_3_3, dot_3_4, dot_3_5, dot_3_6, dot_3_7, dot_3_8, dot_3_9},
     {dot_4_1, dot_4_2, dot_4_3, dot_4_4, dot_4_5, NULL, NULL, NULL, NULL}};
 
-/* Whether a product takes the dot-product path: small C, long K, both operands contiguous along
- * k (A's k one dim of stride 1, B's its innermost row sub-dimension). */
-static bool skinny(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    return M * N <= SK_MAX && (M < 16 || N < 16) && K >= 64 * (M > N ? M : N) && a->col.n == 1 &&
-           a->col.stride[0] == 1 && b->row.stride[b->row.n - 1] == 1;
-}
-
 static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                         float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                         void *scratch) {
@@ -937,7 +930,8 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
  * so that they are never written whole): B's chunks built once for all of K, and per row the same
  * blocks, chunks and lanes as skinny_gemm, so the same bits. */
 bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    return loom__gemm_available() && skinny(M, N, K, a, b) && N <= LOOM_DOT_MAX_N;
+    return loom__gemm_available() && loom__gemm_choose(M, N, K, a, b) == LOOM_GEMM_DOT &&
+           N <= LOOM_DOT_MAX_N;
 }
 
 size_t loom__dot_rows_bytes(int64_t K) {
@@ -983,11 +977,6 @@ void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, in
  * contiguously along k: rows of dot products (loom__dot_rows) in place of panels that would be
  * mostly padding and a transposing pack of all of A. A block of rows at a time into the scratch,
  * then to C. */
-static bool narrow(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    return N < 16 && M > N && K >= 16 && K <= 16384 && a->col.n == 1 && a->col.stride[0] == 1 &&
-           a->row.n == 1 && b->row.n == 1 && b->row.stride[0] == 1 && b->col.n == 1;
-}
-
 static void narrow_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                         float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                         void *scratch) {
@@ -1017,21 +1006,73 @@ static loom__gmat transposed(const loom__gmat *x) {
     return (loom__gmat){.p = x->p, .row = x->col, .col = x->row};
 }
 
-void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
-                   float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
-    /* A product narrower than half a panel (N below 24: a weight gradient over few input taps)
-     * runs as its transpose, C^T = B^T A^T, which fills the panels: the same sums in the same
-     * order. */
-    if (skinny(M, N, K, a, b)) {
+/* ---- the one place a product's form is chosen ----------------------------------------------
+ * loom__sgemm_g runs a product in one of four forms: packed (gemm(): panels and the 8 x 48
+ * microkernel, with its own variants by layout, all the same sums), transposed (the packed form
+ * on C^T = B^T A^T: the same sums in the same order), dot (skinny_gemm: dot products along K in
+ * 16 lanes and a fixed tree) and dot rows (narrow_gemm: the dot form a block of rows at a time,
+ * the same sums as dot). The dot forms sum in another order than the packed ones, so the choice
+ * is made from the shapes and layouts alone, never from timing: every run, device and backend
+ * takes the same one. loom__gemm_form_ok says which forms can run a product (layouts, sizes
+ * their scratch holds); loom__gemm_choose picks among them by the rules below, each measured
+ * (build/bench_gemm times every legal form of its shapes; bench/RESULTS.md). The fused kernels'
+ * conditions (loom__dot_rows_ok, loom__gemm_t_ok, loom__conv_back_ok, loom__conv_planes_ok) ask
+ * it too, so that they compute what the product alone would. */
+bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                        const loom__gmat *b) {
+    bool a_k = a->col.n == 1 && a->col.stride[0] == 1; /* A contiguous along k */
+    switch (f) {
+        case LOOM_GEMM_PACKED:
+        case LOOM_GEMM_TRANSPOSED:
+            return true;
+        case LOOM_GEMM_DOT: /* B's k its innermost row sub-dimension, of stride 1; the lanes of C */
+            return M * N <= SK_MAX && a_k && b->row.stride[b->row.n - 1] == 1;
+        case LOOM_GEMM_DOT_ROWS: /* B plain, contiguous along k; K's chunks in the scratch */
+            return N < 16 && K <= 16384 && a_k && a->row.n == 1 && b->row.n == 1 &&
+                   b->row.stride[0] == 1 && b->col.n == 1;
+        default:
+            return false;
+    }
+}
+
+loom__gemm_form loom__gemm_choose(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                                  const loom__gmat *b) {
+    /* a small C and a long K (a first convolution's weight gradient): panels would be mostly
+     * padding (a side under 16) and the packs would cost more than the arithmetic */
+    if ((M < 16 || N < 16) && K >= 64 * (M > N ? M : N) &&
+        loom__gemm_form_ok(LOOM_GEMM_DOT, M, N, K, a, b))
+        return LOOM_GEMM_DOT;
+    /* narrower than 16 columns on more rows (a classifier's logits): rows of dot products instead
+     * of panels that are mostly padding and a transposing pack of all of A */
+    if (M > N && K >= 16 && loom__gemm_form_ok(LOOM_GEMM_DOT_ROWS, M, N, K, a, b))
+        return LOOM_GEMM_DOT_ROWS;
+    /* narrower than half a panel on more rows (a weight gradient over few input taps): its
+     * transpose fills the panels */
+    if (N < 16 && M > N)
+        return LOOM_GEMM_TRANSPOSED;
+    return LOOM_GEMM_PACKED;
+}
+
+void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                      const loom__gmat *b, float *c, loom__gdim crow, loom__gdim ccol,
+                      bool accumulate, void *scratch) {
+    LOOM_ASSERT(loom__gemm_form_ok(f, M, N, K, a, b));
+    if (f == LOOM_GEMM_DOT) {
         skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
-    } else if (narrow(M, N, K, a, b)) {
+    } else if (f == LOOM_GEMM_DOT_ROWS) {
         narrow_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
-    } else if (N < 16 && M > N) {
+    } else if (f == LOOM_GEMM_TRANSPOSED) {
         loom__gmat at = transposed(a), bt = transposed(b);
         gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL, NULL);
     } else {
         gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, NULL, scratch, NULL, NULL);
     }
+}
+
+void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
+    loom__sgemm_form(loom__gemm_choose(M, N, K, a, b), M, N, K, a, b, c, crow, ccol, accumulate,
+                     scratch);
 }
 
 void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
@@ -1076,8 +1117,9 @@ bool loom__conv_back_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, in
     /* the fold's product: one k block, by gemm() (as loom__sgemm_g runs it); the weight
      * gradient: by its transpose, all of C^T in one staging block */
     return loom__gemm_available() && K >= 1 && K <= KC && N >= 16 && a->row.n == 1 &&
-           a->col.n == 1 && !skinny(M, N, K, a, &r) && WN <= NC && !skinny(K, WN, N, &r, b) &&
-           !(WN < 16 && K > WN) && by_transpose(K, WN, &r, b, &wrow, &wcol, false);
+           a->col.n == 1 && loom__gemm_choose(M, N, K, a, &r) == LOOM_GEMM_PACKED && WN <= NC &&
+           loom__gemm_choose(K, WN, N, &r, b) == LOOM_GEMM_PACKED &&
+           by_transpose(K, WN, &r, b, &wrow, &wcol, false);
 }
 
 /* The rows' pitch: a span and a k block of the weight gradient, pad on either side. */
@@ -1124,7 +1166,8 @@ bool loom__gemm_t_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const
     loom__gdim crow = gd1(M, N), ccol = gd1(N, 1);
     int64_t mpad = (M + TW - 1) / TW * TW;
     /* as loom__sgemm_g runs it (gemm_t), with A^T packed once */
-    return loom__gemm_available() && K >= 1 && !skinny(M, N, K, a, b) && !(N < 16 && M > N) &&
+    return loom__gemm_available() && K >= 1 &&
+           loom__gemm_choose(M, N, K, a, b) == LOOM_GEMM_PACKED &&
            by_transpose(M, N, a, b, &crow, &ccol, false) && mpad * K <= (int64_t)KC * (NC + 2 * NR);
 }
 
@@ -1169,7 +1212,7 @@ bool loom__conv_planes_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, 
                           int64_t P) {
     int64_t bps, span = 0;
     if (!loom__gemm_available() || M < 1 || K < 1 || K > LOOM_CONV_MAX_K || N < 16 ||
-        a->row.n != 1 || a->col.n != 1 || skinny(M, N, K, a, b) ||
+        a->row.n != 1 || a->col.n != 1 || loom__gemm_choose(M, N, K, a, b) != LOOM_GEMM_PACKED ||
         !plane_offsets(&b->col, N, P, NULL, &bps))
         return false;
     for (int s = 0; s < b->col.n; s++) /* every offset fits the slots' 32 bits */
@@ -1292,6 +1335,23 @@ void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
 bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
     (void)M, (void)N, (void)K, (void)a, (void)b;
     return false;
+}
+bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                        const loom__gmat *b) {
+    (void)f, (void)M, (void)N, (void)K, (void)a, (void)b;
+    return false;
+}
+loom__gemm_form loom__gemm_choose(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                                  const loom__gmat *b) {
+    (void)M, (void)N, (void)K, (void)a, (void)b;
+    return LOOM_GEMM_PACKED;
+}
+void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                      const loom__gmat *b, float *c, loom__gdim crow, loom__gdim ccol,
+                      bool accumulate, void *scratch) {
+    (void)f, (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)crow, (void)ccol;
+    (void)accumulate, (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm_form without AVX-512");
 }
 size_t loom__dot_rows_bytes(int64_t K) {
     (void)K;

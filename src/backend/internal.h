@@ -251,6 +251,18 @@ typedef struct {
     const float *p;
     loom__gdim row, col;
 } loom__gmat;
+/* The forms a product runs in (gemm.c: packed panels, the packed form on the transpose, dot
+ * products along K, rows of dot products); loom__gemm_choose is the one place the form of
+ * loom__sgemm_g is chosen (from shapes and layouts alone: the dot forms sum in another order),
+ * loom__gemm_form_ok whether a form can run a product, loom__sgemm_form runs it in that form
+ * (build/bench_gemm times each). */
+typedef enum {
+    LOOM_GEMM_PACKED,
+    LOOM_GEMM_TRANSPOSED,
+    LOOM_GEMM_DOT,
+    LOOM_GEMM_DOT_ROWS,
+    LOOM_GEMM_FORMS
+} loom__gemm_form;
 /* C (=, or += with accumulate) A B for (M x K) A and (K x N) B, C(i,j) at c + crow(i) + ccol(j);
  * scratch holds
  * loom__gemm_scratch_bytes(). Every element is summed in a fixed order. Only where
@@ -259,6 +271,13 @@ bool loom__gemm_available(void);
 size_t loom__gemm_scratch_bytes(void);
 void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch);
+bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                        const loom__gmat *b);
+loom__gemm_form loom__gemm_choose(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                                  const loom__gmat *b);
+void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                      const loom__gmat *b, float *c, loom__gdim crow, loom__gdim ccol,
+                      bool accumulate, void *scratch);
 /* The product in column blocks: columns [jc, jc + nc) of C are written at c + crow(i) + j - jc
  * (a buffer of M x LOOM_GEMM_NC at most) and then handed to done(ctx, jc, nc). Row-major A, B of
  * any strides; not for products narrower than 16 columns. */
