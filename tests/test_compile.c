@@ -4,6 +4,7 @@
  * leaves, gives bitwise the interpreter's values; whole training steps of both recipes agree after
  * 20 steps; a second graph finds its kernels in the disk cache; a truncated cache entry is rebuilt.
  */
+#include "../src/graph/internal.h"
 #include "harness.h"
 
 #include <dirent.h>
@@ -17,9 +18,6 @@ static const int ew_arity[] = {
 #define LOOM_EW(name, arity, expr) arity,
 #include "../src/graph/ops.def"
 };
-
-/* GELU's gradient has no public builder: autograd makes it (src/graph/builders.c). */
-loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy);
 
 /* op applied to operands through the public builders (the table's names map to them). */
 static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_tensor *b,
@@ -40,7 +38,7 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
         return loom_erf(g, a);
     if (!strcmp(op, "GELU"))
         return loom_gelu(g, a);
-    if (!strcmp(op, "GELUGRAD"))
+    if (!strcmp(op, "GELUGRAD")) /* no public builder: autograd makes it */
         return loom__gelu_grad(g, a, b);
     if (!strcmp(op, "ADD"))
         return loom_add(g, a, b);

@@ -22,18 +22,18 @@
 
 #define CHECK_TWINS 256
 
-/* A program's twin, and what its runs that passed compared (atomic). */
+/* Program `of`'s twin q, and what its runs that passed compared (atomic). */
 typedef struct {
+    const loom__program *of;
     loom__program *q;
     int64_t runs, values;
 } twin;
 
 static struct {
     pthread_mutex_t mu;
-    const loom__program *of[CHECK_TWINS];
     twin *twin[CHECK_TWINS];
     int n;
-} check = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, 0};
+} check = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
 
 loom__check_counts loom__check = {0, 0, -1};
 
@@ -42,11 +42,12 @@ static twin *check_twin(const loom__program *p) {
     pthread_mutex_lock(&check.mu);
     twin *t = NULL;
     for (int i = 0; i < check.n && !t; i++)
-        if (check.of[i] == p)
+        if (check.twin[i]->of == p)
             t = check.twin[i];
     if (!t && check.n < CHECK_TWINS && (t = loom__calloc(1, sizeof *t))) {
+        t->of = p;
         if ((t->q = loom__program_reference(p, &loom__cpu_executor)))
-            check.of[check.n] = p, check.twin[check.n++] = t;
+            check.twin[check.n++] = t;
         else
             loom__free(t), t = NULL;
     }
@@ -63,7 +64,7 @@ static void check_release(const loom__executor *x, loom__program *p) {
     (void)x;
     pthread_mutex_lock(&check.mu);
     for (int i = 0; i < check.n; i++)
-        if (check.of[i] == p) {
+        if (check.twin[i]->of == p) {
             twin *t = check.twin[i];
             loom__log(LOOM_LOG_INFO,
                       "executor check: program %016llx: %lld values its kernels made in %lld "
@@ -71,7 +72,7 @@ static void check_release(const loom__executor *x, loom__program *p) {
                       (unsigned long long)p->hash, (long long)t->values, (long long)t->runs);
             loom__program_free(t->q);
             loom__free(t);
-            check.of[i] = check.of[--check.n], check.twin[i] = check.twin[check.n];
+            check.twin[i] = check.twin[--check.n];
             break;
         }
     pthread_mutex_unlock(&check.mu);
@@ -149,12 +150,8 @@ static loom_status check_differs(const loom__program *p, int64_t e, int32_t id, 
                                  const unsigned char *got, const unsigned char *want,
                                  const char *why) {
     const loom__pnode *t = &p->nodes[id];
-    double g = t->dtype == LOOM_F64   ? *(const double *)(const void *)got
-               : t->dtype == LOOM_F32 ? *(const float *)(const void *)got
-                                      : *(const int32_t *)(const void *)got;
-    double w = t->dtype == LOOM_F64   ? *(const double *)(const void *)want
-               : t->dtype == LOOM_F32 ? *(const float *)(const void *)want
-                                      : *(const int32_t *)(const void *)want;
+    double g = loom__first_value((loom_dtype)t->dtype, got),
+           w = loom__first_value((loom_dtype)t->dtype, want);
     return loom__error(LOOM_EINTERNAL,
                        "executor check: node %d (%s), made by kernel #%lld (node %d, %s), "
                        "element %lld is %.9g where the reference has %.9g%s",
@@ -192,23 +189,26 @@ static loom_status check_value(const loom__program *p, const loom__bind *b, int6
     for (int64_t i = 0; i < n; i++) {
         const unsigned char *got = check_elem(p, b, v, i), *want = ref + (size_t)i * es;
         bool same = memcmp(got, want, es) == 0;
-        if (!same && v->exact)
+        if (v->exact && same)
+            continue;
+        if (v->exact)
             return check_differs(p, e, v->id, i, got, want, "");
         first = !same && first < 0 ? i : first;
-        if (t->dtype == LOOM_F32) {
-            float g = *(const float *)(const void *)got, w = *(const float *)(const void *)want;
-            err += ((double)g - w) * ((double)g - w), norm += (double)w * w;
-        }
+        double g = loom__first_value((loom_dtype)t->dtype, got),
+               w = loom__first_value((loom_dtype)t->dtype, want);
+        err += (g - w) * (g - w), norm += w * w;
     }
     if (first < 0)
         return LOOM_OK;
     if (t->dtype != LOOM_F32 || !(sqrt(err) <= CHECK_NORMWISE * sqrt(norm)))
         return check_differs(p, e, v->id, first, check_elem(p, b, v, first),
                              ref + (size_t)first * es, " (beyond the normwise bound)");
-    bool in_slab = r->at[v->id].lay.base == LOOM_BASE_PERSIST;
+    /* (a value in a slab since changed in place by the reference's own kernels stays) */
+    bool into_twin =
+        r->at[v->id].lay.base != LOOM_BASE_PERSIST || !check_wrote_slabs(r, r->made[v->id]);
     for (int64_t i = 0; i < n; i++) {
         memcpy(ref + (size_t)i * es, check_elem(p, b, v, i), es);
-        if (!in_slab || !check_wrote_slabs(r, r->made[v->id]))
+        if (into_twin)
             memcpy((void *)(uintptr_t)check_elem(r->q, &r->b, &r->at[v->id], i), ref + i * es, es);
     }
     return LOOM_OK;

@@ -530,14 +530,14 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
         const loom__pnode *v = t->act_add >= 0 ? &p->nodes[t->act_add] : NULL;
         const float *vp = v ? loom__addr(p, b, t->act_add) : NULL;
         bool matrix = v && v->lay.stride[0] != 0;
-        loom__gemm_act act = {v && !matrix ? vp : NULL,
-                              t->act_relu,
-                              t->act_mask >= 0 ? loom__addr(p, b, t->act_mask) : NULL,
-                              t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0]
-                              : matrix         ? v->lay.stride[0]
-                                               : 0,
-                              t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL,
-                              matrix ? vp : NULL};
+        loom__gemm_act act = {.bias = v && !matrix ? vp : NULL,
+                              .relu = t->act_relu,
+                              .mask = t->act_mask >= 0 ? loom__addr(p, b, t->act_mask) : NULL,
+                              .ldm = t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0]
+                                     : matrix         ? v->lay.stride[0]
+                                                      : 0,
+                              .colsum = t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL,
+                              .addend = matrix ? vp : NULL};
         loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
                         loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
                         b->ws + p->gemm_scratch);

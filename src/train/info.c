@@ -19,9 +19,10 @@ void loom_info(char *buf, size_t size) {
     struct stat st;
     snprintf(buf, size,
              "loom %s\n"
-             "backends: interp (reference executor); cpu (generated C kernels) %s\n"
+             "backends: interp (the interpreter's kernels alone); cpu (generated C kernels) %s\n"
              "default backend: %s\n"
-             "executor: %s\n"
+             "executor: %s (LOOM_CHECK=1: check, every kernel against the reference "
+             "interpreter)\n"
              "matmul: %s\n"
              "blas: %s (one thread per device)\n"
              "devices: %d (one per core this process may run on)\n"
@@ -31,9 +32,7 @@ void loom_info(char *buf, size_t size) {
              backend ? backend
              : cc    ? "cpu"
                      : "interp",
-             loom__executor_default() == &loom__check_executor
-                 ? "check (LOOM_CHECK=1: every kernel against the reference interpreter)"
-                 : "cpu (LOOM_CHECK=1: check, every kernel against the reference interpreter)",
+             loom__executor_default()->name,
              loom__use_own_gemm()     ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
              : loom__gemm_available() ? "BLAS (LOOM_MATMUL=blas)"
                                       : "BLAS (no AVX-512)",
