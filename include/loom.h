@@ -345,6 +345,12 @@ LOOM_API loom_tensor *loom_scatter_add(loom_graph *g, loom_tensor *src, loom_ten
  * the last T of S positions being the queries') set to fill (-INFINITY before a softmax): a
  * causal mask with no mask tensor. */
 LOOM_API loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill);
+/* Multi-head self-attention on packed projections: qkv (B, T, 3, H, D) holds each position's
+ * query, key and value for each of H heads (a (B T, 3 H D) projection reshaped) -> (B, T, H, D),
+ * each head softmax(q k^T / sqrt(D)) v, as torch.nn.functional.scaled_dot_product_attention(q, k,
+ * v, is_causal=causal); causal: position i attends to positions <= i only. One kernel a head
+ * forward and one backward, nothing T x T kept between them (the backward recomputes it). */
+LOOM_API loom_tensor *loom_attention(loom_graph *g, loom_tensor *qkv, bool causal);
 /* Dropout (training): each element of x (rows along dim 0) zeroed with probability p, the others
  * divided by 1 - p. Element j of global batch row r is dropped when the uniform from Philox
  * stream (5, step) of seed at counter r x (elements a row) + j is below p, key being i32

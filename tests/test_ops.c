@@ -168,6 +168,12 @@ static loom_tensor *b_poolmax(loom_graph *g, loom_tensor **x) { /* overlapping, 
 static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) {
     return loom_flatten(g, x[0]);
 }
+static loom_tensor *b_attention(loom_graph *g, loom_tensor **x) { /* causal, T 19: two blocks */
+    return loom_attention(g, x[0], true);
+}
+static loom_tensor *b_attention_full(loom_graph *g, loom_tensor **x) { /* every key */
+    return loom_attention(g, x[0], false);
+}
 static int32_t ce_labels[4] = {2, 0, 4, 4};
 static loom_tensor *b_ce(loom_graph *g, loom_tensor **x) {
     int64_t n = 4;
@@ -219,6 +225,8 @@ static const opcase cases[] = {
     {"GATHER", 1, {2}, {S2(5, 3)}, {1}, -2, 2, b_gather},
     {"SCATTERADD", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_scatter},
     {"CAUSAL", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_causal},
+    {"ATTENTION", 1, {5}, {{2, 19, 3, 2, 3}}, {1}, -2, 2, b_attention},
+    {"ATTENTION", 1, {5}, {{1, 5, 3, 3, 2}}, {1}, -2, 2, b_attention_full},
     {"DROPOUT", 1, {2}, {S2(4, 5)}, {1}, -2, 2, b_dropout},
     {"TANH", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_tanh},
     {"ERF", 1, {2}, {S2(3, 4)}, {1}, -2, 2, b_erf},
@@ -243,9 +251,9 @@ static const opcase cases[] = {
 #define NCASES (int)(sizeof cases / sizeof *cases)
 
 /* Ops without a gradient, checked by forward tests below. */
-static const char *const forward_only[] = {"INPUT", "CONST",    "PERSIST",   "CMPGT",
-                                           "CMPEQ", "MAXMASK",  "ONEHOT",    "STORE",
-                                           "SYNC",  "POOLGRAD", "LNORMGRAD", "GELUGRAD"};
+static const char *const forward_only[] = {
+    "INPUT", "CONST", "PERSIST",  "CMPGT",     "CMPEQ",    "MAXMASK",      "ONEHOT",
+    "STORE", "SYNC",  "POOLGRAD", "LNORMGRAD", "GELUGRAD", "ATTENTIONGRAD"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name, attr)          #name,
@@ -1137,6 +1145,141 @@ TEST(gather_scatter_and_causal_mask_match_naive) {
     loom_graph_free(g);
 }
 
+/* Naive attention of head (b, h) in double: y (T x D) and, for the output gradient gy, the
+ * gradient gx (T x 3 x D: dq, dk, dv) from the definition. x(t, c, d) at x[t * xt + c * xc + d]. */
+static void naive_attention(const float *x, int64_t xt, int64_t xc, const float *gy, int64_t gt,
+                            int64_t T, int64_t D, bool causal, double *y, double *gx) {
+    double *P = calloc((size_t)(T * T), sizeof(double)), *dS = calloc((size_t)(T * T), 8);
+    double sc = 1 / sqrt((double)D);
+    for (int64_t i = 0; i < T; i++) {
+        double mx = -INFINITY, sum = 0;
+        int64_t lim = causal ? i + 1 : T;
+        for (int64_t j = 0; j < lim; j++) {
+            double d = 0;
+            for (int64_t e = 0; e < D; e++)
+                d += (double)x[i * xt + e] * x[j * xt + xc + e];
+            P[i * T + j] = d * sc, mx = fmax(mx, d * sc);
+        }
+        for (int64_t j = 0; j < lim; j++)
+            sum += P[i * T + j] = exp(P[i * T + j] - mx);
+        for (int64_t j = 0; j < lim; j++)
+            P[i * T + j] /= sum;
+        for (int64_t e = 0; e < D; e++) {
+            double a = 0;
+            for (int64_t j = 0; j < lim; j++)
+                a += P[i * T + j] * x[j * xt + 2 * xc + e];
+            y[i * D + e] = a;
+        }
+        double dot = 0;
+        for (int64_t j = 0; j < lim; j++) {
+            double d = 0;
+            for (int64_t e = 0; e < D; e++)
+                d += (double)gy[i * gt + e] * x[j * xt + 2 * xc + e];
+            dS[i * T + j] = d, dot += d * P[i * T + j];
+        }
+        for (int64_t j = 0; j < lim; j++)
+            dS[i * T + j] = P[i * T + j] * (dS[i * T + j] - dot) * sc;
+    }
+    memset(gx, 0, sizeof(double) * (size_t)(T * 3 * D));
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t j = 0; j < T; j++)
+            for (int64_t e = 0; e < D; e++) {
+                gx[i * 3 * D + e] += dS[i * T + j] * x[j * xt + xc + e];
+                gx[j * 3 * D + D + e] += dS[i * T + j] * x[i * xt + e];
+                gx[j * 3 * D + 2 * D + e] += P[i * T + j] * gy[i * gt + e];
+            }
+    free(P), free(dS);
+}
+
+/* loom_attention in float32 and its gradient (loom_grad of sum(y w)) against the naive loops:
+ * causal and not; T across the 16-row blocks and the 64-column tiles, D across the 16-lane
+ * vectors (1, odd, 16, 33, 70); qkv contiguous, as a projection gives it, and as a permuted view
+ * of (3, B, T, H, D) (other strides). */
+TEST(attention_matches_naive_loops) {
+    const int64_t shapes[][4] = {{1, 1, 1, 1},   {2, 3, 2, 5},   {1, 16, 1, 16}, {1, 17, 3, 33},
+                                 {2, 64, 2, 32}, {1, 70, 1, 70}, {1, 130, 2, 8}};
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes * 4; c++) {
+        int64_t B = shapes[c / 4][0], T = shapes[c / 4][1], H = shapes[c / 4][2],
+                D = shapes[c / 4][3];
+        bool causal = c & 1, permuted = c & 2;
+        int64_t n = B * T * 3 * H * D, ny = B * T * H * D;
+        float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)ny);
+        double *y = malloc(sizeof(double) * (size_t)(T * D)),
+               *gx = malloc(sizeof(double) * (size_t)(T * 3 * D));
+        test_fill(x, n, 90 + c, -2, 2);
+        test_fill(w, ny, 91, -1, 1);
+        loom_graph *g = loom_graph_new(NULL);
+        int64_t sx[5] = {B, T, 3, H, D}, sp[5] = {3, B, T, H, D}, sy[4] = {B, T, H, D};
+        loom_tensor *in = loom_input(g, LOOM_F32, 5, permuted ? sp : sx, x);
+        loom_requires_grad(in);
+        loom_tensor *qkv = permuted ? loom_permute(g, in, (int[]){1, 2, 0, 3, 4}) : in;
+        loom_tensor *out = loom_attention(g, qkv, causal);
+        loom_tensor *loss = loom_sum_all(g, loom_mul(g, out, loom_input(g, LOOM_F32, 4, sy, w)));
+        loom_tensor *grad = loom_grad(g, loss, in);
+        loom_output(out), loom_output(grad);
+        ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+        const float *po = loom_tensor_data(out), *pg = loom_tensor_data(grad);
+        /* element (b, t, c, h, d) of qkv, and of its gradient (laid out as the input) */
+        int64_t st = permuted ? H * D : 3 * H * D, scs = permuted ? B * T * H * D : H * D;
+        int64_t sb = T * st;
+        int bad = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++) {
+                const float *xh = x + b * sb + h * D, *gh = w + (b * T * H + h) * D;
+                naive_attention(xh, st, scs, gh, H * D, T, D, causal, y, gx);
+                double tol = 2e-6 * sqrt((double)(T + D));
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t e = 0; e < D; e++) {
+                        bad += !(fabs(po[((b * T + t) * H + h) * D + e] - y[t * D + e]) <=
+                                 tol * fmax(1, fabs(y[t * D + e])));
+                        for (int k = 0; k < 3; k++) {
+                            double want = gx[t * 3 * D + k * D + e];
+                            bad += !(fabs(pg[b * sb + t * st + k * scs + h * D + e] - want) <=
+                                     tol * fmax(1, fabs(want)));
+                        }
+                    }
+            }
+        if (bad)
+            FAILF("B %lld T %lld H %lld D %lld, causal %d, permuted %d: %d wrong elements",
+                  (long long)B, (long long)T, (long long)H, (long long)D, causal, permuted, bad);
+        loom_graph_free(g);
+        free(x), free(w), free(y), free(gx);
+    }
+}
+
+/* Bad input: qkv of another rank, a middle axis other than 3, an integer dtype, an empty head;
+ * a second derivative is refused. */
+TEST(attention_refuses_bad_input) {
+    static float x[2 * 3 * 3 * 2 * 4];
+    int64_t s4[4] = {2, 3, 6, 4}, s5[5] = {2, 3, 2, 3, 4}, s0[5] = {2, 3, 3, 2, 0};
+    loom_graph *g = loom_graph_new(NULL);
+    ASSERT(!loom_attention(g, loom_input(g, LOOM_F32, 4, s4, x), true));
+    ASSERT_STR_CONTAINS(loom_graph_error(g),
+                        "loom_attention: qkv (2,3,6,4), expected (B, T, 3, H, D) of sizes >= 1");
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    ASSERT(!loom_attention(g, loom_input(g, LOOM_F32, 5, s5, x), true));
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "qkv (2,3,2,3,4), expected (B, T, 3, H, D)");
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    ASSERT(!loom_attention(g, loom_input(g, LOOM_F32, 5, s0, x), false));
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "qkv (2,3,3,2,0), expected");
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    int64_t s[5] = {2, 3, 3, 2, 4};
+    ASSERT(!loom_attention(g, loom_input(g, LOOM_I32, 5, s, x), true));
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "loom_attention: dtype i32 of input 0");
+    loom_graph_free(g);
+    g = loom_graph_new(NULL);
+    loom_tensor *tx = loom_input(g, LOOM_F32, 5, s, x);
+    loom_requires_grad(tx);
+    loom_tensor *gx = loom_grad(g, loom_sum_all(g, loom_attention(g, tx, true)), tx);
+    ASSERT(gx != NULL);
+    ASSERT(loom_grad(g, loom_sum_all(g, loom_mul(g, gx, gx)), tx) == NULL);
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "second derivative of loom_attention");
+    loom_graph_free(g);
+}
+
 /* Dropout drops about p of the elements, scales the others by 1 / (1 - p) exactly, repeats for
  * the same key and changes with the step; on 2 devices each shard draws its own global rows, so
  * the batch's result is the one device's. */
@@ -1203,6 +1346,8 @@ int main(void) {
     RUN(layer_norm_of_strided_rows_and_its_second_derivative);
     RUN(pad2d_and_crop2d_match_naive);
     RUN(gather_scatter_and_causal_mask_match_naive);
+    RUN(attention_matches_naive_loops);
+    RUN(attention_refuses_bad_input);
     RUN(dropout_is_keyed_by_position);
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);

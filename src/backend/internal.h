@@ -227,6 +227,15 @@ int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
 loom__program *loom__program_reference(const loom__program *p, const loom__executor *x);
 void loom__program_free(loom__program *p);
 
+/* Softmax of `rows` rows of n (x's rows rs apart, elements cs apart) into y (rows n apart; y may
+ * be x when cs is 1 and rs n): the SOFTMAX op's rows (interp.c). */
+void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
+                            int64_t n);
+void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
+                            int64_t n);
+/* attention.c: the kernels of ATTENTION and ATTENTIONGRAD. */
+loom_status loom__k_attention(const loom__program *p, const loom__bind *b, int32_t id);
+loom_status loom__k_attention_grad(const loom__program *p, const loom__bind *b, int32_t id);
 /* Address of node id's first element (which may be strided). */
 void *loom__addr(const loom__program *p, const loom__bind *b, int32_t id);
 void *loom__lay_addr(const loom__program *p, const loom__bind *b, const loom__layout *l,
@@ -391,8 +400,9 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
                        const int64_t *coff, int64_t n, float *c, int64_t ldc, bool packed,
                        void *scratch);
 
-/* Whether float32 products use loom__sgemm: on a CPU with AVX-512 unless LOOM_MATMUL=blas (BLAS
- * then, and always for float64 and on other CPUs). The one place this choice is made. */
+/* Whether float32 products use loom__sgemm (and attention.c its AVX-512 tiles): on a CPU with
+ * AVX-512 unless LOOM_MATMUL=blas (BLAS then, and always for float64 and on other CPUs; attention's
+ * plain loops). The one place this choice is made. */
 bool loom__use_own_gemm(void);
 /* Rows a pool gradient with sinks keeps at a time (loom__pnode.sinks): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit

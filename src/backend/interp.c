@@ -2054,8 +2054,8 @@ SOFTMAX_ROWS(softmax_rows_double, double, exp, )
 SOFTMAX_ROWS(softmax_rows_float512, float, loom_expf, __attribute__((target("avx512f"))))
 #endif
 
-static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
-                             int64_t n) {
+void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
+                            int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
         softmax_rows_float512(x, rs, cs, y, rows, n);
@@ -2063,6 +2063,11 @@ static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, i
     }
 #endif
     softmax_rows_float(x, rs, cs, y, rows, n);
+}
+
+void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
+                            int64_t n) {
+    softmax_rows_double(x, rs, cs, y, rows, n);
 }
 
 /* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
@@ -2240,16 +2245,25 @@ static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_
         const char *xr = (const char *)src + (size_t)off * es;
         char *yr = (char *)o + (size_t)(r * n) * es;
         if (t->dtype == LOOM_F64)
-            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
-                                n);
+            loom__softmax_rows_f64((const double *)(const void *)xr, rs, cs, (double *)(void *)yr,
+                                   m, n);
         else
-            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
+            loom__softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m,
+                                   n);
         if (!even) { /* to the next row's first element */
             off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
             next_strided(x, ix, &off);
         }
     }
     return LOOM_OK;
+}
+
+static loom_status k_ATTENTION(const loom__program *p, const loom__bind *b, int32_t id) {
+    return loom__k_attention(p, b, id);
+}
+
+static loom_status k_ATTENTIONGRAD(const loom__program *p, const loom__bind *b, int32_t id) {
+    return loom__k_attention_grad(p, b, id);
 }
 
 static loom_status k_ONEHOT(const loom__program *p, const loom__bind *b, int32_t id) {

@@ -565,6 +565,33 @@ loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fill) {
     return t;
 }
 
+loom_tensor *loom_attention(loom_graph *g, loom_tensor *qkv, bool causal) {
+    if (!enter(g, "loom_attention", 1, &qkv) || !check_float(g, "loom_attention", 1, &qkv))
+        return NULL;
+    if (qkv->ndim != 5 || qkv->shape[2] != 3 || loom_tensor_numel(qkv) == 0) {
+        char sx[96];
+        loom__shape_str(qkv, sx, sizeof sx);
+        loom__graph_fail(g, LOOM_ESHAPE,
+                         "loom_attention: qkv %s, expected (B, T, 3, H, D) of sizes >= 1", sx);
+        return NULL;
+    }
+    const int64_t *s = qkv->shape;
+    int64_t out[4] = {s[0], s[1], s[3], s[4]};
+    loom_tensor *t =
+        loom__node(g, LOOM_OP_ATTENTION, (loom_dtype)qkv->dtype, 4, out, qkv, NULL, NULL);
+    if (t)
+        t->attr.value = causal;
+    return t;
+}
+
+loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, bool causal) {
+    loom_tensor *t = loom__node(g, LOOM_OP_ATTENTIONGRAD, (loom_dtype)qkv->dtype, qkv->ndim,
+                                qkv->shape, qkv, gy, NULL);
+    if (t)
+        t->attr.value = causal;
+    return t;
+}
+
 loom_tensor *loom_dropout(loom_graph *g, loom_tensor *x, double p, loom_tensor *key) {
     loom_tensor *in[2] = {x, key};
     if (!enter(g, "loom_dropout", 2, in) || !check_float(g, "loom_dropout", 1, &x))

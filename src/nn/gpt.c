@@ -9,6 +9,7 @@
  *   for each block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
  *   logits = ln_f(x) wte^T
  *   attn(a) = c_proj(softmax(causal(q k^T / sqrt(D))) v), q, k, v = the three thirds of c_attn(a)
+ *             per head (loom_attention)
  *   mlp(a)  = c_proj(gelu(c_fc(a)))
  */
 #include "../graph/internal.h"
@@ -168,10 +169,18 @@ static loom_tensor *heads(loom_graph *g, loom_tensor *x, int64_t B, int64_t T, i
     return loom_permute(g, loom_reshape(g, x, 4, s), (int[]){0, 2, 1, 3});
 }
 
+/* With dropout on the attention's probabilities (training, dropout > 0) the attention is
+ * composed from its ops; otherwise it is loom_attention, one kernel a head, on c_attn's output
+ * (B T, 3 C) viewed as (B, T, 3, H, D): the same function. */
 static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom_tensor *a,
                               int64_t B, int64_t T, int64_t site) {
-    int64_t C = gpt->c.width, H = gpt->c.heads, D = C / H;
+    int64_t C = gpt->c.width, H = gpt->c.heads, D = C / H, s[2] = {B * T, C};
     loom_tensor *w = loom_parameter(g, b->c_attn);
+    if (!gpt->train || gpt->c.dropout == 0) {
+        int64_t packed[5] = {B, T, 3, H, D};
+        loom_tensor *y = loom_attention(g, loom_reshape(g, linear(g, a, w), 5, packed), true);
+        return linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj));
+    }
     loom_tensor *q = heads(g, linear(g, a, rows_of(g, gpt, w, 0, C)), B, T, H, D);
     loom_tensor *k = heads(g, linear(g, a, rows_of(g, gpt, w, 1, C)), B, T, H, D);
     loom_tensor *v = heads(g, linear(g, a, rows_of(g, gpt, w, 2, C)), B, T, H, D);
@@ -179,7 +188,6 @@ static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom
                                 loom_scalar(g, 1.0 / sqrt((double)D), LOOM_F32));
     att = drop(g, gpt, loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3), B, site);
     loom_tensor *y = loom_permute(g, loom_matmul(g, att, v), (int[]){0, 2, 1, 3});
-    int64_t s[2] = {B * T, C};
     return drop(g, gpt, linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj)), B,
                 site + 1);
 }

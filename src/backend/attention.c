@@ -1,0 +1,422 @@
+/*
+ * attention.c - multi-head scaled dot-product self-attention (ATTENTION) and its gradient
+ * (ATTENTIONGRAD) as one kernel each, a head at a time. A head's query, key and value rows are
+ * read in place from the packed qkv (B, T, 3, H, D) (copied where their elements are not
+ * contiguous), k and v transposed into scratch, and the queries go in blocks of ATTN_ROWS rows:
+ * their scores S = q k^T scaled by 1/sqrt(D), masked (causal: key j > query i takes no part) and
+ * softmaxed a row at a time (max, exp(s - max) in float by opmath.h's loom_expf_sp, 1.2 ulp, their
+ * sum in lanes, each divided by it), then y = P v. A causal block computes only the keys up to its
+ * last query: about half of the T x T work is never done, and no T x T value is ever written
+ * whole (a block of rows in cache at a time). The backward recomputes P the same way from qkv
+ * (nothing of the forward is kept for it) and then, per block,
+ *   dP = dy v^T,   dS = P (dP - sum_j P dP) / sqrt(D)   (a row at a time; 0 where masked),
+ *   dq = dS k,     dk += dS^T q,   dv += P^T dy,
+ * writing dq, dk and dv into their places of the (B, T, 3, H, D) gradient.
+ *
+ * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
+ * L1) and the rows on 16 lanes where the CPU has AVX-512, plain loops otherwise and for float64
+ * and under LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element
+ * is summed in a fixed order: runs repeat bitwise.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "../graph/opmath.h"
+
+LOOM_OPMATH(LOOM_OPMATH_EMIT)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
+#    define ATTN_WIDE 1
+#else
+#    define ATTN_WIDE 0
+#endif
+
+/* Query rows a block: a multiple of the tiles' 4; the causal skip works at this grain. */
+#define ATTN_ROWS 16
+
+/* The small products: c (m x n, rows ldc apart) = a b (+ c with acc), a (m x k) at
+ * a[i ars + p acs], b (k x n) rows ldb apart. */
+
+#define ATTN_MM(NAME, T)                                                                        \
+    static void NAME(int64_t m, int64_t n, int64_t k, const void *av, int64_t ars, int64_t acs, \
+                     const void *bv, int64_t ldb, void *cv, int64_t ldc, bool acc) {            \
+        const T *a = av, *b = bv;                                                               \
+        T *c = cv;                                                                              \
+        for (int64_t i = 0; i < m; i++) {                                                       \
+            T *ci = c + i * ldc;                                                                \
+            if (!acc)                                                                           \
+                for (int64_t j = 0; j < n; j++)                                                 \
+                    ci[j] = 0;                                                                  \
+            for (int64_t p = 0; p < k; p++) {                                                   \
+                T x = a[i * ars + p * acs];                                                     \
+                const T *bp = b + p * ldb;                                                      \
+                for (int64_t j = 0; j < n; j++)                                                 \
+                    ci[j] += x * bp[j];                                                         \
+            }                                                                                   \
+        }                                                                                       \
+    }
+ATTN_MM(mm_f32, float)
+ATTN_MM(mm_f64, double)
+
+#if ATTN_WIDE
+/* One register tile: MR rows x NV vectors of 16 columns (the last one's columns `last`). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+tile512(int MR, int NV, __mmask16 last, int64_t k, const float *a, int64_t ars, int64_t acs,
+        const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    __m512 cc[4][4];
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++)
+            cc[r][v] =
+                acc ? _mm512_maskz_loadu_ps(v == NV - 1 ? last : 0xffff, c + r * ldc + 16 * v)
+                    : _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; p++) {
+        __m512 bb[4];
+        for (int v = 0; v < NV; v++)
+            bb[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : 0xffff, b + p * ldb + 16 * v);
+        for (int r = 0; r < MR; r++) {
+            __m512 x = _mm512_set1_ps(a[r * ars + p * acs]);
+            for (int v = 0; v < NV; v++)
+                cc[r][v] = _mm512_fmadd_ps(x, bb[v], cc[r][v]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++)
+            _mm512_mask_storeu_ps(c + r * ldc + 16 * v, v == NV - 1 ? last : 0xffff, cc[r][v]);
+}
+
+#    define TILE(MR, NV) \
+        tile512(MR, NV, last, k, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc)
+__attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, int64_t k,
+                                                          const void *av, int64_t ars, int64_t acs,
+                                                          const void *bv, int64_t ldb, void *cv,
+                                                          int64_t ldc, bool acc) {
+    const float *a = av, *b = bv;
+    float *c = cv;
+    for (int64_t j = 0; j < n; j += 64) {
+        int64_t w = n - j < 64 ? n - j : 64;
+        int nv = (int)((w + 15) / 16);
+        __mmask16 last = (__mmask16)((1u << (w - 16 * (nv - 1))) - 1);
+        int64_t i = 0;
+        for (; i + 4 <= m; i += 4)
+            switch (nv) {
+                case 1:
+                    TILE(4, 1);
+                    break;
+                case 2:
+                    TILE(4, 2);
+                    break;
+                case 3:
+                    TILE(4, 3);
+                    break;
+                default:
+                    TILE(4, 4);
+                    break;
+            }
+        for (; i < m; i++)
+            switch (nv) {
+                case 1:
+                    TILE(1, 1);
+                    break;
+                case 2:
+                    TILE(1, 2);
+                    break;
+                case 3:
+                    TILE(1, 3);
+                    break;
+                default:
+                    TILE(1, 4);
+                    break;
+            }
+    }
+}
+#    undef TILE
+#endif
+
+/* Where the heads live: qkv (B, T, 3, H, D) by its strides, dy (B, T, H, D) by its. */
+typedef struct {
+    int64_t B, T, H, D;
+    const int64_t *xs, *gs;
+    bool causal;
+} attn_shape;
+
+/* Reductions over x[0 .. n) in 16 lanes (element j in lane j % 16) combined in a fixed tree:
+ * independent chains that vectorize, in a fixed order. LANE_OP(acc, a) combines. */
+#define ATTN_REDUCE(T, IDENT, LANE_OP, x, n, out)       \
+    do {                                                \
+        T l_[16];                                       \
+        for (int j_ = 0; j_ < 16; j_++)                 \
+            l_[j_] = (IDENT);                           \
+        int64_t q_ = 0;                                 \
+        for (; q_ + 16 <= (n); q_ += 16)                \
+            for (int j_ = 0; j_ < 16; j_++)             \
+                l_[j_] = LANE_OP(l_[j_], (x)[q_ + j_]); \
+        for (int j_ = 0; q_ + j_ < (n); j_++)           \
+            l_[j_] = LANE_OP(l_[j_], (x)[q_ + j_]);     \
+        for (int w_ = 8; w_ >= 1; w_ /= 2)              \
+            for (int j_ = 0; j_ < w_; j_++)             \
+                l_[j_] = LANE_OP(l_[j_], l_[j_ + w_]);  \
+        (out) = l_[0];                                  \
+    } while (0)
+#define ATTN_MAX(acc, a) ((a) > (acc) || (a) != (a) ? (a) : (acc)) /* (a NaN kept) */
+#define ATTN_ADD(acc, a) ((acc) + (a))
+
+/* A row of scores (lim of n in play: the rest masked) scaled and softmaxed in place: max,
+ * exp(s - max), their sum, each divided by it, as the SOFTMAX op's rows; 0 where masked. */
+#define ATTN_SOFTMAX_ROW(NAME, TYPE, EXP)                            \
+    static void NAME(TYPE *pr, int64_t lim, int64_t n, TYPE scale) { \
+        TYPE mx, sum;                                                \
+        for (int64_t j = 0; j < lim; j++)                            \
+            pr[j] *= scale;                                          \
+        ATTN_REDUCE(TYPE, -INFINITY, ATTN_MAX, pr, lim, mx);         \
+        for (int64_t j = 0; j < lim; j++)                            \
+            pr[j] = EXP(pr[j] - mx);                                 \
+        ATTN_REDUCE(TYPE, 0, ATTN_ADD, pr, lim, sum);                \
+        for (int64_t j = 0; j < lim; j++)                            \
+            pr[j] /= sum;                                            \
+        for (int64_t j = lim; j < n; j++)                            \
+            pr[j] = 0;                                               \
+    }
+/* A row of dP (n) into dS in place, from its probabilities pr: P (dP - sum P dP) scale. */
+#define ATTN_GRAD_ROW(NAME, TYPE)                                       \
+    static void NAME(const TYPE *pr, TYPE *sr, int64_t n, TYPE scale) { \
+        TYPE dot;                                                       \
+        for (int64_t j = 0; j < n; j++)                                 \
+            sr[j] *= pr[j];                                             \
+        ATTN_REDUCE(TYPE, 0, ATTN_ADD, sr, n, dot);                     \
+        for (int64_t j = 0; j < n; j++)                                 \
+            sr[j] = (sr[j] - pr[j] * dot) * scale;                      \
+    }
+/* x (T x D, rows rs apart) transposed into xt (D x T, contiguous). */
+#define ATTN_TRANSPOSE(NAME, TYPE)                                                \
+    static void NAME(const TYPE *x, int64_t rs, int64_t T, int64_t D, TYPE *xt) { \
+        for (int64_t t = 0; t < T; t++)                                           \
+            for (int64_t d = 0; d < D; d++)                                       \
+                xt[d * T + t] = x[t * rs + d];                                    \
+    }
+ATTN_TRANSPOSE(transpose_f64, double)
+ATTN_TRANSPOSE(transpose_f32, float)
+ATTN_SOFTMAX_ROW(softmax_row_f64, double, exp)
+ATTN_SOFTMAX_ROW(softmax_row_f32, float, loom_expf_sp)
+ATTN_GRAD_ROW(grad_row_f64, double)
+ATTN_GRAD_ROW(grad_row_f32, float)
+
+#if ATTN_WIDE
+/* loom_expf_sp (graph/opmath.h) on 16 lanes: the same operations, so the same values. */
+__attribute__((target("avx512f"), always_inline)) static inline __m512 exp16(__m512 x) {
+    __m512 d = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    __m512 t =
+        _mm512_add_ps(_mm512_mul_ps(d, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(12582912.0f));
+    __m512 k = _mm512_sub_ps(t, _mm512_set1_ps(12582912.0f));
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(d, _mm512_mul_ps(k, _mm512_set1_ps(0.693145752f))),
+                             _mm512_mul_ps(k, _mm512_set1_ps(1.42860677e-06f)));
+    static const float c[8] = {0.000198412701f, 0.00138888892f, 0.00833333377f, 0.0416666679f,
+                               0.166666672f,    0.5f,           1.0f,           1.0f};
+    __m512 p = _mm512_set1_ps(c[0]);
+    for (int i = 1; i < 8; i++)
+        p = _mm512_add_ps(_mm512_set1_ps(c[i]), _mm512_mul_ps(r, p));
+    __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4b400000)),
+                         _mm512_set1_epi32(127)),
+        23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x); /* NaN kept */
+}
+/* The lanes of a vector holding the next `left` elements (none for left <= 0). */
+static inline __mmask16 lanes(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+}
+__attribute__((target("avx512f"))) static void softmax_row_f32w(float *pr, int64_t lim, int64_t n,
+                                                                float scale) {
+    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps(), sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < lim; j += 16) {
+        __mmask16 m = lanes(lim - j);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pr + j), sc);
+        _mm512_mask_storeu_ps(pr + j, m, v);
+        mx = _mm512_mask_max_ps(mx, m, mx, v);
+    }
+    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    for (int64_t j = 0; j < lim; j += 16) {
+        __mmask16 m = lanes(lim - j);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, pr + j), top));
+        _mm512_mask_storeu_ps(pr + j, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = lanes(n - j), in = lanes(lim - j);
+        _mm512_mask_storeu_ps(pr + j, m,
+                              _mm512_maskz_div_ps(in, _mm512_maskz_loadu_ps(in, pr + j), total));
+    }
+}
+/* ATTN_TRANSPOSE's, 16 rows of a column at a time by a gather */
+__attribute__((target("avx512f"))) static void transpose_f32w(const float *x, int64_t rs, int64_t T,
+                                                              int64_t D, float *xt) {
+    if (rs > INT32_MAX / 16) { /* (lane offsets in 32 bits) */
+        transpose_f32(x, rs, T, D, xt);
+        return;
+    }
+    __m512i at =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32((int)rs));
+    for (int64_t t = 0; t < T; t += 16) {
+        __mmask16 m = lanes(T - t);
+        for (int64_t d = 0; d < D; d++)
+            _mm512_mask_storeu_ps(
+                xt + d * T + t, m,
+                _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, x + t * rs + d, 4));
+    }
+}
+__attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, float *sr, int64_t n,
+                                                             float scale) {
+    __m512 dot = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = lanes(n - j);
+        __m512 v =
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sr + j), _mm512_maskz_loadu_ps(m, pr + j));
+        _mm512_mask_storeu_ps(sr + j, m, v);
+        dot = _mm512_add_ps(dot, v);
+    }
+    __m512 d = _mm512_set1_ps(_mm512_reduce_add_ps(dot)), sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = lanes(n - j);
+        __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, sr + j),
+                                 _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pr + j), d));
+        _mm512_mask_storeu_ps(sr + j, m, _mm512_mul_ps(v, sc));
+    }
+}
+#endif
+
+/* The kernels of one element type, built with attribute ATTR (an instruction set) on the
+ * products of MM and exp EXP. A head's q, k, v and dy are read in place where their elements are
+ * contiguous (else copied), k and v transposed into scratch:
+ *   probs:    query rows [i0, i0 + rows) of a head: the scores of keys [0, n) scaled, masked and
+ *             softmaxed into P (rows x n, contiguous): max, exp(s - max), their sum, each
+ *             divided by it, as the SOFTMAX op's rows (0 where masked);
+ *   forward:  every head into y (B, T, H, D), contiguous;
+ *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous.
+ * Scratch: ATTN_BUF elements. */
+#define ATTN_BUF(T, D) (8 * (T) * (D) + 2 * ATTN_ROWS * (T))
+#define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                        \
+    typedef struct {                                                                               \
+        const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                 \
+        int64_t rs[4];                                                                             \
+        TYPE *kt, *vt; /* k and v transposed (D x T, contiguous) */                                \
+    } head_##SFX;                                                                                  \
+    ATTR static void gather_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, int64_t b,   \
+                                  int64_t h, head_##SFX *a, TYPE *buf) {                           \
+        int64_t T = s->T, D = s->D;                                                                \
+        const int64_t *xs = s->xs, *gs = s->gs;                                                    \
+        const TYPE *e = x + b * xs[0] + h * xs[3];                                                 \
+        const TYPE *src[4] = {e, e + xs[2], e + 2 * xs[2], gy ? gy + b * gs[0] + h * gs[2] : e};   \
+        int64_t rs[4] = {xs[1], xs[1], xs[1], gy ? gs[1] : 0};                                     \
+        int64_t cs[4] = {xs[4], xs[4], xs[4], gy ? gs[3] : 1};                                     \
+        for (int m = 0; m < 4; m++) {                                                              \
+            a->m[m] = src[m], a->rs[m] = rs[m];                                                    \
+            if (cs[m] == 1)                                                                        \
+                continue;                                                                          \
+            TYPE *c = buf + m * T * D; /* elements apart: copied, contiguous */                    \
+            for (int64_t t = 0; t < T; t++)                                                        \
+                for (int64_t d = 0; d < D; d++)                                                    \
+                    c[t * D + d] = src[m][t * rs[m] + d * cs[m]];                                  \
+            a->m[m] = c, a->rs[m] = D;                                                             \
+        }                                                                                          \
+        a->kt = buf + 4 * T * D, a->vt = a->kt + T * D;                                            \
+        TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                                 \
+        if (gy)                                                                                    \
+            TRANSPOSE(a->m[2], a->rs[2], T, D, a->vt);                                             \
+    }                                                                                              \
+    ATTR static void probs_##SFX(const attn_shape *s, const head_##SFX *a, int64_t i0,             \
+                                 int64_t rows, int64_t n, TYPE *P) {                               \
+        TYPE scale = (TYPE)(1.0 / sqrt((double)s->D));                                             \
+        MM(rows, n, s->D, a->m[0] + i0 * a->rs[0], a->rs[0], 1, a->kt, s->T, P, n, false);         \
+        for (int64_t r = 0; r < rows; r++)                                                         \
+            SOFTMAX_ROW(P + r * n, s->causal ? i0 + r + 1 : n, n, scale);                          \
+    }                                                                                              \
+    ATTR static void forward_##SFX(const attn_shape *s, const TYPE *x, TYPE *y, TYPE *buf) {       \
+        int64_t T = s->T, D = s->D, H = s->H;                                                      \
+        TYPE *P = buf + 6 * T * D;                                                                 \
+        head_##SFX a;                                                                              \
+        for (int64_t b = 0; b < s->B; b++)                                                         \
+            for (int64_t h = 0; h < H; h++) {                                                      \
+                gather_##SFX(s, x, NULL, b, h, &a, buf);                                           \
+                for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
+                    int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
+                    int64_t n = s->causal ? i0 + rows : T;                                         \
+                    probs_##SFX(s, &a, i0, rows, n, P);                                            \
+                    MM(rows, D, n, P, n, 1, a.m[2], a.rs[2], y + ((b * T + i0) * H + h) * D,       \
+                       H * D, false);                                                              \
+                }                                                                                  \
+            }                                                                                      \
+    }                                                                                              \
+    ATTR static void backward_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, TYPE *gx,  \
+                                    TYPE *buf) {                                                   \
+        int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D;                                      \
+        TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                                \
+        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *P = dv + T * D, *dS = P + ATTN_ROWS * T;    \
+        head_##SFX a;                                                                              \
+        for (int64_t b = 0; b < s->B; b++)                                                         \
+            for (int64_t h = 0; h < H; h++) {                                                      \
+                gather_##SFX(s, x, gy, b, h, &a, buf);                                             \
+                const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                 \
+                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                    \
+                TYPE *gq = gx + (b * T * 3 * H + h) * D;                                           \
+                for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
+                    int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
+                    int64_t n = s->causal ? i0 + rows : T;                                         \
+                    probs_##SFX(s, &a, i0, rows, n, P);                                            \
+                    MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */ \
+                    for (int64_t r = 0; r < rows; r++)                                             \
+                        GRAD_ROW(P + r * n, dS + r * n, n, scale);                                 \
+                    MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */     \
+                    MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */     \
+                    MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */     \
+                }                                                                                  \
+                for (int64_t t = 0; t < T; t++)                                                    \
+                    for (int64_t d = 0; d < D; d++)                                                \
+                        gq[t * ld + H * D + d] = dk[t * D + d],                                    \
+                                            gq[t * ld + 2 * H * D + d] = dv[t * D + d];            \
+            }                                                                                      \
+    }
+ATTN_KERNELS(f64, double, , mm_f64, softmax_row_f64, grad_row_f64, transpose_f64)
+ATTN_KERNELS(f32, float, , mm_f32, softmax_row_f32, grad_row_f32, transpose_f32)
+#if ATTN_WIDE
+ATTN_KERNELS(f32w, float, __attribute__((target("avx512f"))), mm_f32_512, softmax_row_f32w,
+             grad_row_f32w, transpose_f32w)
+#endif
+
+static loom_status attention(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
+    attn_shape s = {x->shape[0],       x->shape[1],   x->shape[3],
+                    x->shape[4],       x->lay.stride, grad ? gy->lay.stride : NULL,
+                    t->attr.value != 0};
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    void *buf = loom__malloc(es * (size_t)ATTN_BUF(s.T, s.D));
+    if (!buf)
+        return loom__error(LOOM_ENOMEM, "attention: out of memory");
+    const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
+    void *o = loom__addr(p, b, id);
+    if (t->dtype == LOOM_F64)
+        grad ? backward_f64(&s, xs, gs, o, buf) : forward_f64(&s, xs, o, buf);
+#if ATTN_WIDE
+    else if (loom__use_own_gemm()) /* (loom's AVX-512 products, not LOOM_MATMUL=blas) */
+        grad ? backward_f32w(&s, xs, gs, o, buf) : forward_f32w(&s, xs, o, buf);
+#endif
+    else
+        grad ? backward_f32(&s, xs, gs, o, buf) : forward_f32(&s, xs, o, buf);
+    loom__free(buf);
+    return LOOM_OK;
+}
+
+loom_status loom__k_attention(const loom__program *p, const loom__bind *b, int32_t id) {
+    return attention(p, b, id, false);
+}
+
+loom_status loom__k_attention_grad(const loom__program *p, const loom__bind *b, int32_t id) {
+    return attention(p, b, id, true);
+}
