@@ -22,9 +22,13 @@
  * if-converted into vector selects (the values do not change, only whether an FP exception
  * could be raised, which loom never reads), so branch-free functions such as loom_erff
  * (graph/opmath.h) run as vector code; -fno-math-errno: sqrt needs no errno check around it
- * (a negative operand's NaN is the same), so an update with one vectorizes */
-#define CC_FLAGS                                                                             \
-    "-O3 -march=native -std=c11 -ffp-contract=off -fno-trapping-math -fno-math-errno -fPIC " \
+ * (a negative operand's NaN is the same), so an update with one vectorizes;
+ * -mprefer-vector-width=512: loops in 16 float lanes where the CPU has AVX-512, not gcc's
+ * default 8 (GELU's forward and backward measured 25% and 10% faster; each element's arithmetic
+ * is the same, so are the values) */
+#define CC_FLAGS                                                                                 \
+    "-O3 -march=native -mprefer-vector-width=512 -std=c11 -ffp-contract=off -fno-trapping-math " \
+    "-fno-math-errno -fPIC "                                                                     \
     "-shared -w"
 /* The trailer's magic; also in the compiler identity, so entries of other formats are not found
  * (and not called damaged). */
