@@ -2104,7 +2104,61 @@ void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, 
 LNORM_ROW(lnorm_row_float, float, )
 LNORM_ROW(lnorm_row_double, double, )
 #if defined(__x86_64__) && defined(__GNUC__)
-LNORM_ROW(lnorm_row_float512, float, __attribute__((target("avx512f"))))
+/* The float row in AVX-512 intrinsics, read in place (x and g, n contiguous each; o n more):
+ * LANE_SUM's lanes are a vector's (the ragged end added into the first lanes), its tree the
+ * halves folded in (lane j + 8, + 4, + 2, + 1 into lane j), x - mean and xhat recomputed where
+ * the macro keeps them: the same operations in the same order as lnorm_row_float, so the same
+ * values, without the copies and the scalar loops' overhead (a GPT's rows are 128). */
+__attribute__((target("avx512f"), always_inline)) static inline float lane_tree(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 2, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 1, 1, 1)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 1, 1, 1)));
+    return _mm512_cvtss_f32(v);
+}
+#    define ROW_LANES(q, n) \
+        ((q) + 16 <= (n) ? (__mmask16)0xffff : (__mmask16)((1u << ((n) - (q))) - 1))
+__attribute__((target("avx512f"))) static void lnorm_row_float512(const float *x, const float *g,
+                                                                  float *o, int64_t n, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, x + q));
+    }
+    __m512 mean = _mm512_set1_ps(lane_tree(acc) / (float)n);
+    acc = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + q), mean);
+        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(d, d));
+    }
+    __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(lane_tree(acc) / (float)n + eps));
+#    define XHAT(q, m) _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + (q)), mean), rstd)
+    if (!g) {
+        for (int64_t q = 0; q < n; q += 16) {
+            __mmask16 m = ROW_LANES(q, n);
+            _mm512_mask_storeu_ps(o + q, m, XHAT(q, m));
+        }
+        return;
+    }
+    __m512 gs = _mm512_setzero_ps(), gd = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 gq = _mm512_maskz_loadu_ps(m, g + q);
+        gs = _mm512_mask_add_ps(gs, m, gs, gq);
+        gd = _mm512_mask_add_ps(gd, m, gd, _mm512_mul_ps(gq, XHAT(q, m)));
+    }
+    __m512 gm = _mm512_set1_ps(lane_tree(gs) / (float)n);
+    __m512 dm = _mm512_set1_ps(lane_tree(gd) / (float)n);
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 v = _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, g + q), gm),
+                                 _mm512_mul_ps(XHAT(q, m), dm));
+        _mm512_mask_storeu_ps(o + q, m, _mm512_mul_ps(rstd, v));
+    }
+#    undef XHAT
+}
+#    undef ROW_LANES
 #endif
 
 /* Offset of row r (its first element along the last axis) of node x. */
@@ -2151,15 +2205,26 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
             lnorm_row_double(xr, gr, xr + 2 * n, o_r, n, t->attr.value);
         } else {
             float *xr = (float *)(void *)tmp, *gr = grad ? xr + n : NULL, *o_r = (float *)o + r * n;
-            GATHER_ROW(float, xs, x, r, n, xr);
-            if (grad)
-                GATHER_ROW(float, gs, gy, r, n, gr);
 #if defined(__x86_64__) && defined(__GNUC__)
-            if (wide) {
-                lnorm_row_float512(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
+            if (wide) { /* rows read in place where their elements are contiguous */
+                const float *xw = (const float *)xs + row_offset(x, r), *gw = NULL;
+                if (x->lay.stride[x->ndim - 1] != 1) {
+                    GATHER_ROW(float, xs, x, r, n, xr);
+                    xw = xr;
+                }
+                if (grad)
+                    gw = (const float *)gs + row_offset(gy, r);
+                if (grad && gy->lay.stride[gy->ndim - 1] != 1) {
+                    GATHER_ROW(float, gs, gy, r, n, gr);
+                    gw = gr;
+                }
+                lnorm_row_float512(xw, gw, o_r, n, (float)t->attr.value);
                 continue;
             }
 #endif
+            GATHER_ROW(float, xs, x, r, n, xr);
+            if (grad)
+                GATHER_ROW(float, gs, gy, r, n, gr);
             (void)wide;
             lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
         }
