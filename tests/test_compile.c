@@ -929,10 +929,55 @@ TEST(adamw_stores_both_moments_in_its_update_kernel) {
     ASSERT(same_bits(ref, got, sizeof ref, LOOM_F32));
     ASSERT(ref[0] != 0 && ref[9 * 40] == ref[9 * 40]);
     /* each parameter's update alone would be a dozen interpreted kernels; compiled, the update
-     * of each is one kernel (with its clipped gradient's) */
+     * of each is one kernel, its clipped gradient computed in it */
     fprintf(stderr, "adamw: %lld kernels a step compiled, %lld interpreted\n", (long long)kc,
             (long long)ki);
     ASSERT(kc * 2 < ki);
+}
+
+/* c = x s read three times by y = c c + c (all of y's kernel) and, with `summed`, also by a
+ * sum: y and (the sum), their kernels' count. */
+static int64_t shared_value(loom_backend be, bool summed, float *y_out, float *s_out) {
+    enum { R = 7, C = 33 };
+    static float x[R * C], sc = 1.7f;
+    for (int i = 0; i < R * C; i++)
+        x[i] = (float)test_rand(90, (uint64_t)i, -2, 2);
+    int64_t sx[2] = {R, C};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    loom_tensor *c =
+        loom_mul(g, loom_input(g, LOOM_F32, 2, sx, x), loom_input(g, LOOM_F32, 0, NULL, &sc));
+    loom_tensor *y = loom_add(g, loom_mul(g, c, c), c), *s = summed ? loom_sum(g, c, 1) : NULL;
+    loom_output(y);
+    if (s)
+        loom_output(s);
+    loom_metrics mt = {0};
+    if (loom_graph_run(g) == LOOM_OK) {
+        memcpy(y_out, loom_tensor_data(y), sizeof(float) * R * C);
+        if (s)
+            memcpy(s_out, loom_tensor_data(s), sizeof(float) * R);
+    }
+    loom_graph_metrics(g, &mt);
+    loom_graph_free(g);
+    return mt.kernels;
+}
+
+/* A value that several members of one kernel read (an update's clipped gradient, read by both
+ * moments) is computed once inside that kernel; one that another kernel reads too keeps its own
+ * kernel. Bitwise the interpreter's either way. */
+TEST(a_value_read_twice_in_one_kernel_is_computed_there_bitwise) {
+    for (int summed = 0; summed < 2; summed++) {
+        static float yi[7 * 33], yc[7 * 33], si[7], sc[7];
+        memset(yc, 0, sizeof yc), memset(sc, 0, sizeof sc);
+        int64_t ki = shared_value(LOOM_BACKEND_INTERP, summed, yi, si);
+        int64_t kc = shared_value(LOOM_BACKEND_CPU, summed, yc, sc);
+        ASSERT(same_bits(yi, yc, sizeof yi, LOOM_F32));
+        ASSERT(!summed || same_bits(si, sc, sizeof si, LOOM_F32));
+        /* interpreted: mul, mul, add (and the sum); compiled: y's kernel alone, or c's, y's and
+         * the sum's */
+        ASSERT_EQ(ki, summed ? 4 : 3);
+        ASSERT_EQ(kc, summed ? 3 : 1);
+    }
 }
 
 TEST(an_update_stores_its_momentum_too) {
@@ -967,6 +1012,7 @@ int main(void) {
     RUN(pool_gradient_sinks_take_its_windows);
     RUN(an_update_stores_its_momentum_too);
     RUN(adamw_stores_both_moments_in_its_update_kernel);
+    RUN(a_value_read_twice_in_one_kernel_is_computed_there_bitwise);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

@@ -154,6 +154,33 @@ int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
         }
         reader[r] = -2; /* reader[] is no longer needed: marks "kernel r has a reduction" */
     }
+    /* An elementwise value read several times, every reader a member or the root of one kernel
+     * of its shape without a reduction (a clipped gradient, read by both moments of an update):
+     * computed once in that kernel, each reader taking its register (members are computed in
+     * creation order). Consumers first, so that such values may feed each other. */
+    for (int64_t i = n - 1; i >= 0; i--) {
+        const loom__pnode *t = &p->nodes[i];
+        if (!live[i] || is_out[i] || t->check || readers[i] < 2 || t->fused_into >= 0 ||
+            !is_ew(t) || t->lay.base != LOOM_BASE_WS)
+            continue;
+        int32_t root = -1, first = -1;
+        bool ok = true;
+        for (int64_t c = i + 1; c < n && ok; c++) {
+            const loom__pnode *u = &p->nodes[c];
+            bool reads = false;
+            for (int k = 0; k < 3; k++)
+                reads = reads || u->src[k] == i;
+            if (!live[c] || !reads || (u->op == LOOM_OP_STORE && u->elided))
+                continue;
+            int32_t r = root_of(p, c);
+            ok = is_ew(u) && u->dtype == t->dtype && u->ndim == t->ndim &&
+                 !memcmp(u->shape, t->shape, sizeof(int64_t) * t->ndim) &&
+                 (root < 0 || r == root) && is_ew(&p->nodes[r]) && !has_red_below(p, r);
+            root = r, first = first < 0 ? (int32_t)c : first;
+        }
+        if (ok && first >= 0)
+            p->nodes[i].fused_into = first, fused++;
+    }
 restart:
     p->nfused = 0;
     for (int64_t i = 0; i < n; i++)
