@@ -89,6 +89,18 @@ tile512(int MR, int NV, __mmask16 last, int64_t k, const float *a, int64_t ars, 
             _mm512_mask_storeu_ps(c + r * ldc + 16 * v, v == NV - 1 ? last : 0xffff, cc[r][v]);
 }
 
+/* MR rows of the block's nv vectors, the widths as constants (each tile's loops unrolled) */
+#    define TILES(MR)         \
+        do {                  \
+            if (nv == 1)      \
+                TILE(MR, 1);  \
+            else if (nv == 2) \
+                TILE(MR, 2);  \
+            else if (nv == 3) \
+                TILE(MR, 3);  \
+            else              \
+                TILE(MR, 4);  \
+        } while (0)
 #    define TILE(MR, NV) \
         tile512(MR, NV, last, k, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc)
 __attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, int64_t k,
@@ -103,38 +115,13 @@ __attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, 
         __mmask16 last = (__mmask16)((1u << (w - 16 * (nv - 1))) - 1);
         int64_t i = 0;
         for (; i + 4 <= m; i += 4)
-            switch (nv) {
-                case 1:
-                    TILE(4, 1);
-                    break;
-                case 2:
-                    TILE(4, 2);
-                    break;
-                case 3:
-                    TILE(4, 3);
-                    break;
-                default:
-                    TILE(4, 4);
-                    break;
-            }
+            TILES(4);
         for (; i < m; i++)
-            switch (nv) {
-                case 1:
-                    TILE(1, 1);
-                    break;
-                case 2:
-                    TILE(1, 2);
-                    break;
-                case 3:
-                    TILE(1, 3);
-                    break;
-                default:
-                    TILE(1, 4);
-                    break;
-            }
+            TILES(1);
     }
 }
 #    undef TILE
+#    undef TILES
 #endif
 
 /* Where the heads live: qkv (B, T, 3, H, D) by its strides, dy (B, T, H, D) by its. */
