@@ -175,19 +175,19 @@ static loom_tensor *heads(loom_graph *g, loom_tensor *x, int64_t B, int64_t T, i
 static loom_tensor *attention(loom_graph *g, loom_gpt *gpt, const block *b, loom_tensor *a,
                               int64_t B, int64_t T, int64_t site) {
     int64_t C = gpt->c.width, H = gpt->c.heads, D = C / H, s[2] = {B * T, C};
-    loom_tensor *w = loom_parameter(g, b->c_attn);
+    loom_tensor *w = loom_parameter(g, b->c_attn), *y;
     if (!gpt->train || gpt->c.dropout == 0) {
         int64_t packed[5] = {B, T, 3, H, D};
-        loom_tensor *y = loom_attention(g, loom_reshape(g, linear(g, a, w), 5, packed), true);
-        return linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj));
+        y = loom_attention(g, loom_reshape(g, linear(g, a, w), 5, packed), true);
+    } else {
+        loom_tensor *q = heads(g, linear(g, a, rows_of(g, gpt, w, 0, C)), B, T, H, D);
+        loom_tensor *k = heads(g, linear(g, a, rows_of(g, gpt, w, 1, C)), B, T, H, D);
+        loom_tensor *v = heads(g, linear(g, a, rows_of(g, gpt, w, 2, C)), B, T, H, D);
+        loom_tensor *att = loom_mul(g, loom_matmul(g, q, loom_transpose(g, k)),
+                                    loom_scalar(g, 1.0 / sqrt((double)D), LOOM_F32));
+        att = drop(g, gpt, loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3), B, site);
+        y = loom_permute(g, loom_matmul(g, att, v), (int[]){0, 2, 1, 3});
     }
-    loom_tensor *q = heads(g, linear(g, a, rows_of(g, gpt, w, 0, C)), B, T, H, D);
-    loom_tensor *k = heads(g, linear(g, a, rows_of(g, gpt, w, 1, C)), B, T, H, D);
-    loom_tensor *v = heads(g, linear(g, a, rows_of(g, gpt, w, 2, C)), B, T, H, D);
-    loom_tensor *att = loom_mul(g, loom_matmul(g, q, loom_transpose(g, k)),
-                                loom_scalar(g, 1.0 / sqrt((double)D), LOOM_F32));
-    att = drop(g, gpt, loom_softmax(g, loom_causal_mask(g, att, -INFINITY), 3), B, site);
-    loom_tensor *y = loom_permute(g, loom_matmul(g, att, v), (int[]){0, 2, 1, 3});
     return drop(g, gpt, linear(g, loom_reshape(g, y, 2, s), loom_parameter(g, b->attn_proj)), B,
                 site + 1);
 }
