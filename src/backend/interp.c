@@ -2071,8 +2071,9 @@ void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, 
 }
 
 /* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
- * scratch first, whatever their strides): the mean (a sum in RED_LANES lanes and a fixed tree,
- * over n), the biased variance of x - mean the same way, rstd = 1 / sqrt(var + eps);
+ * scratch first where strided; the AVX-512 row reads contiguous ones in place): the mean (a sum
+ * in RED_LANES lanes and a fixed tree, over n), the biased variance of x - mean the same way,
+ * rstd = 1 / sqrt(var + eps);
  *   forward:  y = (x - mean) rstd
  *   gradient: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), xhat = (x - mean) rstd
  * the statistics recomputed from x exactly as the forward computes them. Built twice like the
