@@ -6,17 +6,17 @@
  * their scores S = q k^T scaled by 1/sqrt(D), masked (causal: key j > query i takes no part) and
  * softmaxed a row at a time (max, exp(s - max) in float by opmath.h's loom_expf_sp, 1.2 ulp, their
  * sum in lanes, each divided by it), then y = P v. A causal block computes only the keys up to its
- * last query: about half of the T x T work is never done, and no T x T value is ever written
- * whole (a block of rows in cache at a time). The backward recomputes P the same way from qkv
- * (nothing of the forward is kept for it) and then, per block,
+ * last query: about half of the T x T work is never done. When the graph takes the gradient, the
+ * forward keeps each block's P (rows x its keys) in its own buffer after y, and the backward
+ * reads them there (nothing recomputed), then per block
  *   dP = dy v^T,   dS = P (dP - sum_j P dP) / sqrt(D)   (a row at a time; 0 where masked),
  *   dq = dS k,     dk += dS^T q,   dv += P^T dy,
  * writing dq, dk and dv into their places of the (B, T, 3, H, D) gradient.
  *
  * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
- * L1) and the rows on 16 lanes where the CPU has AVX-512, plain loops otherwise and for float64
- * and under LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element
- * is summed in a fixed order: runs repeat bitwise.
+ * L1) and the rows on 16 lanes where the CPU has AVX-512, plain loops otherwise, for float64 and
+ * under LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
+ * summed in a fixed order: runs repeat bitwise.
  */
 #include "internal.h"
 
@@ -129,7 +129,38 @@ typedef struct {
     int64_t B, T, H, D;
     const int64_t *xs, *gs;
     bool causal;
+    void *kept; /* the probabilities kept for the backward (after the forward's values), or NULL */
 } attn_shape;
+
+/* Elements of a head's probabilities as kept: each query block's rows x its keys, block after
+ * block. */
+static int64_t probs_a_head(int64_t T, bool causal) {
+    int64_t n = 0;
+    for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {
+        int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;
+        n += rows * (causal ? i0 + rows : T);
+    }
+    return n;
+}
+
+bool loom__attention_keeps(const loom__program *p, int32_t id) {
+    if (p->nodes[id].op != LOOM_OP_ATTENTION || p->nodes[id].lay.base != LOOM_BASE_WS)
+        return false;
+    for (int64_t j = id + 1; j < p->n; j++)
+        if (p->nodes[j].op == LOOM_OP_ATTENTIONGRAD && p->nodes[j].src[2] == id)
+            return true;
+    return false;
+}
+
+int64_t loom__attention_kept_at(const loom__pnode *t) {
+    return (loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size((loom_dtype)t->dtype) + 63) /
+           64 * 64;
+}
+
+int64_t loom__attention_kept_bytes(const loom__pnode *t) {
+    return t->shape[0] * t->shape[2] * probs_a_head(t->shape[1], t->attr.value != 0) *
+           (int64_t)loom__dtype_size((loom_dtype)t->dtype);
+}
 
 /* Reductions over x[0 .. n) in 16 lanes (element j in lane j % 16) combined in a fixed tree:
  * independent chains that vectorize, in a fixed order. LANE_OP(acc, a) combines. */
@@ -280,14 +311,15 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
 
 /* The kernels of one element type, built with attribute ATTR (an instruction set) on the
  * products of MM and exp EXP. A head's q, k, v and dy are read in place where their elements are
- * contiguous (else copied), k and v transposed into scratch:
+ * contiguous (else copied), k (forward) and v (backward) transposed into scratch:
  *   probs:    query rows [i0, i0 + rows) of a head: the scores of keys [0, n) scaled, masked and
  *             softmaxed into P (rows x n, contiguous): max, exp(s - max), their sum, each
  *             divided by it, as the SOFTMAX op's rows (0 where masked);
- *   forward:  every head into y (B, T, H, D), contiguous;
- *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous.
+ *   forward:  every head into y (B, T, H, D), contiguous, its probabilities into s->kept too
+ *             (where kept);
+ *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous, from s->kept.
  * Scratch: ATTN_BUF elements. */
-#define ATTN_BUF(T, D) (8 * (T) * (D) + 2 * ATTN_ROWS * (T))
+#define ATTN_BUF(T, D) (8 * (T) * (D) + ATTN_ROWS * (T))
 #define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                        \
     typedef struct {                                                                               \
         const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                 \
@@ -313,7 +345,8 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
             a->m[m] = c, a->rs[m] = D;                                                             \
         }                                                                                          \
         a->kt = buf + 4 * T * D, a->vt = a->kt + T * D;                                            \
-        TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                                 \
+        if (!gy) /* the scores' keys (the backward reads the forward's probabilities) */           \
+            TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                             \
         if (gy)                                                                                    \
             TRANSPOSE(a->m[2], a->rs[2], T, D, a->vt);                                             \
     }                                                                                              \
@@ -325,43 +358,45 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
             SOFTMAX_ROW(P + r * n, s->causal ? i0 + r + 1 : n, n, scale);                          \
     }                                                                                              \
     ATTR static void forward_##SFX(const attn_shape *s, const TYPE *x, TYPE *y, TYPE *buf) {       \
-        int64_t T = s->T, D = s->D, H = s->H;                                                      \
-        TYPE *P = buf + 6 * T * D;                                                                 \
+        int64_t T = s->T, D = s->D, H = s->H, ph = probs_a_head(T, s->causal);                     \
         head_##SFX a;                                                                              \
         for (int64_t b = 0; b < s->B; b++)                                                         \
             for (int64_t h = 0; h < H; h++) {                                                      \
                 gather_##SFX(s, x, NULL, b, h, &a, buf);                                           \
+                TYPE *P = s->kept ? (TYPE *)s->kept + (b * H + h) * ph : buf + 6 * T * D;          \
                 for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
                     int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
                     int64_t n = s->causal ? i0 + rows : T;                                         \
                     probs_##SFX(s, &a, i0, rows, n, P);                                            \
                     MM(rows, D, n, P, n, 1, a.m[2], a.rs[2], y + ((b * T + i0) * H + h) * D,       \
                        H * D, false);                                                              \
+                    P += s->kept ? rows * n : 0;                                                   \
                 }                                                                                  \
             }                                                                                      \
     }                                                                                              \
     ATTR static void backward_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, TYPE *gx,  \
                                     TYPE *buf) {                                                   \
-        int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D;                                      \
+        int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D, ph = probs_a_head(T, s->causal);     \
         TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                                \
-        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *P = dv + T * D, *dS = P + ATTN_ROWS * T;    \
+        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D;                            \
         head_##SFX a;                                                                              \
         for (int64_t b = 0; b < s->B; b++)                                                         \
             for (int64_t h = 0; h < H; h++) {                                                      \
                 gather_##SFX(s, x, gy, b, h, &a, buf);                                             \
                 const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                 \
-                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                    \
+                const TYPE *P = (const TYPE *)s->kept + (b * H + h) * ph; /* the forward's */      \
+                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D));        /* dk, dv */             \
                 TYPE *gq = gx + (b * T * 3 * H + h) * D;                                           \
                 for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
                     int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
                     int64_t n = s->causal ? i0 + rows : T;                                         \
-                    probs_##SFX(s, &a, i0, rows, n, P);                                            \
                     MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */ \
                     for (int64_t r = 0; r < rows; r++)                                             \
                         GRAD_ROW(P + r * n, dS + r * n, n, scale);                                 \
                     MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */     \
                     MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */     \
                     MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */     \
+                    P += rows * n;                                                                 \
                 }                                                                                  \
                 for (int64_t t = 0; t < T; t++)                                                    \
                     for (int64_t d = 0; d < D; d++)                                                \
@@ -379,9 +414,19 @@ ATTN_KERNELS(f32w, float, __attribute__((target("avx512f"))), mm_f32_512, softma
 static loom_status attention(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
-    attn_shape s = {x->shape[0],       x->shape[1],   x->shape[3],
-                    x->shape[4],       x->lay.stride, grad ? gy->lay.stride : NULL,
-                    t->attr.value != 0};
+    attn_shape s = {.B = x->shape[0],
+                    .T = x->shape[1],
+                    .H = x->shape[3],
+                    .D = x->shape[4],
+                    .xs = x->lay.stride,
+                    .gs = grad ? gy->lay.stride : NULL,
+                    .causal = t->attr.value != 0};
+    int32_t fwd = grad ? t->src[2] : id; /* whose buffer keeps the probabilities, if it does */
+    if (loom__attention_keeps(p, fwd))
+        s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
+    else if (grad) /* (a kernel's values are always in the workspace: cannot happen) */
+        return loom__error(LOOM_EINVAL, "attention's gradient: node %d keeps no probabilities",
+                           (int)fwd);
     size_t es = loom__dtype_size((loom_dtype)t->dtype);
     void *buf = loom__malloc(es * (size_t)ATTN_BUF(s.T, s.D));
     if (!buf)

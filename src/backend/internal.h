@@ -233,7 +233,13 @@ void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, in
                             int64_t n);
 void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
                             int64_t n);
-/* attention.c: the kernels of ATTENTION and ATTENTIONGRAD. */
+/* attention.c: the kernels of ATTENTION and ATTENTIONGRAD. An ATTENTION node that an
+ * ATTENTIONGRAD reads (loom__attention_keeps) keeps its probabilities for it in its buffer, after
+ * its values: loom__attention_kept_bytes of them at byte loom__attention_kept_at (the memory plan
+ * makes the room); the gradient then reads them instead of recomputing them. */
+bool loom__attention_keeps(const loom__program *p, int32_t id);
+int64_t loom__attention_kept_at(const loom__pnode *t);
+int64_t loom__attention_kept_bytes(const loom__pnode *t);
 loom_status loom__k_attention(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_attention_grad(const loom__program *p, const loom__bind *b, int32_t id);
 /* Address of node id's first element (which may be strided). */

@@ -412,6 +412,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (t->relu >= 0) /* it writes the ReLU's buffer instead (placed below) */
                 size = 0;
+            if (loom__attention_keeps(p, (int32_t)i)) /* its probabilities, for its gradient */
+                size = loom__attention_kept_at(t) + loom__attention_kept_bytes(t);
             if (t->codes) /* argmax codes after the values, with 16 bytes to spare */
                 size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */

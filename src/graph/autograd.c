@@ -70,8 +70,8 @@ RULE(LNORM) { /* a row kernel of x and gy (the statistics recomputed from x) */
 }
 REFUSED(LNORMGRAD, "layer normalization's input gradient (a second derivative of "
                    "loom_layer_norm)")
-RULE(ATTENTION) { /* one kernel of qkv and gy (the probabilities recomputed from qkv) */
-    gx[0] = loom__attention_grad(g, A, gy, t->attr.value != 0);
+RULE(ATTENTION) { /* one kernel of qkv and gy (the forward's probabilities, kept in its buffer) */
+    gx[0] = loom__attention_grad(g, A, gy, t, t->attr.value != 0);
 }
 REFUSED(ATTENTIONGRAD, "attention's input gradient (a second derivative of loom_attention)")
 RULE(PAD) {

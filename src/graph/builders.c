@@ -584,9 +584,10 @@ loom_tensor *loom_attention(loom_graph *g, loom_tensor *qkv, bool causal) {
     return t;
 }
 
-loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, bool causal) {
+loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, loom_tensor *y,
+                                  bool causal) {
     loom_tensor *t = loom__node(g, LOOM_OP_ATTENTIONGRAD, (loom_dtype)qkv->dtype, qkv->ndim,
-                                qkv->shape, qkv, gy, NULL);
+                                qkv->shape, qkv, gy, y);
     if (t)
         t->attr.value = causal;
     return t;

@@ -195,8 +195,9 @@ void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset)
 loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
 /* GELU's gradient from its input x and the output's gradient gy (GELUGRAD). */
 loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy);
-/* ATTENTION's gradient (B, T, 3, H, D) from its input qkv and the output's gradient gy. */
-loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, bool causal);
+/* ATTENTION y's gradient (B, T, 3, H, D) from its input qkv and the output's gradient gy. */
+loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, loom_tensor *y,
+                                  bool causal);
 /* Layer normalization without weight or bias (LNORM) and its input gradient (LNORMGRAD) from x
  * and the output's gradient gy: row kernels along the last axis. */
 loom_tensor *loom__lnorm(loom_graph *g, loom_tensor *x, double eps);
