@@ -350,7 +350,7 @@ LOOM_API loom_tensor *loom_causal_mask(loom_graph *g, loom_tensor *x, double fil
  * each head softmax(q k^T / sqrt(D)) v, as torch.nn.functional.scaled_dot_product_attention(q, k,
  * v, is_causal=causal); causal: position i attends to positions <= i only. One kernel a head
  * forward and one backward; for the backward the forward keeps its probabilities (of a causal
- * head about half of T x T, in blocks of 16 queries). */
+ * head about half of T x T, in blocks of 16 queries; past 64 MB the backward recomputes them). */
 LOOM_API loom_tensor *loom_attention(loom_graph *g, loom_tensor *qkv, bool causal);
 /* Dropout (training): each element of x (rows along dim 0) zeroed with probability p, the others
  * divided by 1 - p. Element j of global batch row r is dropped when the uniform from Philox

@@ -980,6 +980,45 @@ TEST(a_value_read_twice_in_one_kernel_is_computed_there_bitwise) {
     }
 }
 
+/* The attention's gradient from the probabilities its forward kept (through loom_grad) and from
+ * probabilities made again (its third operand not an ATTENTION node, as past the most bytes it
+ * keeps): bitwise the same, causal and not, float and double. */
+TEST(attention_gradient_is_the_same_kept_or_made_again) {
+    enum { B = 2, T = 37, H = 2, D = 12, N = B * T * 3 * H * D, NY = B * T * H * D };
+    for (int c = 0; c < 4; c++) {
+        bool causal = c & 1;
+        loom_dtype dt = c & 2 ? LOOM_F64 : LOOM_F32;
+        size_t es = dt == LOOM_F64 ? 8 : 4;
+        static double x[N], w[NY];
+        for (int i = 0; i < N; i++)
+            x[i] = test_rand(95, (uint64_t)i, -2, 2);
+        for (int i = 0; i < NY; i++)
+            w[i] = test_rand(96, (uint64_t)i, -1, 1);
+        static float xf[N], wf[NY];
+        for (int i = 0; i < N; i++)
+            xf[i] = (float)x[i];
+        for (int i = 0; i < NY; i++)
+            wf[i] = (float)w[i];
+        int64_t sx[5] = {B, T, 3, H, D}, sy[4] = {B, T, H, D};
+        loom_graph *g = loom_graph_new(NULL);
+        loom_tensor *in = loom_input(g, dt, 5, sx, dt == LOOM_F64 ? (void *)x : (void *)xf);
+        loom_tensor *gy = loom_input(g, dt, 4, sy, dt == LOOM_F64 ? (void *)w : (void *)wf);
+        loom_requires_grad(in);
+        loom_tensor *y = loom_attention(g, in, causal);
+        loom_tensor *kept = loom_grad(g, loom_sum_all(g, loom_mul(g, y, gy)), in);
+        loom_tensor *again = loom__attention_grad(g, in, gy, in, causal);
+        loom_output(kept), loom_output(again);
+        ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+        ASSERT(same_bits(loom_tensor_data(kept), loom_tensor_data(again), es * N, dt));
+        double nz = 0;
+        for (int i = 0; i < N; i++)
+            nz += fabs(dt == LOOM_F64 ? ((const double *)loom_tensor_data(again))[i]
+                                      : ((const float *)loom_tensor_data(again))[i]);
+        ASSERT(nz > 0);
+        loom_graph_free(g);
+    }
+}
+
 TEST(an_update_stores_its_momentum_too) {
     for (int transposed = 0; transposed < 2; transposed++) {
         static float wi[576], vi[576], wc[576], vc[576];
@@ -1013,6 +1052,7 @@ int main(void) {
     RUN(an_update_stores_its_momentum_too);
     RUN(adamw_stores_both_moments_in_its_update_kernel);
     RUN(a_value_read_twice_in_one_kernel_is_computed_there_bitwise);
+    RUN(attention_gradient_is_the_same_kept_or_made_again);
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);

@@ -8,7 +8,7 @@
  * sum in lanes, each divided by it), then y = P v. A causal block computes only the keys up to its
  * last query: about half of the T x T work is never done. When the graph takes the gradient, the
  * forward keeps each block's P (rows x its keys) in its own buffer after y, and the backward
- * reads them there (nothing recomputed), then per block
+ * reads them there (past ATTN_KEEP_MAX bytes it makes them again instead), then per block
  *   dP = dy v^T,   dS = P (dP - sum_j P dP) / sqrt(D)   (a row at a time; 0 where masked),
  *   dq = dS k,     dk += dS^T q,   dv += P^T dy,
  * writing dq, dk and dv into their places of the (B, T, 3, H, D) gradient.
@@ -132,6 +132,11 @@ typedef struct {
     void *kept; /* the probabilities kept for the backward (after the forward's values), or NULL */
 } attn_shape;
 
+/* The most bytes of probabilities an ATTENTION node keeps (those of a batch of 12 and 4 heads at
+ * a context of 1024 would be ~100 MB): past it the backward recomputes them, as the forward
+ * computed them (the same values). */
+#define ATTN_KEEP_MAX ((int64_t)64 << 20)
+
 /* Elements of a head's probabilities as kept: each query block's rows x its keys, block after
  * block. */
 static int64_t probs_a_head(int64_t T, bool causal) {
@@ -143,15 +148,6 @@ static int64_t probs_a_head(int64_t T, bool causal) {
     return n;
 }
 
-bool loom__attention_keeps(const loom__program *p, int32_t id) {
-    if (p->nodes[id].op != LOOM_OP_ATTENTION || p->nodes[id].lay.base != LOOM_BASE_WS)
-        return false;
-    for (int64_t j = id + 1; j < p->n; j++)
-        if (p->nodes[j].op == LOOM_OP_ATTENTIONGRAD && p->nodes[j].src[2] == id)
-            return true;
-    return false;
-}
-
 int64_t loom__attention_kept_at(const loom__pnode *t) {
     return (loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size((loom_dtype)t->dtype) + 63) /
            64 * 64;
@@ -160,6 +156,16 @@ int64_t loom__attention_kept_at(const loom__pnode *t) {
 int64_t loom__attention_kept_bytes(const loom__pnode *t) {
     return t->shape[0] * t->shape[2] * probs_a_head(t->shape[1], t->attr.value != 0) *
            (int64_t)loom__dtype_size((loom_dtype)t->dtype);
+}
+
+bool loom__attention_keeps(const loom__program *p, int32_t id) {
+    if (p->nodes[id].op != LOOM_OP_ATTENTION || p->nodes[id].lay.base != LOOM_BASE_WS ||
+        loom__attention_kept_bytes(&p->nodes[id]) > ATTN_KEEP_MAX)
+        return false;
+    for (int64_t j = id + 1; j < p->n; j++)
+        if (p->nodes[j].op == LOOM_OP_ATTENTIONGRAD && p->nodes[j].src[2] == id)
+            return true;
+    return false;
 }
 
 /* Reductions over x[0 .. n) in 16 lanes (element j in lane j % 16) combined in a fixed tree:
@@ -317,9 +323,10 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
  *             divided by it, as the SOFTMAX op's rows (0 where masked);
  *   forward:  every head into y (B, T, H, D), contiguous, its probabilities into s->kept too
  *             (where kept);
- *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous, from s->kept.
+ *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous, from s->kept (or the
+ *             probabilities made again, where not kept).
  * Scratch: ATTN_BUF elements. */
-#define ATTN_BUF(T, D) (8 * (T) * (D) + ATTN_ROWS * (T))
+#define ATTN_BUF(T, D) (8 * (T) * (D) + 2 * ATTN_ROWS * (T))
 #define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                        \
     typedef struct {                                                                               \
         const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                 \
@@ -345,7 +352,8 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
             a->m[m] = c, a->rs[m] = D;                                                             \
         }                                                                                          \
         a->kt = buf + 4 * T * D, a->vt = a->kt + T * D;                                            \
-        if (!gy) /* the scores' keys (the backward reads the forward's probabilities) */           \
+        if (!gy ||                                                                                 \
+            !s->kept) /* the scores' keys (not where the forward's probabilities are kept) */      \
             TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                             \
         if (gy)                                                                                    \
             TRANSPOSE(a->m[2], a->rs[2], T, D, a->vt);                                             \
@@ -378,25 +386,29 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
                                     TYPE *buf) {                                                   \
         int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D, ph = probs_a_head(T, s->causal);     \
         TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                                \
-        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D;                            \
+        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D + ATTN_ROWS * T;            \
         head_##SFX a;                                                                              \
         for (int64_t b = 0; b < s->B; b++)                                                         \
             for (int64_t h = 0; h < H; h++) {                                                      \
                 gather_##SFX(s, x, gy, b, h, &a, buf);                                             \
                 const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                 \
-                const TYPE *P = (const TYPE *)s->kept + (b * H + h) * ph; /* the forward's */      \
-                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D));        /* dk, dv */             \
+                const TYPE *kept = s->kept ? (const TYPE *)s->kept + (b * H + h) * ph : NULL;      \
+                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                    \
                 TYPE *gq = gx + (b * T * 3 * H + h) * D;                                           \
                 for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
                     int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
                     int64_t n = s->causal ? i0 + rows : T;                                         \
+                    TYPE *P = dv + T * D; /* the forward's, or made again as it made them */       \
+                    if (kept)                                                                      \
+                        P = (TYPE *)(uintptr_t)kept, kept += rows * n;                             \
+                    else                                                                           \
+                        probs_##SFX(s, &a, i0, rows, n, P);                                        \
                     MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */ \
                     for (int64_t r = 0; r < rows; r++)                                             \
                         GRAD_ROW(P + r * n, dS + r * n, n, scale);                                 \
                     MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */     \
                     MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */     \
                     MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */     \
-                    P += rows * n;                                                                 \
                 }                                                                                  \
                 for (int64_t t = 0; t < T; t++)                                                    \
                     for (int64_t d = 0; d < D; d++)                                                \
@@ -424,9 +436,6 @@ static loom_status attention(const loom__program *p, const loom__bind *b, int32_
     int32_t fwd = grad ? t->src[2] : id; /* whose buffer keeps the probabilities, if it does */
     if (loom__attention_keeps(p, fwd))
         s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
-    else if (grad) /* (a kernel's values are always in the workspace: cannot happen) */
-        return loom__error(LOOM_EINVAL, "attention's gradient: node %d keeps no probabilities",
-                           (int)fwd);
     size_t es = loom__dtype_size((loom_dtype)t->dtype);
     void *buf = loom__malloc(es * (size_t)ATTN_BUF(s.T, s.D));
     if (!buf)

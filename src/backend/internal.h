@@ -234,9 +234,10 @@ void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, in
 void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
                             int64_t n);
 /* attention.c: the kernels of ATTENTION and ATTENTIONGRAD. An ATTENTION node that an
- * ATTENTIONGRAD reads (loom__attention_keeps) keeps its probabilities for it in its buffer, after
- * its values: loom__attention_kept_bytes of them at byte loom__attention_kept_at (the memory plan
- * makes the room); the gradient then reads them instead of recomputing them. */
+ * ATTENTIONGRAD reads (loom__attention_keeps: up to 64 MB of them) keeps its probabilities for it
+ * in its buffer, after its values: loom__attention_kept_bytes of them at byte
+ * loom__attention_kept_at (the memory plan makes the room); the gradient then reads them instead
+ * of making them again. */
 bool loom__attention_keeps(const loom__program *p, int32_t id);
 int64_t loom__attention_kept_at(const loom__pnode *t);
 int64_t loom__attention_kept_bytes(const loom__pnode *t);
