@@ -168,26 +168,7 @@ bool loom__attention_keeps(const loom__program *p, int32_t id) {
     return false;
 }
 
-/* Reductions over x[0 .. n) in 16 lanes (element j in lane j % 16) combined in a fixed tree:
- * independent chains that vectorize, in a fixed order. LANE_OP(acc, a) combines. */
-#define ATTN_REDUCE(T, IDENT, LANE_OP, x, n, out)       \
-    do {                                                \
-        T l_[16];                                       \
-        for (int j_ = 0; j_ < 16; j_++)                 \
-            l_[j_] = (IDENT);                           \
-        int64_t q_ = 0;                                 \
-        for (; q_ + 16 <= (n); q_ += 16)                \
-            for (int j_ = 0; j_ < 16; j_++)             \
-                l_[j_] = LANE_OP(l_[j_], (x)[q_ + j_]); \
-        for (int j_ = 0; q_ + j_ < (n); j_++)           \
-            l_[j_] = LANE_OP(l_[j_], (x)[q_ + j_]);     \
-        for (int w_ = 8; w_ >= 1; w_ /= 2)              \
-            for (int j_ = 0; j_ < w_; j_++)             \
-                l_[j_] = LANE_OP(l_[j_], l_[j_ + w_]);  \
-        (out) = l_[0];                                  \
-    } while (0)
 #define ATTN_MAX(acc, a) ((a) > (acc) || (a) != (a) ? (a) : (acc)) /* (a NaN kept) */
-#define ATTN_ADD(acc, a) ((acc) + (a))
 
 /* A row of scores (lim of n in play: the rest masked) scaled and softmaxed in place: max,
  * exp(s - max), their sum, each divided by it, as the SOFTMAX op's rows; 0 where masked. */
@@ -196,10 +177,10 @@ bool loom__attention_keeps(const loom__program *p, int32_t id) {
         TYPE mx, sum;                                                \
         for (int64_t j = 0; j < lim; j++)                            \
             pr[j] *= scale;                                          \
-        ATTN_REDUCE(TYPE, -INFINITY, ATTN_MAX, pr, lim, mx);         \
+        LOOM_LANE_REDUCE(TYPE, -INFINITY, ATTN_MAX, pr, lim, mx);    \
         for (int64_t j = 0; j < lim; j++)                            \
             pr[j] = EXP(pr[j] - mx);                                 \
-        ATTN_REDUCE(TYPE, 0, ATTN_ADD, pr, lim, sum);                \
+        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, pr, lim, sum);      \
         for (int64_t j = 0; j < lim; j++)                            \
             pr[j] /= sum;                                            \
         for (int64_t j = lim; j < n; j++)                            \
@@ -211,7 +192,7 @@ bool loom__attention_keeps(const loom__program *p, int32_t id) {
         TYPE dot;                                                       \
         for (int64_t j = 0; j < n; j++)                                 \
             sr[j] *= pr[j];                                             \
-        ATTN_REDUCE(TYPE, 0, ATTN_ADD, sr, n, dot);                     \
+        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, sr, n, dot);           \
         for (int64_t j = 0; j < n; j++)                                 \
             sr[j] = (sr[j] - pr[j] * dot) * scale;                      \
     }

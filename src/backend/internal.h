@@ -227,12 +227,29 @@ int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
 loom__program *loom__program_reference(const loom__program *p, const loom__executor *x);
 void loom__program_free(loom__program *p);
 
-/* Softmax of `rows` rows of n (x's rows rs apart, elements cs apart) into y (rows n apart; y may
- * be x when cs is 1 and rs n): the SOFTMAX op's rows (interp.c). */
-void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
-                            int64_t n);
-void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
-                            int64_t n);
+/* out = x[0 .. n) combined by OP(acc, a) in LOOM_LANES lanes (element j into lane j % LOOM_LANES,
+ * each lane starting from IDENT), the lanes then folded in a fixed tree (lane j with lane j + 8,
+ * then + 4, + 2, + 1): independent chains that vectorize, in a fixed order, so repeatable bitwise.
+ * A macro so that a row kernel built for AVX-512 has it inline (a call from one made LayerNorm's
+ * kernels 2.3-3.8x slower). */
+#define LOOM_LANES 16
+#define LOOM_LANE_REDUCE(T, IDENT, OP, x, n, out)        \
+    do {                                                 \
+        T l_[LOOM_LANES];                                \
+        for (int j_ = 0; j_ < LOOM_LANES; j_++)          \
+            l_[j_] = (IDENT);                            \
+        int64_t q_ = 0;                                  \
+        for (; q_ + LOOM_LANES <= (n); q_ += LOOM_LANES) \
+            for (int j_ = 0; j_ < LOOM_LANES; j_++)      \
+                l_[j_] = OP(l_[j_], (x)[q_ + j_]);       \
+        for (int j_ = 0; q_ + j_ < (n); j_++)            \
+            l_[j_] = OP(l_[j_], (x)[q_ + j_]);           \
+        for (int w_ = LOOM_LANES / 2; w_ >= 1; w_ /= 2)  \
+            for (int j_ = 0; j_ < w_; j_++)              \
+                l_[j_] = OP(l_[j_], l_[j_ + w_]);        \
+        (out) = l_[0];                                   \
+    } while (0)
+#define LOOM_LANE_ADD(acc, a) ((acc) + (a))
 /* attention.c: the kernels of ATTENTION and ATTENTIONGRAD. An ATTENTION node that an
  * ATTENTIONGRAD reads (loom__attention_keeps: up to 64 MB of them) keeps its probabilities for it
  * in its buffer, after its values: loom__attention_kept_bytes of them at byte

@@ -1986,24 +1986,9 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
     return LOOM_OK;
 }
 
-/* out = the sum of x[0 .. n) in RED_LANES lanes (element k in lane k % RED_LANES) and a fixed
- * pairwise tree, as red_lanes_SUM sums: independent chains that vectorize. A macro so that the
- * row kernels' AVX-512 builds have it inline (calling red_lanes_SUM_f32 from them made
- * LayerNorm's kernels 2.3-3.8x slower). */
-#define LANE_SUM(T, x, n, out)                            \
-    do {                                                  \
-        T lane_[RED_LANES] = {0};                         \
-        int64_t full_ = (n) / RED_LANES * RED_LANES;      \
-        for (int64_t q_ = 0; q_ < full_; q_ += RED_LANES) \
-            for (int j_ = 0; j_ < RED_LANES; j_++)        \
-                lane_[j_] += (x)[q_ + j_];                \
-        for (int j_ = 0; full_ + j_ < (n); j_++)          \
-            lane_[j_] += (x)[full_ + j_];                 \
-        for (int w_ = RED_LANES / 2; w_ >= 1; w_ /= 2)    \
-            for (int j_ = 0; j_ < w_; j_++)               \
-                lane_[j_] += lane_[j_ + w_];              \
-        (out) = lane_[0];                                 \
-    } while (0)
+/* out = the sum of x[0 .. n) in lanes and a fixed tree (internal.h), as red_lanes_SUM sums. */
+_Static_assert(RED_LANES == LOOM_LANES, "the row kernels' sums are the reductions'");
+#define LANE_SUM(T, x, n, out) LOOM_LANE_REDUCE(T, 0, LOOM_LANE_ADD, x, n, out)
 
 /* Softmax along the last axis, a row at a time: its max (in RED_LANES lanes: exact in any
  * order, a NaN kept), exp(x - max) (a -inf, as a causal mask leaves, is 0 without calling exp),
@@ -2054,8 +2039,8 @@ SOFTMAX_ROWS(softmax_rows_double, double, exp, )
 SOFTMAX_ROWS(softmax_rows_float512, float, loom_expf, __attribute__((target("avx512f"))))
 #endif
 
-void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
-                            int64_t n) {
+static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
+                             int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) {
         softmax_rows_float512(x, rs, cs, y, rows, n);
@@ -2063,11 +2048,6 @@ void loom__softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, in
     }
 #endif
     softmax_rows_float(x, rs, cs, y, rows, n);
-}
-
-void loom__softmax_rows_f64(const double *x, int64_t rs, int64_t cs, double *y, int64_t rows,
-                            int64_t n) {
-    softmax_rows_double(x, rs, cs, y, rows, n);
 }
 
 /* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
@@ -2311,11 +2291,10 @@ static loom_status k_SOFTMAX(const loom__program *p, const loom__bind *b, int32_
         const char *xr = (const char *)src + (size_t)off * es;
         char *yr = (char *)o + (size_t)(r * n) * es;
         if (t->dtype == LOOM_F64)
-            loom__softmax_rows_f64((const double *)(const void *)xr, rs, cs, (double *)(void *)yr,
-                                   m, n);
+            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
+                                n);
         else
-            loom__softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m,
-                                   n);
+            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
         if (!even) { /* to the next row's first element */
             off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
             next_strided(x, ix, &off);
