@@ -378,14 +378,23 @@ static void *run_residual(loom_backend be, int variant, size_t *bytes, loom_metr
     return two_outputs(g, y, M * N, loom_sum_all(g, y), 1, bytes, m);
 }
 
+/* Case `variant` of run, interpreted and compiled: whether the two steps' values are the same
+ * bits, with each one's metrics. */
+static bool compiled_as_interpreted(void *(*run)(loom_backend, int, size_t *, loom_metrics *),
+                                    int variant, loom_metrics *mi, loom_metrics *mc) {
+    size_t n1 = 0, n2 = 0;
+    void *ref = run(LOOM_BACKEND_INTERP, variant, &n1, mi);
+    void *got = run(LOOM_BACKEND_CPU, variant, &n2, mc);
+    bool same = ref && got && n1 == n2 && same_bits(ref, got, n1, LOOM_F32);
+    free(ref);
+    free(got);
+    return same;
+}
+
 TEST(a_residual_is_added_in_the_products_registers_bitwise) {
     for (int variant = 0; variant < 3; variant++) {
-        size_t n1 = 0, n2 = 0;
         loom_metrics mi, mc;
-        void *ref = run_residual(LOOM_BACKEND_INTERP, variant, &n1, &mi);
-        void *got = run_residual(LOOM_BACKEND_CPU, variant, &n2, &mc);
-        ASSERT(ref && got && n1 == n2);
-        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        ASSERT(compiled_as_interpreted(run_residual, variant, &mi, &mc));
         /* interpreted: the product, the add (and the ReLU), the sum; compiled: the product with
          * the add (and the ReLU) inside, the sum (with BLAS the add runs apart). Ops fused: the
          * ADD into the ReLU's kernel (variant 1), that kernel into the product as its epilogue,
@@ -394,16 +403,14 @@ TEST(a_residual_is_added_in_the_products_registers_bitwise) {
         ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
         if (!getenv("LOOM_MATMUL"))
             ASSERT_EQ(mc.fused_ops, variant == 1 ? 3 : 2);
-        free(ref);
-        free(got);
     }
 }
 
 /* A bias gradient made as its product stores: sum(y, 0) of y = where(h > 0, x w, 0) (`relu`
- * false) or relu(x w + bias): 37 rows (ragged tiles, summed in row order), 300 columns (two
+ * 0) or relu(x w + bias): 37 rows (ragged tiles, summed in row order), 300 columns (two
  * column blocks, a ragged panel), K = 450 (three k blocks); h and x with a NaN. Returns y and
  * the sum. */
-static void *run_column_sum(loom_backend be, bool relu, size_t *bytes, loom_metrics *m) {
+static void *run_column_sum(loom_backend be, int relu, size_t *bytes, loom_metrics *m) {
     enum { M = 37, K = 450, N = 300 };
     static float x[M * K], w[K * N], bias[N], h[M * N];
     test_fill(x, M * K, 60, -1, 1);
@@ -427,16 +434,10 @@ static void *run_column_sum(loom_backend be, bool relu, size_t *bytes, loom_metr
 
 TEST(products_sum_their_columns_as_they_store_bitwise) {
     for (int relu = 0; relu < 2; relu++) {
-        size_t n1 = 0, n2 = 0;
         loom_metrics mi, mc;
-        void *ref = run_column_sum(LOOM_BACKEND_INTERP, relu, &n1, &mi);
-        void *got = run_column_sum(LOOM_BACKEND_CPU, relu, &n2, &mc);
-        ASSERT(ref && got && n1 == n2);
-        ASSERT(same_bits(ref, got, n1, LOOM_F32));
+        ASSERT(compiled_as_interpreted(run_column_sum, relu, &mi, &mc));
         if (!getenv("LOOM_MATMUL")) /* one kernel: the product, its epilogue and the sum */
             ASSERT_EQ(mc.kernels, 1);
-        free(ref);
-        free(got);
     }
 }
 
