@@ -154,6 +154,23 @@ __attribute__((target("avx512f"))) static void pack(int64_t lanes, int64_t kc, c
         pack_tr(lanes, kc, src, rs, w, dst);
         return;
     }
+    if (rs == 1 && w <= 16) {
+        /* narrow panels of an operand contiguous along its lanes (A of a weight gradient, X^T):
+         * k outermost, so that each row of memory is read once, in order, into every panel, where
+         * panel by panel each would reread the same lines k rows apart (their stride a power of
+         * two in L1's few sets) */
+        __mmask16 wm = (__mmask16)((1u << w) - 1);
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t i = 0; i < lanes; i += w) {
+                int64_t m = lanes - i < w ? lanes - i : w;
+                if (k + 8 < kc) /* rows apart: too far for the hardware's prefetch */
+                    _mm_prefetch((const char *)(src + (k + 8) * ks + i), _MM_HINT_T0);
+                __mmask16 lm = (__mmask16)((1u << m) - 1);
+                _mm512_mask_storeu_ps(dst + i * kc + k * w, wm,
+                                      _mm512_maskz_loadu_ps(lm, src + k * ks + i));
+            }
+        return;
+    }
     for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
         int64_t m = lanes - i < w ? lanes - i : w;
         const float *s = src + i * rs;
