@@ -301,6 +301,7 @@ static inline float act_one(const loom__gemm_act *act, int64_t i, int64_t j, flo
             (void)lda;                                                                         \
             __m512 acc[MR][NV];                                                                \
             _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) for (int v = 0; v < NV; v++) \
+                _mm_prefetch((const char *)(c + r * ldc + 16 * v), _MM_HINT_T0),               \
                 acc[r][v] = _mm512_setzero_ps();                                               \
             _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += pbs) {              \
                 __m512 bv[NV];                                                                 \
