@@ -225,6 +225,10 @@ typedef struct {
     int64_t compiles;       /* programs whose kernels the C compiler built */
     int64_t disk_hits;      /* programs whose kernels came from the disk cache */
     double compile_seconds; /* time in the C compiler */
+    /* kernels of the last step that one device ran for all: updates of the parameters and
+     * optimizer state, which the devices of a process share where the step allows it (0: each
+     * device updated a replica of its own) */
+    int64_t shared_updates;
 } loom_metrics;
 LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */

@@ -194,6 +194,58 @@ TEST(repeated_runs_are_bitwise_identical) {
     rig_free(&b);
 }
 
+/* A step that evaluates the batch's loss and halves the first parameter, with no backward: its
+ * devices read the parameters with no collective before the update, so they cannot share them
+ * (each updates a replica of its own). Returns the loss. */
+static loom_status halve_first(rig *r, const loom_batch *b, double *loss) {
+    loom_graph_reset(r->g);
+    int64_t flat[2] = {b->n, 784};
+    loom_tensor *x = loom_input_batch(r->g, LOOM_F32, 2, flat, b->x);
+    loom_tensor *y = loom_input_batch(r->g, LOOM_I32, 1, &b->n, b->y);
+    loom_tensor *l = loom_cross_entropy(r->g, loom_sequential_forward(r->g, r->net, x), y);
+    loom_output(l);
+    loom_param *p = loom_model_at(r->m, 0);
+    loom_assign(r->g, p, loom_mul(r->g, loom_parameter(r->g, p), loom_scalar(r->g, 0.5, LOOM_F32)));
+    loom_status s = loom_graph_run(r->g);
+    *loss = s ? NAN : loom_item(l);
+    return s;
+}
+
+/* The devices share the parameters and the optimizer's state where the step allows it (one device
+ * runs each update for all: the training step) and hold replicas where it does not (a step that
+ * reads the parameters and updates one with no collective between): alternating the two, every
+ * step's loss (the devices' mean: device 1 computing from stale values would move it) and the
+ * parameters follow one device's within 1e-5. */
+TEST(devices_share_the_parameters_where_the_step_allows) {
+    rig ref, a;
+    ASSERT_EQ(rig_new(&ref, "fmnist-mlp", 0, (loom_devices_config){0}), LOOM_OK);
+    ASSERT_EQ(rig_new(&a, "fmnist-mlp", 2, (loom_devices_config){0}), LOOM_OK);
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 128, .seed = 2});
+    loom_batch batch;
+    double la, lr, worst = 0;
+    for (int s = 0; s < 9 && loom_loader_next(l, &batch); s++) {
+        bool train_step = s % 3 != 2;
+        ASSERT_EQ(train_step ? step(&ref, &batch, &lr) : halve_first(&ref, &batch, &lr), LOOM_OK);
+        ASSERT_EQ(train_step ? step(&a, &batch, &la) : halve_first(&a, &batch, &la), LOOM_OK);
+        worst = fmax(worst, fabs(la - lr) / fabs(lr));
+        loom_metrics m;
+        loom_graph_metrics(a.g, &m);
+        if (train_step)
+            ASSERT_EQ(m.shared_updates, loom_model_count(a.m)); /* one per parameter */
+        else
+            ASSERT_EQ(m.shared_updates, 0);
+    }
+    fprintf(stderr,
+            "shared and replicated steps alternating: losses differ by at most %.2g, "
+            "parameters by %.2g (relative)\n",
+            worst, param_error(&a, &ref));
+    ASSERT(worst <= 1e-5);
+    ASSERT(param_error(&a, &ref) <= 1e-5);
+    loom_loader_free(l);
+    rig_free(&a);
+    rig_free(&ref);
+}
+
 /* A step submitted, the next one recorded (the graph reset) while it runs, then waited for: the
  * same losses and parameters, bitwise, as running each step, on no devices, 1 and 2; an output
  * read without the wait waits; a failing step's error comes from its wait. */
@@ -653,6 +705,7 @@ int main(void) {
     RUN(mlp_on_2_and_4_devices_matches_1);
     RUN(cnn_on_2_and_4_devices_matches_1);
     RUN(repeated_runs_are_bitwise_identical);
+    RUN(devices_share_the_parameters_where_the_step_allows);
     RUN(submitted_steps_match_run_steps_bitwise);
     RUN(submitted_steps_read_their_inputs_as_at_submit);
     RUN(outputs_outlive_another_graphs_steps);

@@ -156,6 +156,11 @@ struct loom__program {
      * mean by 10% */
     uint32_t *prof_keep;
     uint64_t *prof_seen;
+    /* The devices of a process share the PARAM and STATE slabs when `share` (loom__plan_owners):
+     * entries with own[e] > 0 (the elements they write, all into those slabs: an optimizer's
+     * updates) are each run by one device, the others by every device; own NULL where none. */
+    bool share;
+    int64_t *own;
 };
 #define LOOM_PROF_KEEP 256
 
@@ -169,6 +174,7 @@ typedef struct {
     float *slab[LOOM_SLAB_COUNT];
     loom__allreduce_fn allreduce;
     void *comm;
+    const uint8_t *skip; /* per exec entry: another device runs it (loom__owner_skips); or NULL */
 } loom__bind;
 
 /* An executor runs programs on one kind of device. The planner (compile/program.c) records the
@@ -203,6 +209,17 @@ extern loom__check_counts loom__check;
  * under LOOM_CHECK=1); not thread-safe. */
 void loom__set_executor(const loom__executor *x);
 const loom__executor *loom__executor_default(void);
+
+/* Whether p can run on devices that share the PARAM and STATE slabs (p->share, p->own): every
+ * entry writing into them writes nothing else and reads them only where it writes (so that one
+ * device can run it for all), no two write the same element, and a collective (SYNC: every
+ * device is past it only once all have reached it) lies between the last entry reading them
+ * otherwise and the first writing them. After the exec list. */
+loom_status loom__plan_owners(loom__program *p, const bool *live);
+/* For device d of n sharing the slabs: skip[e] = 1 (of p->nexec) where another device runs owned
+ * entry e. The largest first, each onto the least loaded device (the lowest on ties): every
+ * device computes the same assignment. */
+loom_status loom__owner_skips(const loom__program *p, int n, int d, uint8_t *skip);
 
 /* The executable entries of a program one at a time: exec entry e with bindings b. */
 loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e);

@@ -329,6 +329,22 @@ typedef struct {
     int64_t off, size, owner;
 } block;
 
+/* The node whose kernel computes node i, and so reads its operands: a fused member's kernel, a
+ * sink's feeder, an epilogue's library kernel (which may itself be computed by another: a
+ * pooling's product); i itself for any other. */
+static int64_t runner_of(const loom__program *p, int64_t i) {
+    int64_t at = i;
+    for (bool moved = true; moved;) {
+        const loom__pnode *a = &p->nodes[at];
+        int64_t next = a->fused_into >= 0           ? a->fused_into
+                       : a->sink_of >= 0            ? a->sink_of
+                       : loom__epilogue_root(p, at) ? p->fused[p->fused_of[at]].epi_of
+                                                    : at;
+        moved = next != at, at = next;
+    }
+    return at;
+}
+
 /* Marks that node i reads layout l (extending its buffer's life to i). */
 static void use(int64_t *last, const loom__layout *l, int64_t i) {
     if (l->base == LOOM_BASE_WS && last[l->index] < i)
@@ -370,17 +386,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         const loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        /* a fused member reads when its kernel runs, a sink when it is fed, an epilogue when its
-         * library kernel runs (which may itself be computed by another: a pooling's product) */
-        int64_t at = i;
-        for (bool moved = true; moved;) {
-            const loom__pnode *a = &p->nodes[at];
-            int64_t next = a->fused_into >= 0           ? a->fused_into
-                           : a->sink_of >= 0            ? a->sink_of
-                           : loom__epilogue_root(p, at) ? p->fused[p->fused_of[at]].epi_of
-                                                        : at;
-            moved = next != at, at = next;
-        }
+        int64_t at = runner_of(p, i);
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (!loom__is_view(t))
@@ -472,5 +478,135 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             break;
         }
     loom__free(blocks);
+    return LOOM_OK;
+}
+
+/* ---- entries that one of a process's devices runs for all of them -------------------------- */
+
+typedef struct {
+    int32_t slab;
+    int64_t lo, hi;
+} span;
+
+/* The range a layout over a node of (nd, shape) spans in the slabs a process's devices share
+ * (PARAM, STATE); false for any other place, or no elements. */
+static bool shared_span(const loom__layout *l, int nd, const int64_t *shape, span *out) {
+    if (!l || l->base != LOOM_BASE_PERSIST ||
+        (l->index != LOOM_SLAB_PARAM && l->index != LOOM_SLAB_STATE))
+        return false;
+    int64_t last = l->offset;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 0)
+            return false;
+        last += (shape[d] - 1) * l->stride[d];
+    }
+    *out = (span){l->index, l->offset, last + 1};
+    return true;
+}
+
+static bool within(const span *a, const span *b) {
+    return a->slab == b->slab && a->lo >= b->lo && a->hi <= b->hi;
+}
+
+loom_status loom__plan_owners(loom__program *p, const bool *live) {
+    int64_t n = p->n, ne = p->nexec, first = ne, last_read = -1;
+    p->share = false, p->own = NULL;
+    int64_t *entry = loom__malloc(sizeof(int64_t) * (size_t)(n + 1));
+    int64_t *own = loom__calloc((size_t)ne + 1, sizeof(int64_t));
+    span *w = loom__malloc(sizeof(span) * (size_t)(ne * LOOM_ENTRY_VALUES_MAX + 1));
+    int *nw = loom__calloc((size_t)ne + 1, sizeof(int));
+    if (!entry || !own || !w || !nw) {
+        loom__free(entry), loom__free(own), loom__free(w), loom__free(nw);
+        return LOOM_ENOMEM;
+    }
+    bool ok = true;
+    for (int64_t i = 0; i < n; i++)
+        entry[i] = -1;
+    for (int64_t e = 0; e < ne; e++) { /* what each entry writes */
+        entry[p->exec[e]] = e;
+        loom__value v[LOOM_ENTRY_VALUES_MAX];
+        int nv = loom__entry_values(p, e, v);
+        int64_t elems = 0;
+        for (int k = 0; k < nv; k++) {
+            const loom__pnode *t = &p->nodes[v[k].id];
+            span *s = &w[e * LOOM_ENTRY_VALUES_MAX + nw[e]];
+            if (shared_span(&v[k].lay, t->ndim, t->shape, s))
+                nw[e]++, elems += loom__numel(t->ndim, t->shape);
+        }
+        if (nv > 0 && nw[e] == nv) /* all its values go into the shared slabs */
+            own[e] = elems, first = e < first ? e : first;
+        else if (nw[e] > 0) /* and some elsewhere too: every device needs those */
+            ok = false;
+    }
+    for (int64_t i = 0; i < n; i++) { /* what each entry reads */
+        const loom__pnode *t = &p->nodes[i];
+        int64_t e = live[i] && loom__runs_kernel(t) ? entry[runner_of(p, i)] : -1;
+        for (int k = 0; k < 3 && e >= 0; k++) {
+            const loom__layout *l = read_layout(p, t, k);
+            const loom__pnode *s = t->src[k] >= 0 ? &p->nodes[t->src[k]] : NULL;
+            span r;
+            if (!s || !shared_span(l,
+                                   t->copy    ? t->copy_ndim
+                                   : s->gndim ? s->gndim
+                                              : s->ndim,
+                                   t->copy    ? t->copy_shape
+                                   : s->gndim ? s->gshape
+                                              : s->shape,
+                                   &r))
+                continue;
+            bool mine = false; /* an owned entry reads only what it writes */
+            for (int q = 0; q < nw[e]; q++)
+                mine = mine || within(&r, &w[e * LOOM_ENTRY_VALUES_MAX + q]);
+            if (own[e] && !mine)
+                ok = false;
+            if (!own[e])
+                last_read = e > last_read ? e : last_read;
+        }
+    }
+    if (first < ne) { /* every device past a collective between the last read and the first write */
+        bool barrier = last_read < 0; /* (nothing else reads them: none needed) */
+        for (int64_t e = last_read + 1; e < first; e++)
+            barrier = barrier || p->nodes[p->exec[e]].op == LOOM_OP_SYNC;
+        ok = ok && barrier && last_read < first;
+        for (int64_t a = 0; ok && a < ne; a++) /* and no element written by two entries */
+            for (int64_t b = a + 1; own[a] && b < ne; b++)
+                for (int x = 0; own[b] && x < nw[a] * nw[b]; x++) {
+                    const span *sa = &w[a * LOOM_ENTRY_VALUES_MAX + x / nw[b]],
+                               *sb = &w[b * LOOM_ENTRY_VALUES_MAX + x % nw[b]];
+                    ok = ok && !(sa->slab == sb->slab && sa->lo < sb->hi && sb->lo < sa->hi);
+                }
+    }
+    p->share = ok;
+    if (ok && first < ne)
+        p->own = own, own = NULL;
+    loom__free(entry), loom__free(own), loom__free(w), loom__free(nw);
+    return LOOM_OK;
+}
+
+loom_status loom__owner_skips(const loom__program *p, int n, int d, uint8_t *skip) {
+    int64_t ne = p->nexec, m = 0;
+    int64_t *order = loom__malloc(sizeof(int64_t) * (size_t)(ne + 1));
+    int64_t *load = loom__calloc((size_t)n + 1, sizeof(int64_t));
+    if (!order || !load) {
+        loom__free(order), loom__free(load);
+        return LOOM_ENOMEM;
+    }
+    for (int64_t e = 0; e < ne; e++) {
+        skip[e] = 0;
+        if (!p->own || !p->own[e])
+            continue;
+        int64_t j = m++; /* insertion by size, largest first; ties in exec order */
+        for (; j > 0 && p->own[order[j - 1]] < p->own[e]; j--)
+            order[j] = order[j - 1];
+        order[j] = e;
+    }
+    for (int64_t q = 0; q < m; q++) { /* each onto the least loaded device (the lowest on ties) */
+        int best = 0;
+        for (int k = 1; k < n; k++)
+            best = load[k] < load[best] ? k : best;
+        load[best] += p->own[order[q]];
+        skip[order[q]] = best != d;
+    }
+    loom__free(order), loom__free(load);
     return LOOM_OK;
 }

@@ -127,10 +127,11 @@ static void dump_schedule(const loom__program *p) {
     FILE *f = fopen(path, "w");
     if (!f)
         return;
-    fprintf(f, "# program %016llx: %lld nodes, %lld kernels, workspace %zu bytes\n",
-            (unsigned long long)p->hash, (long long)p->n, (long long)p->nexec, p->ws_bytes);
+    fprintf(f, "# program %016llx: %lld nodes, %lld kernels, workspace %zu bytes; devices %s\n",
+            (unsigned long long)p->hash, (long long)p->n, (long long)p->nexec, p->ws_bytes,
+            p->share ? "share the parameters and state" : "hold replicas");
     for (int64_t e = 0; e < p->nexec; e++) {
-        fprintf(f, "%4lld  ", (long long)e);
+        fprintf(f, "%4lld %s ", (long long)e, p->own && p->own[e] ? "1" : " ");
         kernel_line(f, p, p->exec[e]);
     }
     fclose(f);
@@ -262,6 +263,7 @@ void loom__program_free(loom__program *p) {
     loom__free(p->fused_of);
     loom__free(p->nodes);
     loom__free(p->exec);
+    loom__free(p->own);
     loom__free(p->consts);
     loom__free(p);
 }
@@ -347,7 +349,7 @@ static bool plan_nodes(loom__program *p, bool compile, bool fuse, loom_metrics *
         int64_t quad = loom__fuse_pool_quad(p, live), act = loom__fuse_product_act(p, live);
         m->fused_ops += fused + sinks + codes + relu + conv + back + quad + act;
     }
-    ok = !loom__place_buffers(p, live, is_out, !fuse, last);
+    ok = !loom__place_buffers(p, live, is_out, !fuse, last) && !loom__plan_owners(p, live);
 done:
     loom__free(flags);
     loom__free(last);
@@ -776,10 +778,11 @@ void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
     if (m->devices > 0 && k > 0 && (size_t)k < size)
         snprintf(buf + k, size - (size_t)k,
                  "\nmetrics: %lld devices, all-reduced %.1f MiB, %.3f s in collectives per device, "
-                 "compute per device %.3f to %.3f s (imbalance %.1f%%)",
+                 "compute per device %.3f to %.3f s (imbalance %.1f%%), %lld updates shared",
                  (long long)m->devices, (double)m->allreduce_bytes / 1048576.0,
                  m->collective_seconds, m->device_compute_min, m->device_compute_max,
                  m->device_compute_min > 0
                      ? 100.0 * (m->device_compute_max / m->device_compute_min - 1.0)
-                     : 0.0);
+                     : 0.0,
+                 (long long)m->shared_updates);
 }

@@ -1,9 +1,16 @@
 /*
  * devices.c - data parallelism inside one process. Each device is a worker thread pinned to a
- * core, with its own replica of the model's slabs (device 0 uses the model's own), its own
- * workspace and its own rank in a local process group. A graph set to run on the devices is
- * planned once by the controller (the caller's thread); every device then runs the same program
- * on its shard of the batch, and the program's SYNC nodes average the gradients.
+ * core, with its own gradients (device 0 uses the model's slab), its own workspace and its own
+ * rank in a local process group. A graph set to run on the devices is planned once by the
+ * controller (the caller's thread); every device then runs the same program on its shard of the
+ * batch, and the program's SYNC nodes average the gradients.
+ *
+ * The parameters and the optimizer's state are the model's own slabs, shared by every device,
+ * wherever the program allows it (loom__plan_owners: its updates come after a collective, write
+ * only those slabs and read them only where they write): each update is then run by one device
+ * for all (loom__owner_skips balances them), so that two devices do half the update's memory
+ * traffic each instead of all of it twice, and the state is held once. A program that does not
+ * allow it runs on replicas of those slabs, made (broadcast and verified) when it comes.
  *
  * Failure: a device whose step fails aborts the group, which wakes every device waiting in a
  * collective; the controller waits at most the deadline (then names the devices still running),
@@ -19,7 +26,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 typedef struct loom__device device;
@@ -32,7 +38,8 @@ struct loom__device {
     loom_comm *comm;
     void *ws;
     size_t ws_size;
-    float *slab[LOOM_SLAB_COUNT]; /* replicas; device 0 uses the model's slabs */
+    float *slab[LOOM_SLAB_COUNT]; /* replicas (PARAM and STATE only where a program needs
+                                   * them); device 0 uses the model's slabs */
     int64_t slab_cap[LOOM_SLAB_COUNT];
     loom__bind bind;
     loom_status st;
@@ -83,7 +90,9 @@ struct loom_devices {
     size_t unshared_bytes; /* a size the group had no shared memory for (not asked again) */
     loom_model *lent;
     loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
-    bool spare_cpu;    /* fewer devices than CPUs: the controller may spin while a step runs */
+    bool share;        /* the current job's: PARAM and STATE are the model's on every device */
+    bool behind;    /* devices 1..'s replicas of PARAM and STATE do not hold the model's values */
+    bool spare_cpu; /* fewer devices than CPUs: the controller may spin while a step runs */
 };
 
 /* With a CPU to spare (fewer devices than CPUs), spin-then-sleep: a device polls for its next
@@ -136,7 +145,7 @@ static loom_status dev_allreduce(void *ctx, float *buf, int64_t n, loom_reduce_o
 static float *slab_of(loom_devices *D, device *d, int s) {
     if (d->index == 0 && s == LOOM_SLAB_GRAD && D->lent && D->lent == D->model)
         return D->grads;
-    return d->index == 0 ? D->model->slab[s] : d->slab[s];
+    return d->index == 0 || (D->share && s != LOOM_SLAB_GRAD) ? D->model->slab[s] : d->slab[s];
 }
 
 /* Device 0's gradients across processes. Where the processes' group has memory that the others
@@ -216,7 +225,7 @@ static loom_status replicate(loom_devices *D, device *d) {
         loom_status st = D->nproc > 1 && d->index == 0
                              ? loom_comm_broadcast(D->pcomm, slab_of(D, d, s), len, 0)
                              : LOOM_OK;
-        if (!st)
+        if (!st && !(D->share && s != LOOM_SLAB_GRAD)) /* (shared: the same memory) */
             st = loom_comm_broadcast(d->comm, slab_of(D, d, s), len, 0);
         if (st)
             return st;
@@ -411,14 +420,18 @@ static loom_status dispatch(loom_devices *D) {
     return finish_all(D);
 }
 
-/* Replicas follow the model: same sizes, same values (broadcast and verified). */
-static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
+/* Replicas follow the model: same sizes, same values (broadcast and verified); with `share`
+ * only the gradients' (the rest is the model's own). */
+static loom_status ensure_replicas(loom_devices *D, loom_model *m, bool share) {
     lend_grads(D, m);
-    if (D->synced_model == m && D->synced_version == m->version)
+    if (D->synced_model == m && D->synced_version == m->version && (share || !D->behind)) {
+        D->share = share;
         return LOOM_OK;
+    }
     for (int i = 1; i < D->n; i++)
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-            if (loom__grow((void **)&D->dev[i].slab[s], &D->dev[i].slab_cap[s], m->len[s] + 1,
+            if ((!share || s == LOOM_SLAB_GRAD) &&
+                loom__grow((void **)&D->dev[i].slab[s], &D->dev[i].slab_cap[s], m->len[s] + 1,
                            sizeof(float)))
                 return loom__error(LOOM_ENOMEM,
                                    "device %d, step %lld: out of memory for its "
@@ -426,20 +439,14 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
                                    i, (long long)D->step, (long long)m->len[s]);
     D->model = m;
     D->job = JOB_REPLICATE;
+    D->share = share;
     loom_status st = dispatch(D);
     if (!st) {
         D->synced_model = m;
         D->synced_version = m->version;
+        D->behind = share;
     }
     return st;
-}
-
-/* Asks the kernel to back [p, p + n) with 2 MiB pages (only advice; ignored where unsupported). */
-static void huge_pages(void *p, size_t n) {
-    uintptr_t a = ((uintptr_t)p + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1);
-    uintptr_t e = ((uintptr_t)p + n) & ~(uintptr_t)((2u << 20) - 1);
-    if (e > a)
-        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 }
 
 static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
@@ -454,19 +461,22 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
         return st;
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
-        size_t had = d->ws_size;
         if (loom__scratch(&d->ws, &d->ws_size, p->ws_bytes))
             return loom__error(LOOM_ENOMEM,
                                "device %d, step %lld: out of memory for its workspace (%zu bytes)",
                                i, (long long)D->step, p->ws_bytes);
-        if (d->ws_size != had)
-            huge_pages(d->ws, d->ws_size);
         const void **in = loom__arena_alloc(&D->arena, sizeof(void *) * (size_t)(g->ninputs + 1));
         if (!in)
             return LOOM_ENOMEM;
         if ((st = loom__bind_inputs(g, &D->arena, D->prank * D->n + i, D->world, src, in)))
             return st;
-        d->bind = (loom__bind){.ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d};
+        uint8_t *skip = NULL; /* the shared slabs' updates that other devices run */
+        if (D->share && p->own &&
+            (!(skip = loom__arena_alloc(&D->arena, (size_t)p->nexec + 1)) ||
+             loom__owner_skips(p, D->n, i, skip)))
+            return LOOM_ENOMEM;
+        d->bind = (loom__bind){
+            .ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d, .skip = skip};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             d->bind.slab[s] = g->model ? slab_of(D, d, s) : NULL;
     }
@@ -485,6 +495,9 @@ static void add_metrics(loom_devices *D, loom_graph *g) {
         bytes += D->dev[i].coll_bytes;
     }
     m->devices = D->n;
+    m->shared_updates = 0;
+    for (int64_t e = 0; D->share && D->prog->own && e < D->prog->nexec; e++)
+        m->shared_updates += D->prog->own[e] > 0;
     m->allreduce_bytes = bytes;
     m->collective_seconds = coll / D->n;
     m->device_compute_min = lo;
@@ -505,7 +518,10 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
     D->step++;
-    loom_status st = g->model ? ensure_replicas(D, g->model) : LOOM_OK;
+    bool share = D->n > 1 && p->share;
+    loom_status st = g->model ? ensure_replicas(D, g->model, share) : LOOM_OK;
+    D->share = share;
+    D->behind = D->behind || (share && p->own); /* (its updates go to the model's alone) */
     if (!st)
         st = prepare(D, g, p);
     if (st)
