@@ -257,7 +257,12 @@ static void run_job(loom_devices *D, device *d) {
         double hang = 2 * D->c.timeout_s + 2.0; /* past the controller's deadline and grace */
         struct timespec ts = {(time_t)hang, (long)(fmod(hang, 1.0) * 1e9)};
         nanosleep(&ts, NULL); /* a device that stops answering, then comes back */
-        st = D->prog->x->run(D->prog->x, D->prog, &d->bind);
+        pthread_mutex_lock(&D->mu);
+        bool gone = D->broken; /* given up on: its program may be freed by now */
+        pthread_mutex_unlock(&D->mu);
+        st = gone
+                 ? loom__error(LOOM_EABORTED, "device %d came back after its step was given up", gd)
+                 : D->prog->x->run(D->prog->x, D->prog, &d->bind);
     } else
         st = D->prog->x->run(D->prog->x, D->prog, &d->bind);
     d->st = st;
