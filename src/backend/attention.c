@@ -223,7 +223,7 @@ __attribute__((target("avx512f"), always_inline)) static inline __m512 exp16(__m
                                0.166666672f,    0.5f,           1.0f,           1.0f};
     __m512 p = _mm512_set1_ps(c[0]);
     for (int i = 1; i < 8; i++)
-        p = _mm512_add_ps(_mm512_set1_ps(c[i]), _mm512_mul_ps(r, p));
+        p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c[i]));
     __m512i e = _mm512_slli_epi32(
         _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4b400000)),
                          _mm512_set1_epi32(127)),
