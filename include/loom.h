@@ -650,14 +650,20 @@ LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
 /* ---- devices: data parallelism inside one process ---------------------------------------------
  */
 
-/* Devices are worker threads, one per core (pinned), each with its own replica of the model and its
- * own workspace; a graph set to run on them is compiled once and run by every device on its shard
- * of each batch, gradients averaged by all-reduces inside the step. */
+/* Devices are worker threads, one per core (pinned), each with its own gradients (its own
+ * parameters too, or shared: loom_share) and its own workspace; a graph set to run on them is
+ * compiled once and run by every device on its shard of each batch, gradients averaged by
+ * all-reduces inside the step. */
 typedef struct loom_devices loom_devices;
 /* Which processes the devices span: AUTO, those of the MPI job that started this process (an MPI
  * launcher's environment, loom_mpi_launcher(), and loom built with MPI), else this process
  * alone; LOCAL, this process alone; MPI, the MPI job's (EUNSUPPORTED without MPI). */
 typedef enum { LOOM_DIST_AUTO, LOOM_DIST_LOCAL, LOOM_DIST_MPI } loom_dist;
+/* Whether a process's devices share the parameters and the optimizer's state (each update run by
+ * one device for all, the state held once) where a step allows it, or each updates a replica of
+ * its own: AUTO times both on each program's first steps and keeps the faster; ALWAYS; NEVER.
+ * The results are bitwise the same either way. */
+typedef enum { LOOM_SHARE_AUTO, LOOM_SHARE_ALWAYS, LOOM_SHARE_NEVER } loom_share;
 typedef struct {
     int count;            /* 0 means one per core this process may run on (its CPU affinity;
                            * across processes, its share among those on its machine) */
@@ -666,6 +672,7 @@ typedef struct {
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
     bool no_pin;          /* leave the worker threads unpinned */
     loom_dist dist;       /* across processes: see loom_dist */
+    loom_share share;     /* the parameters and the optimizer's state: see loom_share */
 } loom_devices_config;
 /* Starts the worker threads. NULL on bad config or failure (loom_last_error). Steps are counted
  * from 1 over every run on these devices (training and evaluation alike). For testing failure

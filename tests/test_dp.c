@@ -219,7 +219,8 @@ static loom_status halve_first(rig *r, const loom_batch *b, double *loss) {
 TEST(devices_share_the_parameters_where_the_step_allows) {
     rig ref, a;
     ASSERT_EQ(rig_new(&ref, "fmnist-mlp", 0, (loom_devices_config){0}), LOOM_OK);
-    ASSERT_EQ(rig_new(&a, "fmnist-mlp", 2, (loom_devices_config){0}), LOOM_OK);
+    ASSERT_EQ(rig_new(&a, "fmnist-mlp", 2, (loom_devices_config){.share = LOOM_SHARE_ALWAYS}),
+              LOOM_OK);
     loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 128, .seed = 2});
     loom_batch batch;
     double la, lr, worst = 0;
@@ -244,6 +245,44 @@ TEST(devices_share_the_parameters_where_the_step_allows) {
     loom_loader_free(l);
     rig_free(&a);
     rig_free(&ref);
+}
+
+/* Sharing the parameters or not gives the same bits: 24 steps with the slabs always shared, never
+ * shared, and chosen by timing both (AUTO: its first 16 steps try both ways, then it keeps one,
+ * for good) end with bitwise the same losses and parameters. */
+TEST(sharing_the_parameters_or_not_gives_the_same_bits) {
+    const loom_share modes[3] = {LOOM_SHARE_ALWAYS, LOOM_SHARE_NEVER, LOOM_SHARE_AUTO};
+    rig r[3];
+    for (int k = 0; k < 3; k++)
+        ASSERT_EQ(rig_new(&r[k], "fmnist-mlp", 2, (loom_devices_config){.share = modes[k]}),
+                  LOOM_OK);
+    loom_loader *l = loom_loader_new(train, &(loom_loader_config){.batch_size = 64, .seed = 3});
+    loom_batch batch;
+    int64_t kept = -1;
+    for (int s = 0; s < 24 && loom_loader_next(l, &batch); s++) {
+        double loss[3];
+        for (int k = 0; k < 3; k++) {
+            ASSERT_EQ(step(&r[k], &batch, &loss[k]), LOOM_OK);
+            loom_metrics m;
+            loom_graph_metrics(r[k].g, &m);
+            int64_t want = loom_model_count(r[k].m);
+            if (k == 0)
+                ASSERT_EQ(m.shared_updates, want);
+            if (k == 1)
+                ASSERT_EQ(m.shared_updates, 0);
+            if (k == 2 && s >= 16) { /* decided: one way, and it stays */
+                ASSERT(m.shared_updates == 0 || m.shared_updates == want);
+                ASSERT(kept < 0 || m.shared_updates == kept);
+                kept = m.shared_updates;
+            }
+        }
+        ASSERT(loss[0] == loss[1] && loss[1] == loss[2]);
+    }
+    ASSERT(param_error(&r[0], &r[1]) == 0.0);
+    ASSERT(param_error(&r[0], &r[2]) == 0.0);
+    loom_loader_free(l);
+    for (int k = 0; k < 3; k++)
+        rig_free(&r[k]);
 }
 
 /* A step submitted, the next one recorded (the graph reset) while it runs, then waited for: the
@@ -706,6 +745,7 @@ int main(void) {
     RUN(cnn_on_2_and_4_devices_matches_1);
     RUN(repeated_runs_are_bitwise_identical);
     RUN(devices_share_the_parameters_where_the_step_allows);
+    RUN(sharing_the_parameters_or_not_gives_the_same_bits);
     RUN(submitted_steps_match_run_steps_bitwise);
     RUN(submitted_steps_read_their_inputs_as_at_submit);
     RUN(outputs_outlive_another_graphs_steps);

@@ -206,6 +206,14 @@ static const loom__layout *read_layout(const loom__program *p, const loom__pnode
                             : NULL;
 }
 
+/* The dims a kernel node reads its input k over (a materialized view its copy's; a grouped view
+ * its source dims); returns their count, *shape them. */
+static int read_dims(const loom__program *p, const loom__pnode *t, int k, const int64_t **shape) {
+    const loom__pnode *s = &p->nodes[t->src[k]];
+    *shape = t->copy ? t->copy_shape : s->gndim ? s->gshape : s->shape;
+    return t->copy ? t->copy_ndim : s->gndim ? s->gndim : s->ndim;
+}
+
 bool loom__slab_touches(const loom__layout *l, int nd, const int64_t *shape, int32_t slab,
                         int64_t lo, int64_t hi) {
     if (!l || l->base != LOOM_BASE_PERSIST || l->index != slab)
@@ -225,16 +233,11 @@ bool loom__slab_accesses(const loom__program *p, const loom__pnode *c, int32_t s
     }
     for (int k = 0; k < 3; k++) {
         const loom__layout *l = read_layout(p, c, k);
-        const loom__pnode *s = c->src[k] >= 0 ? &p->nodes[c->src[k]] : NULL;
-        if (l && s &&
-            loom__slab_touches(l,
-                               c->copy    ? c->copy_ndim
-                               : s->gndim ? s->gndim
-                                          : s->ndim,
-                               c->copy    ? c->copy_shape
-                               : s->gndim ? s->gshape
-                                          : s->shape,
-                               slab, lo, hi))
+        if (!l || c->src[k] < 0)
+            continue;
+        const int64_t *shape;
+        int nd = read_dims(p, c, k, &shape);
+        if (loom__slab_touches(l, nd, shape, slab, lo, hi))
             return true;
     }
     return false;
@@ -543,16 +546,12 @@ loom_status loom__plan_owners(loom__program *p, const bool *live) {
         int64_t e = live[i] && loom__runs_kernel(t) ? entry[runner_of(p, i)] : -1;
         for (int k = 0; k < 3 && e >= 0; k++) {
             const loom__layout *l = read_layout(p, t, k);
-            const loom__pnode *s = t->src[k] >= 0 ? &p->nodes[t->src[k]] : NULL;
+            if (t->src[k] < 0)
+                continue;
+            const int64_t *shape;
+            int nd = read_dims(p, t, k, &shape);
             span r;
-            if (!s || !shared_span(l,
-                                   t->copy    ? t->copy_ndim
-                                   : s->gndim ? s->gndim
-                                              : s->ndim,
-                                   t->copy    ? t->copy_shape
-                                   : s->gndim ? s->gshape
-                                              : s->shape,
-                                   &r))
+            if (!shared_span(l, nd, shape, &r))
                 continue;
             bool mine = false; /* an owned entry reads only what it writes */
             for (int q = 0; q < nw[e]; q++)

@@ -50,6 +50,24 @@ struct loom__device {
     int64_t coll_bytes; /* cumulative */
 };
 
+/* Whether the devices share the parameters and optimizer state or each update a replica gives
+ * the same bits; which is faster depends on the model: a small one's replicas stay in each
+ * core's cache, where shared ones cross between the cores every step, and a large optimizer
+ * state's update costs twice on replicas (bench/RESULTS.md: fmnist-mlp 7% slower shared, the
+ * GPT 3% faster). Under LOOM_SHARE_AUTO each program that allows sharing runs its first
+ * 2 x SHARE_STEPS steps both ways (SHARE_WARM of each untimed) and keeps the faster by the
+ * median of the rest; a few programs are remembered by hash. */
+#define SHARE_STEPS  8
+#define SHARE_WARM   2
+#define SHARE_TRIALS 4
+typedef struct {
+    uint64_t hash; /* 0: unused */
+    int steps;     /* of the trial so far */
+    int mode;      /* -1: trying; else 1 shared, 0 replicas */
+    double t[2][SHARE_STEPS - SHARE_WARM];
+    int64_t used; /* the step it was last used at (the least recently used slot is reused) */
+} share_trial;
+
 typedef enum { JOB_STEP, JOB_REPLICATE } job_kind;
 
 struct loom_devices {
@@ -91,7 +109,11 @@ struct loom_devices {
     loom_model *lent;
     loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
     bool share;        /* the current job's: PARAM and STATE are the model's on every device */
-    bool behind;    /* devices 1..'s replicas of PARAM and STATE do not hold the model's values */
+    bool behind; /* devices 1..'s replicas of PARAM and STATE do not hold the model's values */
+    bool across; /* the current replication's: from process 0 (the model changed), or local */
+    share_trial trials[SHARE_TRIALS];
+    share_trial *trying; /* the submitted step's trial, to be timed at its end; or NULL */
+    int trying_mode;
     bool spare_cpu; /* fewer devices than CPUs: the controller may spin while a step runs */
 };
 
@@ -222,7 +244,7 @@ static loom_status same_checksum(loom_comm *c, uint64_t mine, const char *unit) 
 static loom_status replicate(loom_devices *D, device *d) {
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
         int64_t len = D->model->len[s];
-        loom_status st = D->nproc > 1 && d->index == 0
+        loom_status st = D->across && D->nproc > 1 && d->index == 0
                              ? loom_comm_broadcast(D->pcomm, slab_of(D, d, s), len, 0)
                              : LOOM_OK;
         if (!st && !(D->share && s != LOOM_SLAB_GRAD)) /* (shared: the same memory) */
@@ -238,7 +260,7 @@ static loom_status replicate(loom_devices *D, device *d) {
         loom__hash_large(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
     uint64_t mine = loom__hash_final(&h);
     loom_status st = D->n > 1 ? same_checksum(d->comm, mine, "device") : LOOM_OK;
-    if (!st && D->nproc > 1 && d->index == 0)
+    if (!st && D->across && D->nproc > 1 && d->index == 0)
         st = same_checksum(D->pcomm, mine, "process");
     return st;
 }
@@ -429,10 +451,14 @@ static loom_status dispatch(loom_devices *D) {
  * only the gradients' (the rest is the model's own). */
 static loom_status ensure_replicas(loom_devices *D, loom_model *m, bool share) {
     lend_grads(D, m);
-    if (D->synced_model == m && D->synced_version == m->version && (share || !D->behind)) {
+    bool same = D->synced_model == m && D->synced_version == m->version;
+    if (same && (share || !D->behind)) {
         D->share = share;
         return LOOM_OK;
     }
+    /* the model changed: from process 0, checked across the processes; else (the replicas behind
+     * the model's own slabs after shared steps) only here, as the processes need not agree on it */
+    D->across = !same;
     for (int i = 1; i < D->n; i++)
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             if ((!share || s == LOOM_SLAB_GRAD) &&
@@ -510,6 +536,58 @@ static void add_metrics(loom_devices *D, loom_graph *g) {
     m->exec_seconds += D->dev[0].busy;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The step just ended was its trial's: its time (the slowest device's) recorded, and once both
+ * ways have their steps, the faster kept. */
+static void trial_timed(loom_devices *D) {
+    share_trial *t = D->trying;
+    double slowest = 0;
+    for (int i = 0; i < D->n; i++)
+        slowest = D->dev[i].busy > slowest ? D->dev[i].busy : slowest;
+    int at = t->steps % SHARE_STEPS - SHARE_WARM;
+    if (at >= 0)
+        t->t[D->trying_mode][at] = slowest;
+    if (++t->steps == 2 * SHARE_STEPS)
+        t->mode =
+            median(t->t[1], SHARE_STEPS - SHARE_WARM) < median(t->t[0], SHARE_STEPS - SHARE_WARM);
+}
+
+/* Whether program p (which allows it) runs on the shared slabs (loom_devices_config.share). A
+ * program without updates shares them where the replicas are behind (they would need making
+ * first) and reads its own replica where it is up to date (in its own core's cache). */
+static bool choose_sharing(loom_devices *D, const loom__program *p) {
+    if (D->c.share != LOOM_SHARE_AUTO)
+        return D->c.share == LOOM_SHARE_ALWAYS;
+    if (!p->own)
+        return D->behind;
+    share_trial *t = &D->trials[0];
+    for (int k = 0; k < SHARE_TRIALS; k++) {
+        if (D->trials[k].hash == p->hash) {
+            t = &D->trials[k];
+            break;
+        }
+        if (D->trials[k].used < t->used)
+            t = &D->trials[k];
+    }
+    if (t->hash != p->hash)
+        *t = (share_trial){.hash = p->hash, .mode = -1};
+    t->used = D->step;
+    if (t->mode >= 0)
+        return t->mode;
+    D->trying = t;
+    D->trying_mode = t->steps >= SHARE_STEPS; /* replicas first, then shared */
+    return D->trying_mode;
+}
+
 /* Starts g's step (program p) on the devices and returns: devices_wait() ends it. A step of
  * another graph still running is waited for first (its graph keeps its status). */
 static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
@@ -523,7 +601,7 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
     D->step++;
-    bool share = D->n > 1 && p->share;
+    bool share = D->n > 1 && p->share && choose_sharing(D, p);
     loom_status st = g->model ? ensure_replicas(D, g->model, share) : LOOM_OK;
     D->share = share;
     D->behind = D->behind || (share && p->own); /* (its updates go to the model's alone) */
@@ -545,6 +623,9 @@ static loom_status devices_wait(void *ctx, loom_graph *g) {
     loom_status st = finish_all(D);
     D->inflight = NULL;
     add_metrics(D, g);
+    if (!st && D->trying)
+        trial_timed(D);
+    D->trying = NULL;
     return st;
 }
 
