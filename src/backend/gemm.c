@@ -157,8 +157,8 @@ __attribute__((target("avx512f"))) static void pack(int64_t lanes, int64_t kc, c
     if (rs == 1 && w <= 16) {
         /* narrow panels of an operand contiguous along its lanes (A of a weight gradient, X^T):
          * k outermost, so that each row of memory is read once, in order, into every panel, where
-         * panel by panel each would reread the same lines k rows apart (their stride a power of
-         * two in L1's few sets) */
+         * panel by panel each would reread the same lines, a row apart (2 KB for a 512-wide
+         * activation: few of L1's sets, so they were gone by the next panel) */
         __mmask16 wm = (__mmask16)((1u << w) - 1);
         for (int64_t k = 0; k < kc; k++)
             for (int64_t i = 0; i < lanes; i += w) {

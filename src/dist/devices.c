@@ -565,6 +565,7 @@ static void trial_timed(loom_devices *D) {
  * program without updates shares them where the replicas are behind (they would need making
  * first) and reads its own replica where it is up to date (in its own core's cache). */
 static bool choose_sharing(loom_devices *D, const loom__program *p) {
+    D->trying = NULL; /* (a step whose submit failed was never timed) */
     if (D->c.share != LOOM_SHARE_AUTO)
         return D->c.share == LOOM_SHARE_ALWAYS;
     if (!p->own)
