@@ -240,7 +240,7 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
     loom__value v[LOOM_ENTRY_VALUES_MAX];
     int64_t kernels = 0, values = 0;
     for (int64_t e = 0; !st && e < p->nexec; e++) {
-        if (b->skip && b->skip[e]) /* another device's (its reference values go unchecked) */
+        if (!loom__runs_here(b, e)) /* another device's (its reference values go unchecked) */
             continue;
         if ((st = loom__interp_entry(p, b, e)))
             break;

@@ -174,8 +174,16 @@ typedef struct {
     float *slab[LOOM_SLAB_COUNT];
     loom__allreduce_fn allreduce;
     void *comm;
-    const uint8_t *skip; /* per exec entry: another device runs it (loom__owner_skips); or NULL */
+    /* per exec entry, the device that runs it for all (loom__owners), -1 for every device; or
+     * NULL: every entry runs here. `device`: this one's index. */
+    const int32_t *owner;
+    int device;
 } loom__bind;
+
+/* Whether exec entry e runs on the device bound by b (not another device's shared update). */
+static inline bool loom__runs_here(const loom__bind *b, int64_t e) {
+    return !b->owner || b->owner[e] < 0 || b->owner[e] == b->device;
+}
 
 /* An executor runs programs on one kind of device. The planner (compile/program.c) records the
  * graph, decides fusion and memory, and hands each new program to its graph's executor once:
@@ -216,10 +224,10 @@ const loom__executor *loom__executor_default(void);
  * device is past it only once all have reached it) lies between the last entry reading them
  * otherwise and the first writing them. After the exec list. */
 loom_status loom__plan_owners(loom__program *p, const bool *live);
-/* For device d of n sharing the slabs: skip[e] = 1 (of p->nexec) where another device runs owned
- * entry e. The largest first, each onto the least loaded device (the lowest on ties): every
- * device computes the same assignment. */
-loom_status loom__owner_skips(const loom__program *p, int n, int d, uint8_t *skip);
+/* For n devices sharing the slabs: owner[e] (of p->nexec) the device that runs owned entry e, -1
+ * for the entries every device runs. The largest first, each onto the least loaded device (the
+ * lowest on ties). Returns how many entries are owned, -1 out of memory. */
+int64_t loom__owners(const loom__program *p, int n, int32_t *owner);
 
 /* The executable entries of a program one at a time: exec entry e with bindings b. */
 loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e);

@@ -2407,7 +2407,7 @@ loom_status loom__interp_run(const loom__program *p, const loom__bind *b) {
     if (p->prof_ns)
         __atomic_fetch_add(&p->prof_ns[p->nexec], 1, __ATOMIC_RELAXED);
     for (int64_t i = 0; i < p->nexec; i++) {
-        if (b->skip && b->skip[i]) /* another device's */
+        if (!loom__runs_here(b, i)) /* another device's */
             continue;
         double t0 = p->prof_ns ? loom__now() : 0;
         loom_status s = loom__interp_entry(p, b, i);

@@ -582,16 +582,16 @@ loom_status loom__plan_owners(loom__program *p, const bool *live) {
     return LOOM_OK;
 }
 
-loom_status loom__owner_skips(const loom__program *p, int n, int d, uint8_t *skip) {
+int64_t loom__owners(const loom__program *p, int n, int32_t *owner) {
     int64_t ne = p->nexec, m = 0;
     int64_t *order = loom__malloc(sizeof(int64_t) * (size_t)(ne + 1));
     int64_t *load = loom__calloc((size_t)n + 1, sizeof(int64_t));
     if (!order || !load) {
         loom__free(order), loom__free(load);
-        return LOOM_ENOMEM;
+        return -1;
     }
     for (int64_t e = 0; e < ne; e++) {
-        skip[e] = 0;
+        owner[e] = -1;
         if (!p->own || !p->own[e])
             continue;
         int64_t j = m++; /* insertion by size, largest first; ties in exec order */
@@ -604,8 +604,8 @@ loom_status loom__owner_skips(const loom__program *p, int n, int d, uint8_t *ski
         for (int k = 1; k < n; k++)
             best = load[k] < load[best] ? k : best;
         load[best] += p->own[order[q]];
-        skip[order[q]] = best != d;
+        owner[order[q]] = best;
     }
     loom__free(order), loom__free(load);
-    return LOOM_OK;
+    return m;
 }

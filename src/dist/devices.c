@@ -8,7 +8,7 @@
  * The parameters and the optimizer's state are the model's own slabs, shared by every device,
  * wherever the program allows it (loom__plan_owners: its updates come after a collective, write
  * only those slabs and read them only where they write): each update is then run by one device
- * for all (loom__owner_skips balances them), so that two devices do half the update's memory
+ * for all (loom__owners balances them), so that two devices do half the update's memory
  * traffic each instead of all of it twice, and the state is held once. A program that does not
  * allow it runs on replicas of those slabs, made (broadcast and verified) when it comes.
  *
@@ -111,6 +111,11 @@ struct loom_devices {
     bool share;        /* the current job's: PARAM and STATE are the model's on every device */
     bool behind; /* devices 1..'s replicas of PARAM and STATE do not hold the model's values */
     bool across; /* the current replication's: from process 0 (the model changed), or local */
+    /* which device runs each entry of the program of hash owner_hash (loom__owners), and how many
+     * entries are so run: made once a program */
+    int32_t *owner;
+    int64_t owner_cap, owner_n;
+    uint64_t owner_hash;
     share_trial trials[SHARE_TRIALS];
     share_trial *trying; /* the submitted step's trial, to be timed at its end; or NULL */
     int trying_mode;
@@ -447,15 +452,14 @@ static loom_status dispatch(loom_devices *D) {
     return finish_all(D);
 }
 
-/* Replicas follow the model: same sizes, same values (broadcast and verified); with `share`
- * only the gradients' (the rest is the model's own). */
-static loom_status ensure_replicas(loom_devices *D, loom_model *m, bool share) {
+/* Replicas follow the model: same sizes, same values (broadcast and verified); where the
+ * devices share the model's slabs (D->share) only the gradients' (the rest is the model's own). */
+static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
+    bool share = D->share;
     lend_grads(D, m);
     bool same = D->synced_model == m && D->synced_version == m->version;
-    if (same && (share || !D->behind)) {
-        D->share = share;
+    if (same && (share || !D->behind))
         return LOOM_OK;
-    }
     /* the model changed: from process 0, checked across the processes; else (the replicas behind
      * the model's own slabs after shared steps) only here, as the processes need not agree on it */
     D->across = !same;
@@ -470,7 +474,6 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m, bool share) {
                                    i, (long long)D->step, (long long)m->len[s]);
     D->model = m;
     D->job = JOB_REPLICATE;
-    D->share = share;
     loom_status st = dispatch(D);
     if (!st) {
         D->synced_model = m;
@@ -501,13 +504,12 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
             return LOOM_ENOMEM;
         if ((st = loom__bind_inputs(g, &D->arena, D->prank * D->n + i, D->world, src, in)))
             return st;
-        uint8_t *skip = NULL; /* the shared slabs' updates that other devices run */
-        if (D->share && p->own &&
-            (!(skip = loom__arena_alloc(&D->arena, (size_t)p->nexec + 1)) ||
-             loom__owner_skips(p, D->n, i, skip)))
-            return LOOM_ENOMEM;
-        d->bind = (loom__bind){
-            .ws = d->ws, .inputs = in, .allreduce = dev_allreduce, .comm = d, .skip = skip};
+        d->bind = (loom__bind){.ws = d->ws,
+                               .inputs = in,
+                               .allreduce = dev_allreduce,
+                               .comm = d,
+                               .owner = D->share && p->own ? D->owner : NULL,
+                               .device = i};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             d->bind.slab[s] = g->model ? slab_of(D, d, s) : NULL;
     }
@@ -526,9 +528,7 @@ static void add_metrics(loom_devices *D, loom_graph *g) {
         bytes += D->dev[i].coll_bytes;
     }
     m->devices = D->n;
-    m->shared_updates = 0;
-    for (int64_t e = 0; D->share && D->prog->own && e < D->prog->nexec; e++)
-        m->shared_updates += D->prog->own[e] > 0;
+    m->shared_updates = D->share && D->prog->own ? D->owner_n : 0;
     m->allreduce_bytes = bytes;
     m->collective_seconds = coll / D->n;
     m->device_compute_min = lo;
@@ -602,10 +602,17 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
     D->step++;
-    bool share = D->n > 1 && p->share && choose_sharing(D, p);
-    loom_status st = g->model ? ensure_replicas(D, g->model, share) : LOOM_OK;
-    D->share = share;
-    D->behind = D->behind || (share && p->own); /* (its updates go to the model's alone) */
+    D->share = D->n > 1 && p->share && choose_sharing(D, p);
+    loom_status st = g->model ? ensure_replicas(D, g->model) : LOOM_OK;
+    D->behind = D->behind || (D->share && p->own); /* (its updates go to the model's alone) */
+    if (!st && D->share && p->own && D->owner_hash != p->hash) { /* who runs which update */
+        D->owner_hash = 0;
+        if (loom__grow((void **)&D->owner, &D->owner_cap, p->nexec + 1, sizeof(int32_t)) ||
+            (D->owner_n = loom__owners(p, D->n, D->owner)) < 0)
+            st = LOOM_ENOMEM;
+        else
+            D->owner_hash = p->hash;
+    }
     if (!st)
         st = prepare(D, g, p);
     if (st)
@@ -815,6 +822,7 @@ void loom_devices_free(loom_devices *D) {
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             loom__free(D->dev[i].slab[s]);
     }
+    loom__free(D->owner);
     return_grads(D);
     loom__group_unshare(D->procs, D->grads, D->grads_bytes);
     loom__free(D->dev);
