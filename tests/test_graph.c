@@ -177,6 +177,36 @@ TEST(repeated_steps_are_bitwise_identical) {
     }
 }
 
+/* A parameter added to the model while a step is being recorded (after the step took another)
+ * joins it: both read their values and loom_backward stores both gradients. */
+TEST(a_parameter_added_while_recording_joins_the_step) {
+    loom_model *m = loom_model_new();
+    int64_t s[1] = {3};
+    loom_param *a = loom_model_add(m, "a", 1, s);
+    for (int i = 0; i < 3; i++)
+        loom_param_data(a)[i] = (float)(i + 1);
+    loom_graph *g = loom_graph_new(m);
+    loom_tensor *ta = loom_parameter(g, a);
+    loom_param *b = NULL;
+    for (int k = 0; k < 40; k++) { /* past any room the step made for the first */
+        char name[16];
+        snprintf(name, sizeof name, "b%d", k);
+        b = loom_model_add(m, name, 1, s);
+    }
+    for (int i = 0; i < 3; i++)
+        loom_param_data(b)[i] = (float)(10 * (i + 1));
+    loom_tensor *loss = loom_sum_all(g, loom_mul(g, ta, loom_parameter(g, b)));
+    loom_backward(g, loss);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    ASSERT_NEAR(loom_item(loss), 10 + 40 + 90, 1e-4);
+    for (int i = 0; i < 3; i++) {
+        ASSERT_NEAR(loom_param_grad(loom_model_find(m, "a"))[i], 10 * (i + 1), 1e-5);
+        ASSERT_NEAR(loom_param_grad(loom_model_find(m, "b39"))[i], i + 1, 1e-5);
+    }
+    loom_graph_free(g);
+    loom_model_free(m);
+}
+
 TEST(training_reduces_the_loss) {
     rig r;
     rig_new(&r, false);
@@ -266,6 +296,7 @@ int main(void) {
     RUN(dtype_errors_are_named);
     RUN(cache_keyed_by_structure_not_data);
     RUN(repeated_steps_are_bitwise_identical);
+    RUN(a_parameter_added_while_recording_joins_the_step);
     RUN(training_reduces_the_loss);
     return HARNESS_EXIT();
 }

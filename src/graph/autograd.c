@@ -311,7 +311,7 @@ void loom_backward(loom_graph *g, loom_tensor *loss) {
         return;
     }
     for (int64_t i = 0; i < m->n; i++)
-        wrt[i] = g->persist_nodes ? g->persist_nodes[i] : NULL;
+        wrt[i] = i < g->npersist ? g->persist_nodes[i] : NULL;
     loom_output(loss);
     loss->is_loss = true;
     /* Stores (and all-reduces, on several devices) are recorded as each gradient becomes final,

@@ -90,7 +90,7 @@ void loom_graph_reset(loom_graph *g) {
     loom__arena_reset(&g->arena);
     g->n = 0;
     g->ninputs = 0;
-    g->persist_nodes = NULL;
+    g->persist_nodes = NULL, g->npersist = 0;
     g->err = LOOM_OK;
     g->errmsg[0] = 0;
     g->batch_rows = -1;
@@ -278,13 +278,16 @@ loom_tensor *loom_parameter(loom_graph *g, loom_param *p) {
                          p ? "parameter belongs to another model" : "NULL parameter");
         return NULL;
     }
-    if (!g->persist_nodes) {
-        g->persist_nodes =
-            loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(g->model->n + 1));
-        if (!g->persist_nodes) {
+    if (p->index >= g->npersist) { /* parameters added since the step took its first */
+        int64_t n = g->model->n;
+        loom_tensor **t = loom__arena_alloc(&g->arena, sizeof(loom_tensor *) * (size_t)(n + 1));
+        if (!t) {
             loom__graph_fail(g, LOOM_ENOMEM, "loom_parameter: out of memory");
             return NULL;
         }
+        for (int64_t i = 0; i < n; i++)
+            t[i] = i < g->npersist ? g->persist_nodes[i] : NULL;
+        g->persist_nodes = t, g->npersist = n;
     }
     loom_tensor *t = g->persist_nodes[p->index];
     if (!t) {

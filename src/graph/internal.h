@@ -121,6 +121,7 @@ struct loom_graph {
     int64_t n, cap;
     int32_t ninputs;
     loom_tensor **persist_nodes; /* per model parameter, this step's PERSIST node or NULL */
+    int64_t npersist;            /* ... for the parameters [0, npersist) */
     loom_status err;
     char errmsg[512];
     /* what running its steps keeps: programs, workspace, the step in flight and the last one's
