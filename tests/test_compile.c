@@ -4,7 +4,7 @@
  * leaves, gives bitwise the interpreter's values; whole training steps of both recipes agree after
  * 20 steps; a second graph finds its kernels in the disk cache; a truncated cache entry is rebuilt.
  */
-#include "../src/graph/internal.h"
+#include "../src/compile/internal.h"
 #include "harness.h"
 
 #include <dirent.h>
@@ -1034,6 +1034,204 @@ TEST(an_update_stores_its_momentum_too) {
     }
 }
 
+/* ---- every fusion rule on shapes drawn at random ------------------------------------------------
+ * Each case builds, from a seed, a model of random sizes (odd, 1, and the recipes' among them) on
+ * which rules of the table (compile/fuse.c) fire; two steps of it run under the check executor,
+ * which compares every value each kernel leaves whole with the reference interpreter's (bit for
+ * bit; within its stated bound for a fold's or a sink's other order of sums). Every rule of the
+ * table must name a case and fire in one of its runs: a rule added without a case fails here. */
+
+/* An integer in [lo, hi] drawn from (seed, k). */
+static int draw(uint64_t seed, uint64_t k, int lo, int hi) {
+    return lo + (int)test_rand(1000 + seed, k, 0, hi - lo + 1 - 1e-9);
+}
+
+/* p := p - 0.05 (0.9 v + g), v := 0.9 v + g: an update with its momentum, as an optimizer's. */
+static void momentum(loom_graph *g, loom_param *p, loom_param *v, loom_tensor *grad) {
+    loom_tensor *v2 =
+        loom_add(g, loom_mul(g, loom_parameter(g, v), loom_scalar(g, 0.9, LOOM_F32)), grad);
+    loom_assign(g, v, v2);
+    loom_assign(g, p,
+                loom_sub(g, loom_parameter(g, p), loom_mul(g, v2, loom_scalar(g, 0.05, LOOM_F32))));
+}
+
+/* A parameter of the given shape with values in [-a, a) and its momentum (zero). */
+static loom_param *param(loom_model *m, const char *name, int nd, const int64_t *shape, double a,
+                         uint64_t stream, loom_param **v) {
+    char vn[64];
+    snprintf(vn, sizeof vn, "%s.v", name);
+    loom_param *p = loom_model_add(m, name, nd, shape);
+    *v = loom_model_add(m, vn, nd, shape);
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++)
+        n *= shape[d];
+    test_fill(loom_param_data(p), n, stream, -a, a);
+    return p;
+}
+
+enum { CASE_PARAMS = 8 };
+typedef struct {
+    loom_model *m;
+    float *x;
+    int32_t *labels;
+    int np;
+    loom_param *p[CASE_PARAMS], *v[CASE_PARAMS];
+} rule_case;
+
+/* The step of case c: cross-entropy of logits against the labels, every parameter updated. */
+static void case_step(loom_graph *g, rule_case *c, loom_tensor *logits, int64_t rows) {
+    loom_tensor *labels = loom_input(g, LOOM_I32, 1, (int64_t[1]){rows}, c->labels);
+    loom_tensor *loss = loom_cross_entropy(g, logits, labels);
+    loom_tensor *wrt[CASE_PARAMS], *gr[CASE_PARAMS];
+    for (int i = 0; i < c->np; i++)
+        wrt[i] = loom_parameter(g, c->p[i]);
+    loom_grads(g, loss, c->np, wrt, gr);
+    for (int i = 0; i < c->np; i++)
+        momentum(g, c->p[i], c->v[i], gr[i]);
+    loom_output(loss);
+}
+
+static loom_tensor *case_linear(loom_graph *g, rule_case *c, loom_tensor *x, int64_t in,
+                                int64_t out, bool bias, uint64_t seed) {
+    char name[32];
+    snprintf(name, sizeof name, "w%d", c->np);
+    int64_t sw[2] = {out, in}, sb[1] = {out};
+    loom_param *w =
+        param(c->m, name, 2, sw, 1 / sqrt((double)in), seed * 16 + (uint64_t)c->np, &c->v[c->np]);
+    c->p[c->np++] = w;
+    loom_param *b = NULL;
+    if (bias) {
+        snprintf(name, sizeof name, "b%d", c->np);
+        b = param(c->m, name, 1, sb, 0.1, seed * 16 + (uint64_t)c->np, &c->v[c->np]);
+        c->p[c->np++] = b;
+    }
+    return loom_linear(g, x, loom_parameter(g, w), b ? loom_parameter(g, b) : NULL);
+}
+
+/* An MLP: widths drawn (one of them the residual's), ReLU, tanh or GELU between, a residual. */
+static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
+    int64_t B = draw(seed, 0, 1, 70), I = draw(seed, 1, 1, 90), H = draw(seed, 2, 1, 90);
+    int act = draw(seed, 3, 0, 2);
+    if (seed == 0) /* the recipe's sizes */
+        B = 64, I = 784, H = 256, act = 0;
+    c->x = malloc(sizeof(float) * (size_t)(B * I));
+    test_fill(c->x, B * I, seed, -1, 1);
+    loom_tensor *x = loom_input(g, LOOM_F32, 2, (int64_t[2]){B, I}, c->x);
+    loom_tensor *h = case_linear(g, c, x, I, H, true, seed);
+    h = act == 0 ? loom_relu(g, h) : act == 1 ? loom_tanh(g, h) : loom_gelu(g, h);
+    loom_tensor *r = loom_relu(g, case_linear(g, c, h, H, H, draw(seed, 4, 0, 1), seed));
+    h = loom_add(g, h, r); /* a residual */
+    *rows = B;
+    return case_linear(g, c, h, H, 10, true, seed);
+}
+
+/* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
+ * window drawn (2x2 among them), a second convolution and pooling, a linear layer. */
+static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
+    static const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
+                                       {3, 3, 2, 2, 1, 1},
+                                       {2, 2, 1, 1, 0, 0},
+                                       {3, 2, 1, 2, 1, 0},
+                                       {5, 5, 3, 3, 2, 2}};
+    int64_t N = draw(seed, 0, 1, 6), C = draw(seed, 1, 1, 3), H = draw(seed, 2, 6, 20);
+    int64_t W = draw(seed, 3, 6, 20), O = draw(seed, 4, 1, 40), O2 = draw(seed, 5, 1, 24);
+    int k = draw(seed, 6, 1, 5), st = draw(seed, 7, 1, 2), pad = draw(seed, 8, 0, k / 2);
+    int k2 = draw(seed, 9, 1, 3);
+    loom_window w1 = wins[draw(seed, 10, 0, 4)], w2 = wins[draw(seed, 11, 0, 4)];
+    if (seed == 0) /* the recipe's sizes */
+        N = 8, C = 1, H = W = 28, O = 32, O2 = 64, k = 3, st = 1, pad = 0, k2 = 3,
+        w1 = w2 = wins[0];
+    c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
+    test_fill(c->x, N * C * H * W, seed, -1, 1);
+    loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
+    int64_t sw[4] = {O, C, k, k}, sb[1] = {O}, sw2[4] = {O2, O, k2, k2}, sb2[1] = {O2};
+    for (int i = 0; i < 4; i++) {
+        const int64_t *shape = i == 0 ? sw : i == 1 ? sb : i == 2 ? sw2 : sb2;
+        char name[8] = {'c', (char)('0' + i), 0};
+        c->p[c->np] =
+            param(c->m, name, i % 2 ? 1 : 4, shape, 0.3, seed * 16 + (uint64_t)i, &c->v[c->np]);
+        c->np++;
+    }
+    loom_tensor *y =
+        loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad);
+    if (y && y->shape[2] >= w1.kh && y->shape[3] >= w1.kw && seed && draw(seed, 13, 0, 1))
+        y = loom_pool_max(g, loom_relu(g, y), w1);
+    else if (y && y->shape[2] >= w1.kh && y->shape[3] >= w1.kw) /* as loom_sequential has it */
+        y = loom_relu(g, loom_pool_max(g, y, w1));
+    else
+        y = loom_relu(g, y);
+    if (y && y->shape[2] >= k2 && y->shape[3] >= k2) {
+        y = loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), 1, 0);
+        if (y->shape[2] >= w2.kh && y->shape[3] >= w2.kw && draw(seed, 12, 0, 3))
+            y = loom_relu(g, loom_pool_max(g, y, w2));
+    } else {
+        c->np = 2; /* the second layer's parameters unused */
+    }
+    y = loom_flatten(g, y);
+    *rows = N;
+    return y ? case_linear(g, c, y, y->shape[1], 10, true, seed) : NULL;
+}
+
+static const struct {
+    const char *rule;
+    loom_tensor *(*build)(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows);
+} rule_cases[] = {
+    {"elementwise", case_mlp},  {"epilogue", case_mlp},   {"product-act", case_mlp},
+    {"fold-product", case_cnn}, {"pool-sinks", case_cnn}, {"pool-codes", case_cnn},
+    {"pool-relu", case_cnn},    {"pool-conv", case_cnn},  {"conv-back", case_cnn},
+    {"pool-quad", case_cnn},
+};
+
+/* Two steps of case `build` from seed under the check executor; false (with a line) on a
+ * difference or an error. */
+static bool run_case(loom_tensor *(*build)(loom_graph *, rule_case *, uint64_t, int64_t *),
+                     uint64_t seed) {
+    rule_case c = {.m = loom_model_new()};
+    loom_graph *g = loom_graph_new(c.m);
+    int64_t rows = 0;
+    loom_tensor *logits = build(g, &c, seed, &rows);
+    c.labels = malloc(sizeof(int32_t) * (size_t)(rows ? rows : 1));
+    for (int64_t i = 0; i < rows; i++)
+        c.labels[i] = (int32_t)draw(seed, 100 + (uint64_t)i, 0, 9);
+    if (logits)
+        case_step(g, &c, logits, rows);
+    bool ok = logits && loom_graph_run(g) == LOOM_OK && loom_graph_run(g) == LOOM_OK;
+    if (!ok)
+        fprintf(stderr, "seed %llu: %s\n", (unsigned long long)seed, loom_graph_error(g));
+    loom_graph_free(g);
+    loom_model_free(c.m);
+    free(c.x), free(c.labels);
+    return ok;
+}
+
+TEST(every_fusion_rule_matches_the_reference_on_random_shapes) {
+    int seeds = getenv("LOOM_TEST_QUICK") ? 6 : 16;
+    loom__set_executor(&loom__check_executor);
+    int64_t before[LOOM_RULES_MAX], ran[2] = {0, 0};
+    memcpy(before, loom__rule_fired, sizeof before);
+    loom_tensor *(*builds[2])(loom_graph *, rule_case *, uint64_t, int64_t *) = {case_mlp,
+                                                                                 case_cnn};
+    int bad = 0;
+    for (int b = 0; b < 2; b++)
+        for (int s = 0; s < seeds; s++)
+            bad += !run_case(builds[b], (uint64_t)s), ran[b]++;
+    loom__set_executor(NULL);
+    ASSERT_EQ(bad, 0);
+    for (int r = 0; r < loom__nrules; r++) {
+        int q = 0;
+        while (q < (int)(sizeof rule_cases / sizeof *rule_cases) &&
+               strcmp(rule_cases[q].rule, loom__rules[r].name))
+            q++;
+        if (q == (int)(sizeof rule_cases / sizeof *rule_cases))
+            FAILF("fusion rule %s has no case", loom__rules[r].name);
+        int64_t fired = loom__rule_fired[r] - before[r];
+        fprintf(stderr, "rule %-12s fired %5lld times in %d random models\n", loom__rules[r].name,
+                (long long)fired, seeds * 2);
+        if (fired == 0 && loom__use_own_gemm())
+            FAILF("fusion rule %s never fired in %d random models", loom__rules[r].name, seeds * 2);
+    }
+}
+
 int main(void) {
     char cache[512]; /* a fresh kernel cache: the damaged-entry test must not meet old entries */
     test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
@@ -1057,5 +1255,6 @@ int main(void) {
     RUN(training_steps_agree_with_the_interpreter);
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);
+    RUN(every_fusion_rule_matches_the_reference_on_random_shapes);
     return HARNESS_EXIT();
 }

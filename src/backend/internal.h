@@ -106,6 +106,7 @@ static inline bool loom__runs_kernel(const loom__pnode *t) {
 }
 
 #define LOOM_FUSED_MAX_ARGS 16
+#define LOOM_RULES_MAX      16 /* fusion rules (compile/fuse.c's table) */
 #define LOOM_FUSED_MAX_OUTS 4
 
 /* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
@@ -161,6 +162,7 @@ struct loom__program {
      * updates) are each run by one device, the others by every device; own NULL where none. */
     bool share;
     int64_t *own;
+    int32_t rule_hits[LOOM_RULES_MAX]; /* ops each fusion rule fused (compile/fuse.c's table) */
 };
 #define LOOM_PROF_KEEP 256
 
@@ -463,7 +465,7 @@ static inline bool loom__pool_by_plane(const loom__pnode *t) {
     return t->epi >= 0 || (t->nsinks && !t->keep);
 }
 /* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
- * only path that keeps argmax codes, writes a ReLU, or reads codes). */
+ * only path that writes a ReLU, its codes carrying the ReLU's mask). */
 static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
     return w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 && w->pw == 0 &&
            row_stride == 1;
@@ -482,13 +484,20 @@ size_t loom__pool_conv_bytes(const loom__program *p, int32_t f);
 bool loom__pool_conv_t_ok(const loom__program *p, int32_t f);
 /* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
 size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
-/* Whether max pooling can keep argmax codes (backend/interp.c; loom__pnode.codes). */
+/* Whether the 2x2 max pooling's own row kernels can keep argmax codes, take a ReLU and read the
+ * codes in its gradient (backend/interp.c; loom__pnode.codes, relu). */
 bool loom__pool_codes_available(void);
+/* Whether max pooling over window w (input rows row_stride apart) of dtype dt can keep argmax
+ * codes (a byte a window: its maximum's place in the window, i kw + j) that its gradient reads
+ * instead of its input: any window of up to 256 places, the 2x2 rows where available. */
+bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt);
 /* Where POOLMAX m keeps its argmax codes: after its values, or first when it writes a ReLU. */
 static inline uint8_t *loom__pool_codes(const loom__program *p, const loom__bind *b, int32_t m) {
     const loom__pnode *t = &p->nodes[m];
     return (uint8_t *)loom__addr(p, b, m) +
-           (t->relu >= 0 ? 0 : loom__numel(t->ndim, t->shape) * (int64_t)sizeof(float));
+           (t->relu >= 0
+                ? 0
+                : loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size((loom_dtype)t->dtype));
 }
 
 /* One-time BLAS setup (one thread per device). Thread-safe. */

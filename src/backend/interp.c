@@ -939,9 +939,12 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
 #endif
 
 #define POOL_KERNELS(T, U)                                                                        \
-    static int64_t pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,          \
-                                   const loom_window *w, int64_t oy, int64_t ox, T *best) {       \
-        int64_t at = -1;                                                                          \
+    /* The window's maximum to *best and its place in the window (i kw + j, row-major), the       \
+     * argmax code; padded places never win (the padding is at most half a window, so every       \
+     * window has a real one). */                                                                 \
+    static int pool_argmax_##T(const T *x, const int64_t *xst, int64_t H, int64_t W,              \
+                               const loom_window *w, int64_t oy, int64_t ox, T *best) {           \
+        int at = -1;                                                                              \
         T acc = (T)0;                                                                             \
         for (int i = 0; i < w->kh; i++) {                                                         \
             int64_t iy = oy * w->sh - w->ph + i;                                                  \
@@ -951,7 +954,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                     continue;                                                                     \
                 T a = x[iy * xst[2] + ix * xst[3]];                                               \
                 if (at < 0 || a > acc || a != a)                                                  \
-                    acc = a, at = iy * W + ix;                                                    \
+                    acc = a, at = i * w->kw + j;                                                  \
             }                                                                                     \
         }                                                                                         \
         *best = acc;                                                                              \
@@ -996,7 +999,7 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
         /* pooling contiguous planes: prefetch the input 4 KB on (measured: hardware prefetch     \
          * alone leaves the 11 MB pass 10-15% slower) */                                          \
         int64_t pf = !grad && xst[2] == W && xst[1] == H * W ? 4096 / (int64_t)sizeof(T) : 0;     \
-        bool k2 = loom__pool2x2(w, xst[3]);                                                       \
+        bool k2 = loom__pool2x2(w, xst[3]) && (!codes || sizeof(T) == 4);                         \
         if (grad && !k2 && !done)                                                                 \
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
         if (!grad && k2 && !done && pool2_planes_##T(x, xs, xst, ys, out, codes, relu))           \
@@ -1033,15 +1036,21 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                     }                                                                             \
                     if (grad && H > 2 * OH)                                                       \
                         memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                       \
-                } else {                                                                          \
+                } else { /* any window: codes (or NULL) hold each one's argmax place */           \
+                    uint8_t *cp = codes ? codes + (n * C + c) * OH * OW : NULL;                   \
                     for (int64_t oy = 0; oy < OH; oy++)                                           \
                         for (int64_t ox = 0; ox < OW; ox++) {                                     \
-                            T best;                                                               \
-                            int64_t at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);        \
+                            T best = (T)0;                                                        \
+                            int at = grad && cp                                                   \
+                                         ? cp[oy * OW + ox]                                       \
+                                         : pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);      \
+                            if (!grad && cp)                                                      \
+                                cp[oy * OW + ox] = (uint8_t)at;                                   \
                             if (!grad)                                                            \
                                 op[oy * OW + ox] = best;                                          \
                             else                                                                  \
-                                op[at] += gp[oy * OW + ox];                                       \
+                                op[(oy * w->sh - w->ph + at / w->kw) * W + ox * w->sw - w->pw +   \
+                                   at % w->kw] += gp[oy * OW + ox];                               \
                         }                                                                         \
                 }                                                                                 \
                 if (done)                                                                         \
@@ -1056,10 +1065,13 @@ static bool pool512(void) {
     return false;
 #endif
 }
-/* Argmax codes (POOLMAX writes them, POOLGRAD of the same input reads them) only on this path:
- * compile/fuse.c asks loom__pool_codes_available() before it pairs the two. */
 bool loom__pool_codes_available(void) {
     return pool512();
+}
+bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt) {
+    if (loom__pool2x2(w, row_stride)) /* the 2x2 rows keep codes on the AVX-512 path only */
+        return dt == LOOM_F32 && pool512();
+    return w->kh * w->kw <= 256; /* a window's place in a byte */
 }
 /* Whole planes at once (pool2_planes512) where they are contiguous and small; false: by rows. */
 static bool pool2_planes_float(const float *x, const int64_t *xs, const int64_t *xst,
@@ -1416,7 +1428,7 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     if (t->relu >= 0) /* the ReLU's output, not its own */
         o = loom__addr(p, b, t->relu);
     if (t->dtype == LOOM_F64)
-        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, NULL,
+        pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, codes,
                     false, NULL, NULL, NULL);
     else
         pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, codes,

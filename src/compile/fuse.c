@@ -30,6 +30,9 @@ void loom__unfuse(loom__program *p) {
     loom__free(p->fused);
     loom__free(p->fused_of);
     p->fused = NULL, p->fused_of = NULL, p->nfused = 0;
+    for (int r = 0; r < loom__nrules; r++)
+        if (loom__rules[r].generated)
+            p->rule_hits[r] = 0;
 }
 
 /* Adds the leaves of member or root m to kernel k; false if the kernel has too many. */
@@ -103,7 +106,8 @@ static bool has_red_below(const loom__program *p, int64_t i) {
     return false;
 }
 
-int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out) {
+static int64_t rule_elementwise(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
     int64_t n = p->n, fused = 0;
     int32_t *readers = loom__calloc((size_t)n + 1, sizeof(int32_t));
     int32_t *reader = loom__calloc((size_t)n + 1, sizeof(int32_t));
@@ -250,8 +254,9 @@ static int32_t folded_product(const loom__program *p, const loom__pnode *f) {
     return m->op == LOOM_OP_MATMUL && m->ndim == 2 && v->lay.index == v->src[0] ? v->src[0] : -1;
 }
 
-int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out,
-                            const int32_t *readers) {
+static int64_t rule_fold_product(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
+    const int32_t *readers = in->readers;
     if (!loom__use_own_gemm())
         return 0;
     int64_t fused = 0;
@@ -355,8 +360,9 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
     return -1;
 }
 
-int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers) {
+static int64_t rule_epilogue(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
+    const int32_t *readers = in->readers;
     int64_t n = 0;
     for (int64_t f = 0; f < p->nfused; f++) {
         loom__fused *k = &p->fused[f];
@@ -416,8 +422,9 @@ static int32_t stream_of(const loom__program *p, const bool *live, const bool *i
                : -1;
 }
 
-int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out,
-                         const int32_t *readers) {
+static int64_t rule_pool_sinks(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
+    const int32_t *readers = in->readers;
     if (!loom__use_own_gemm())
         return 0;
     int64_t n = 0;
@@ -455,20 +462,19 @@ int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out,
     return n;
 }
 
-int64_t loom__fuse_pool_codes(loom__program *p, const bool *live) {
-    if (!loom__pool_codes_available())
-        return 0;
+static int64_t rule_pool_codes(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live;
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *g = &p->nodes[L];
         const loom_window *w = &g->attr.win;
-        if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 ||
-            !loom__pool2x2(w, p->nodes[g->src[0]].lay.stride[3]))
+        if (!live[L] || g->op != LOOM_OP_POOLGRAD ||
+            !loom__pool_codes_ok(w, p->nodes[g->src[0]].lay.stride[3], (loom_dtype)g->dtype))
             continue;
         for (int32_t m = 0; m < L; m++) {
             loom__pnode *f = &p->nodes[m];
             if (live[m] && f->op == LOOM_OP_POOLMAX && f->src[0] == g->src[0] &&
-                !memcmp(&f->attr.win, w, sizeof *w) && f->dtype == LOOM_F32 &&
+                !memcmp(&f->attr.win, w, sizeof *w) && f->dtype == g->dtype &&
                 f->lay.base == LOOM_BASE_WS && f->lay.index == m && !f->copy) {
                 f->codes = true, g->codes_of = m;
                 n++;
@@ -497,7 +503,8 @@ static bool is_zero(const loom__program *p, int32_t id) {
            !signbit(p->nodes[id].attr.value);
 }
 
-int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_out) {
+static int64_t rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
     if (!loom__pool_codes_available())
         return 0;
     int64_t n = 0;
@@ -563,8 +570,9 @@ static int32_t codes_readers(const loom__program *p, const bool *live, int32_t x
     return n;
 }
 
-int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers) {
+static int64_t rule_pool_conv(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
+    const int32_t *readers = in->readers;
     if (!loom__use_own_gemm())
         return 0;
     int64_t n = 0;
@@ -634,8 +642,9 @@ static bool movable(const loom__program *p, int32_t c) {
            ((t->lay.base == LOOM_BASE_WS && t->lay.index == c) || t->lay.base == LOOM_BASE_PERSIST);
 }
 
-int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers) {
+static int64_t rule_conv_back(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live, *is_out = in->is_out;
+    const int32_t *readers = in->readers;
     if (!loom__use_own_gemm() || !loom__pool_codes_available())
         return 0;
     int64_t n = 0;
@@ -704,7 +713,8 @@ int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_
     return n;
 }
 
-int64_t loom__fuse_pool_quad(loom__program *p, const bool *live) {
+static int64_t rule_pool_quad(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live;
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++)
         if (live[L] && p->nodes[L].op == LOOM_OP_POOLGRAD && loom__pool_quad_ok(p, L))
@@ -788,7 +798,8 @@ static int32_t column_sum(const loom__program *p, const bool *live, int32_t L, i
     return -1;
 }
 
-int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
+static int64_t rule_product_act(loom__program *p, const loom__fuse_in *in) {
+    const bool *live = in->live;
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *t = &p->nodes[L];
@@ -830,4 +841,84 @@ int64_t loom__fuse_product_act(loom__program *p, const bool *live) {
         n++;
     }
     return n;
+}
+
+/* The rules, in the order the planner applies them (each may rely on those above it). */
+const loom__rule loom__rules[] = {
+    {"elementwise", "elementwise ops (and at most one reduction) feeding each other",
+     "a value read by one consumer of its shape (or by every reader inside one kernel), not an "
+     "output, in the workspace or its slab place; a kernel's leaves at most 16, in-place writes "
+     "read only where written",
+     "a generated kernel (p->fused) rooted at the value stored; members stored into their slabs",
+     "fused_into, fused_of", true, rule_elementwise},
+    {"epilogue", "a generated kernel reading the whole output of a product or a pool gradient",
+     "float, a 2-D root, no reduction or stored member, the output contiguous and read by that "
+     "kernel alone, every other leaf ready before the library kernel, no slab it reads written "
+     "in between",
+     "the kernel's part() run on each block of the library kernel's output while in cache",
+     "epi, loom__fused.epi_of", true, rule_epilogue},
+    {"fold-product", "FOLD (col2im) of a product's output through a contiguous reshape",
+     "float, stride 1, no padding, loom's own products, the product and its reshape read by the "
+     "fold alone",
+     "the product adding each result straight into the image (no column buffer)", "fused_into",
+     false, rule_fold_product},
+    {"pool-sinks",
+     "a pool gradient whose 2-D rows only a sum along them and a dot-path product read",
+     "after epilogue; its rows (its epilogue's root or a 2-D view of it) read by nothing else, "
+     "or by others too (then written whole, keep)",
+     "the pool gradient feeding each row to its sinks while in cache",
+     "sinks, nsinks, stream, keep, sink_of", false, rule_pool_sinks},
+    {"pool-codes", "POOLGRAD(x, dy) and a POOLMAX(x) of the same window and dtype",
+     "the window's places fit a byte (loom__pool_codes_ok), the POOLMAX's own workspace buffer",
+     "the POOLMAX keeping each window's argmax place, the gradient reading it instead of x",
+     "codes, codes_of", false, rule_pool_codes},
+    {"pool-relu", "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
+     "after pool-codes; 2x2 windows on the AVX-512 rows, neither an output, the ReLU a kernel of "
+     "its own; with the ReLU's backward where(relu > 0, d, 0) read only by the pool gradient "
+     "reading these codes, that too",
+     "the pooling writing the ReLU (codes carrying its mask); the gradient reading d",
+     "relu, relu_dy, sink_of", false, rule_pool_relu},
+    {"pool-conv", "POOLMAX of a product's output (or its epilogue's root), read by it alone",
+     "after pool-relu; the reshape contiguous and read by no one else (but gradients taking "
+     "this pooling's codes), the product made a plane at a time (loom__conv_planes_ok) or "
+     "window by window by its transpose (loom__pool_conv_t_ok), no slab written in between",
+     "the pooling computing the product plane by plane, each pooled while in L1",
+     "conv, fused_into", false, rule_pool_conv},
+    {"conv-back", "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
+     "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
+     "takes over); the rows read only by the product, a weight gradient (rows x an unfold) and "
+     "a sum along them, none read before the fold, planes made from the codes "
+     "(loom__pool_grad_by_codes), loom__conv_back_ok",
+     "the fold making the pool gradient a block of columns at a time into its product, the "
+     "weight gradient and the bias sum",
+     "back, back_w, back_sum, fused_into", false, rule_conv_back},
+    {"pool-quad", "a pool gradient with sinks whose windows tile its planes",
+     "after conv-back; 2x2 windows, codes read, a product sink a 3x3 convolution's weight "
+     "gradient (loom__pool_quad_ok)",
+     "the sinks taking the windows; the rows never made", "quad", false, rule_pool_quad},
+    {"product-act",
+     "a product's epilogue: RELU, ADD of a bias row or a matrix, both, or "
+     "where(h > 0, product, 0)",
+     "after the others; the epilogue's root 2-D and contiguous, nothing else in the kernel",
+     "the epilogue done in registers as the product stores (loom__sgemm_act), a SUM over axis 0 "
+     "of it too",
+     "act, act_relu, act_add, act_mask, act_sum", false, rule_product_act},
+};
+const int loom__nrules = (int)(sizeof loom__rules / sizeof *loom__rules);
+_Static_assert(sizeof loom__rules / sizeof *loom__rules <= LOOM_RULES_MAX, "LOOM_RULES_MAX");
+
+int64_t loom__rule_fired[LOOM_RULES_MAX];
+
+int64_t loom__apply_rules(loom__program *p, const loom__fuse_in *in, bool generated) {
+    int64_t total = 0;
+    for (int r = 0; r < loom__nrules; r++) {
+        if (loom__rules[r].generated != generated)
+            continue;
+        int64_t n = loom__rules[r].apply(p, in);
+        if (n < 0)
+            return -1;
+        p->rule_hits[r] += (int32_t)n;
+        total += n;
+    }
+    return total;
 }

@@ -22,35 +22,40 @@ bool loom__slab_touches(const loom__layout *l, int nd, const int64_t *shape, int
 bool loom__slab_accesses(const loom__program *p, const loom__pnode *c, int32_t slab, int64_t lo,
                          int64_t hi);
 
-/* Marks elementwise nodes computed inside their single consumer's kernel (pnode.fused_into, -1
- * for none) and fills p->fused (one entry per kernel root, its leaves as arguments). Returns the
- * number of ops fused away, -1 out of memory. */
-int64_t loom__fuse(loom__program *p, const bool *live, const bool *is_out);
-/* How many live nodes read each node (reading one twice counts twice); NULL out of memory. The
- * passes below take it: none changes a node's sources or liveness, so it is counted once.
- * loom__free() it. */
+/* What the fusion rules see of a program being planned: its live nodes, the step's outputs, and
+ * how many live nodes read each node (reading one twice counts twice; counted once, since no rule
+ * changes a node's sources or liveness). */
+typedef struct {
+    const bool *live, *is_out;
+    const int32_t *readers;
+} loom__fuse_in;
+
+/* A fusion rule (compile/fuse.c's table, loom__rules): the op pattern it matches, the condition
+ * under which it may apply (shapes, strides, liveness, and which rules it follows), the kernel
+ * form it produces and the program-node fields through which that form is run (backend/interp.c
+ * reads them; compile/memplan.c sizes their buffers). The planner applies the table in order: the
+ * rules that make generated kernels (`generated`) before the executor builds them and only with a
+ * compiler, the others after. apply returns how many ops it fused, -1 out of memory. Adding a
+ * fusion is adding a rule here and its case in tests/test_compile.c, which fails for a rule
+ * without one. */
+typedef struct {
+    const char *name, *matches, *when, *makes, *fields;
+    bool generated;
+    int64_t (*apply)(loom__program *p, const loom__fuse_in *in);
+} loom__rule;
+extern const loom__rule loom__rules[];
+extern const int loom__nrules;
+/* How many ops each rule has fused in every program planned so far (atomic; for tests). */
+extern int64_t loom__rule_fired[LOOM_RULES_MAX];
+/* Applies the table's rules of the one kind (generated or not) to p in order, adding each one's
+ * count into p->rule_hits. Returns the ops fused, -1 out of memory. */
+int64_t loom__apply_rules(loom__program *p, const loom__fuse_in *in, bool generated);
+/* How many live nodes read each node (loom__fuse_in.readers); NULL out of memory. loom__free()
+ * it. */
 int32_t *loom__count_readers(const loom__program *p, const bool *live);
-/* Library kernels that compute their producer: a FOLD of a product's output (padding 0) runs the
- * product itself, adding into its image (the product's fused_into names the fold). Returns the
- * number fused. After loom__fuse. */
-int64_t loom__fuse_products(loom__program *p, const bool *live, const bool *is_out,
-                            const int32_t *readers);
-/* Generated kernels that run as the epilogue of the library kernel (a product, a pool gradient)
- * whose whole output they read: loom__fused.epi_of and that node's epi. After loom__fuse, before
- * code generation. Returns how many. */
-int64_t loom__fuse_epilogues(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers);
-/* A max pooling's backward over the same input as a POOLMAX reads that POOLMAX's argmax codes
- * instead of the input (loom__pnode.codes_of); returns how many. */
-int64_t loom__fuse_pool_codes(loom__program *p, const bool *live);
-/* A 2x2 max pooling whose only reader is a ReLU of it writes that ReLU itself (loom__pnode.relu);
- * returns how many. */
-int64_t loom__fuse_pool_relu(loom__program *p, const bool *live, const bool *is_out);
-/* Sinks: a pool gradient whose rows (its epilogue's root, or a 2-D view of its output) only a sum
- * along them and a product on the dot-product path read computes those too, a row at a time
- * (loom__pnode.sinks); returns how many. */
-int64_t loom__fuse_sinks(loom__program *p, const bool *live, const bool *is_out,
-                         const int32_t *readers);
+/* Undoes the generated rules (when no compiler can build the kernels). */
+void loom__unfuse(loom__program *p);
+
 /* Whether strides st lay out shape row-major without gaps (dims of size 1 free). */
 static inline bool loom__contiguous(int nd, const int64_t *shape, const int64_t *st) {
     int64_t s = 1;
@@ -65,23 +70,6 @@ static inline bool loom__contiguous(int nd, const int64_t *shape, const int64_t 
 static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
     return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
 }
-/* Max pooling computing its input product (and the product's epilogue) a plane at a time
- * (loom__pnode.conv). After the other passes. Returns the number fused. */
-int64_t loom__fuse_pool_conv(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers);
-/* A fold computing its convolution's backward from a pool gradient made a block at a time
- * (loom__pnode.back): the fold's product, the weight gradient and the bias gradient's sum. After
- * loom__fuse_pool_conv. Returns the number fused. */
-int64_t loom__fuse_conv_back(loom__program *p, const bool *live, const bool *is_out,
-                             const int32_t *readers);
-/* Pool gradients whose sinks take their windows instead of their rows (loom__pnode.quad). Last
- * of the passes. Returns the number. */
-int64_t loom__fuse_pool_quad(loom__program *p, const bool *live);
-/* Products whose epilogue is a bias row and/or a ReLU do it in registers (loom__pnode.act).
- * Last of the passes. Returns how many. */
-int64_t loom__fuse_product_act(loom__program *p, const bool *live);
-/* Undoes loom__fuse (when no compiler can build the kernels). */
-void loom__unfuse(loom__program *p);
 
 /* The C source of p's fused kernels (functions loom_k<root>), with `key` written into it; owned by
  * the caller (loom__free). NULL out of memory. */

@@ -130,6 +130,11 @@ static void dump_schedule(const loom__program *p) {
     fprintf(f, "# program %016llx: %lld nodes, %lld kernels, workspace %zu bytes; devices %s\n",
             (unsigned long long)p->hash, (long long)p->n, (long long)p->nexec, p->ws_bytes,
             p->share ? "share the parameters and state" : "hold replicas");
+    fprintf(f, "# fusion rules applied (ops fused):");
+    for (int r = 0; r < loom__nrules; r++)
+        if (p->rule_hits[r])
+            fprintf(f, " %s %d", loom__rules[r].name, (int)p->rule_hits[r]);
+    fprintf(f, "\n");
     for (int64_t e = 0; e < p->nexec; e++) {
         fprintf(f, "%4lld %s ", (long long)e, p->own && p->own[e] ? "1" : " ");
         kernel_line(f, p, p->exec[e]);
@@ -270,14 +275,12 @@ void loom__program_free(loom__program *p) {
 
 /* Fuses elementwise chains and has p's executor build their kernels; where it cannot (no
  * compiler, a failed build) the program stays interpreted. */
-static void compile_kernels(loom__program *p, const bool *live, const bool *is_out,
-                            const int32_t *readers, loom_metrics *m) {
-    int64_t fused = loom__fuse(p, live, is_out);
+static void compile_kernels(loom__program *p, const loom__fuse_in *in, loom_metrics *m) {
+    int64_t fused = loom__apply_rules(p, in, true);
     if (fused < 0 || p->nfused == 0) {
         loom__unfuse(p);
         return;
     }
-    int64_t epilogues = loom__fuse_epilogues(p, live, is_out, readers);
     bool compiled = false;
     double t0 = loom__now();
     if (p->x->build(p->x, p, &compiled)) {
@@ -287,7 +290,7 @@ static void compile_kernels(loom__program *p, const bool *live, const bool *is_o
     m->compiles += compiled;
     m->disk_hits += !compiled;
     m->compile_seconds += compiled ? loom__now() - t0 : 0;
-    m->fused_ops += fused + epilogues;
+    m->fused_ops += fused;
 }
 
 /* A program of n nodes (zeroed) for executor x; NULL out of memory. */
@@ -337,17 +340,14 @@ static bool plan_nodes(loom__program *p, bool compile, bool fuse, loom_metrics *
         p->nodes[i].act_add = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
     if (!(readers = loom__count_readers(p, live)))
         goto done;
+    loom__fuse_in in = {live, is_out, readers};
     if (fuse && compile && n > 0)
-        compile_kernels(p, live, is_out, readers, m);
+        compile_kernels(p, &in, m);
     if (fuse) {
-        int64_t fused = loom__fuse_products(p, live, is_out, readers);
-        int64_t sinks = loom__fuse_sinks(p, live, is_out, readers);
-        int64_t codes = loom__fuse_pool_codes(p, live);
-        int64_t relu = loom__fuse_pool_relu(p, live, is_out);
-        int64_t conv = loom__fuse_pool_conv(p, live, is_out, readers);
-        int64_t back = loom__fuse_conv_back(p, live, is_out, readers);
-        int64_t quad = loom__fuse_pool_quad(p, live), act = loom__fuse_product_act(p, live);
-        m->fused_ops += fused + sinks + codes + relu + conv + back + quad + act;
+        int64_t fused = loom__apply_rules(p, &in, false);
+        if (fused < 0)
+            goto done;
+        m->fused_ops += fused;
     }
     ok = !loom__place_buffers(p, live, is_out, !fuse, last) && !loom__plan_owners(p, live);
 done:
@@ -378,6 +378,8 @@ static loom__program *plan(loom_graph *g, uint64_t hash) {
         loom__program_free(p);
         return NULL;
     }
+    for (int r = 0; r < loom__nrules; r++)
+        __atomic_fetch_add(&loom__rule_fired[r], p->rule_hits[r], __ATOMIC_RELAXED);
     dump_schedule(p);
     if (loom__getenv()->profile &&
         (!(p->prof_ns = loom__calloc((size_t)p->nexec + 1, 8)) ||
