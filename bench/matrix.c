@@ -21,7 +21,7 @@ static void list(void) {
                 printf(" conv:%lld:%lld:%d:%d:%d", (long long)l->in, (long long)l->out, l->kernel,
                        l->stride, l->padding);
             else if (l->kind == LOOM_LAYER_MAXPOOL)
-                printf(" pool:%d", l->kernel);
+                printf(" pool:%d:%d:%d", l->kernel, l->stride ? l->stride : l->kernel, l->padding);
             else if (l->kind == LOOM_LAYER_RELU)
                 printf(" relu");
             else if (l->kind == LOOM_LAYER_FLATTEN)

@@ -1,5 +1,5 @@
 /*
- * matrix.h - the model matrix: the two recipes and ten more models built through the public API
+ * matrix.h - the model matrix: the two recipes and eleven more models built through the public API
  * (loom_sequential), each with the batch it runs at. bench/matrix.c times them against PyTorch
  * (bench/torch_matrix.py builds the same models from `bench_matrix --list`), and
  * tests/test_matrix.c trains each one against the interpreter and on 2 devices against 1. The
@@ -64,6 +64,11 @@ static const matrix_model matrix[] = {
      false,
      {CONV(1, 16, 5, 1, 0), LOOM_MAXPOOL2D(2), CONV(16, 32, 5, 1, 0), LOOM_MAXPOOL2D(2),
       LOOM_FLATTEN, LOOM_LINEAR(512, 10), LOOM_END}},
+    {"cnn-pool3s2", /* overlapping 3x3 windows, stride 2, padding 1 (ResNet's stem pooling) */
+     128,
+     false,
+     {CONV(1, 32, 3, 1, 1), LOOM_MAXPOOL2D_STRIDED(3, 2, 1), CONV(32, 64, 3, 1, 1),
+      LOOM_MAXPOOL2D_STRIDED(3, 2, 1), LOOM_FLATTEN, LOOM_LINEAR(3136, 10), LOOM_END}},
     {"fmnist-cnn-b32",
      32,
      false,
@@ -101,7 +106,9 @@ static inline double matrix_flop(const matrix_model *m) {
             macs = (double)l->out * (double)l->in * l->kernel * l->kernel * (double)(h * w);
             c = l->out;
         } else if (l->kind == LOOM_LAYER_MAXPOOL) {
-            h /= l->kernel, w /= l->kernel;
+            int s = l->stride ? l->stride : l->kernel;
+            h = (h + 2 * l->padding - l->kernel) / s + 1;
+            w = (w + 2 * l->padding - l->kernel) / s + 1;
         } else if (l->kind == LOOM_LAYER_FLATTEN) {
             c *= h * w, h = w = 1;
         }

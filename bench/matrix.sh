@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/matrix.sh [MODEL...] - the model matrix (bench/matrix.h: the two recipes and ten more
+# bench/matrix.sh [MODEL...] - the model matrix (bench/matrix.h: the two recipes and eleven more
 # built through the public API), each model against PyTorch with the same model and batch, all in
 # this one run: loom on 1 device against PyTorch's best on one thread (eager or torch.compile),
 # and loom on 2 devices against PyTorch's best on 2 cores (2 threads eager or compiled, or DDP

@@ -45,7 +45,8 @@ def build(layers):
             i, o, k, s, pad = map(int, p[1:])
             mods.append(nn.Conv2d(i, o, k, stride=s, padding=pad))
         elif p[0] == "pool":
-            mods.append(nn.MaxPool2d(int(p[1])))
+            k, s, pad = map(int, p[1:])
+            mods.append(nn.MaxPool2d(k, stride=s, padding=pad))
         elif p[0] == "relu":
             mods.append(nn.ReLU())
         elif p[0] == "flatten":

@@ -408,7 +408,7 @@ typedef enum {
     LOOM_LAYER_END = 0,
     LOOM_LAYER_LINEAR,  /* in, out */
     LOOM_LAYER_CONV2D,  /* in, out, kernel, stride, padding */
-    LOOM_LAYER_MAXPOOL, /* kernel */
+    LOOM_LAYER_MAXPOOL, /* kernel, stride (0: the kernel), padding (at most half the kernel) */
     LOOM_LAYER_RELU,
     LOOM_LAYER_FLATTEN,
 } loom_layer_kind;
@@ -429,6 +429,9 @@ typedef struct {
     }
 #define LOOM_MAXPOOL2D(k) \
     { .kind = LOOM_LAYER_MAXPOOL, .kernel = (k) }
+/* torch.nn.MaxPool2d(k, stride=s, padding=p) */
+#define LOOM_MAXPOOL2D_STRIDED(k, s, p) \
+    { .kind = LOOM_LAYER_MAXPOOL, .kernel = (k), .stride = (s), .padding = (p) }
 #define LOOM_RELU \
     { .kind = LOOM_LAYER_RELU }
 #define LOOM_FLATTEN \

@@ -207,6 +207,43 @@ TEST(a_parameter_added_while_recording_joins_the_step) {
     loom_model_free(m);
 }
 
+/* loom_sequential's max pooling with a stride and padding (torch.nn.MaxPool2d(3, 2, 1)) against
+ * naive loops; padding over half the window is refused at build, naming the layer. */
+TEST(sequential_max_pooling_takes_stride_and_padding) {
+    enum { H = 7, W = 6, OH = 4, OW = 3 };
+    float x[H * W];
+    for (int i = 0; i < H * W; i++)
+        x[i] = (float)test_rand(9, (uint64_t)i, -1, 1);
+    loom_model *m = loom_model_new();
+    loom_layer layers[] = {LOOM_MAXPOOL2D_STRIDED(3, 2, 1), LOOM_END};
+    loom_sequential *s = loom_sequential_new(m, layers);
+    ASSERT(s != NULL);
+    loom_graph *g = loom_graph_new(m);
+    int64_t sx[4] = {1, 1, H, W};
+    loom_tensor *y = loom_sequential_forward(g, s, loom_input(g, LOOM_F32, 4, sx, x));
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const int64_t *ys = loom_tensor_shape(y);
+    const float *py = loom_tensor_data(y);
+    ASSERT(ys[2] == OH && ys[3] == OW);
+    for (int oy = 0; oy < OH; oy++)
+        for (int ox = 0; ox < OW; ox++) {
+            float best = -INFINITY;
+            for (int iy = 2 * oy - 1; iy <= 2 * oy + 1; iy++)
+                for (int ix = 2 * ox - 1; ix <= 2 * ox + 1; ix++)
+                    if (iy >= 0 && iy < H && ix >= 0 && ix < W && x[iy * W + ix] > best)
+                        best = x[iy * W + ix];
+            ASSERT(py[oy * OW + ox] == best);
+        }
+    loom_graph_free(g);
+    loom_sequential_free(s);
+    loom_layer bad[] = {LOOM_LINEAR(4, 4), LOOM_MAXPOOL2D_STRIDED(3, 1, 2), LOOM_END};
+    ASSERT(loom_sequential_new(m, bad) == NULL);
+    ASSERT_STR_CONTAINS(loom_last_error(),
+                        "layer 1: max pooling padding 2, expected at most half its window 3");
+    loom_model_free(m);
+}
+
 TEST(training_reduces_the_loss) {
     rig r;
     rig_new(&r, false);
@@ -297,6 +334,7 @@ int main(void) {
     RUN(cache_keyed_by_structure_not_data);
     RUN(repeated_steps_are_bitwise_identical);
     RUN(a_parameter_added_while_recording_joins_the_step);
+    RUN(sequential_max_pooling_takes_stride_and_padding);
     RUN(training_reduces_the_loss);
     return HARNESS_EXIT();
 }

@@ -1,12 +1,12 @@
 /*
  * test_matrix.c - every model of the benchmark's matrix (bench/matrix.h: MLPs 512 to 2048 wide and
  * 6 deep, convolutions 3x3 and 5x5 with and without padding, stride 2 without pooling, three conv
- * layers, batches 32 to 512) trains 20 steps through the low-level API (SGD with momentum, on
- * synthetic data): compiled on 1 device against the interpreter on this thread, and on 2 devices
- * against 1 (within 1e-5; with max pooling, whose argmax can flip on a rounding difference, the
- * first step within 1e-6 and 20 steps within 1e-2, as tests/test_dp.c holds the CNN), on data it
- * can learn: its loss falls. LOOM_TEST_QUICK (the sanitizer builds) runs 3
- * steps of at most 16 samples.
+ * layers, overlapping padded pooling windows, batches 32 to 512) trains 20 steps through the
+ * low-level API (SGD with momentum, on synthetic data): compiled on 1 device against the
+ * interpreter on this thread, and on 2 devices against 1 (within 1e-5; with max pooling, whose
+ * argmax can flip on a rounding difference, the first step within 1e-6 and 20 steps within 1e-2, as
+ * tests/test_dp.c holds the CNN), on data it can learn: its loss falls. LOOM_TEST_QUICK (the
+ * sanitizer builds) runs 3 steps of at most 16 samples.
  */
 #include "../bench/matrix.h"
 #include "../src/backend/internal.h"

@@ -1174,7 +1174,7 @@ typedef struct {
 static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t *dot) {
     const loom__pnode *t = &p->nodes[id];
     if (t->op != LOOM_OP_POOLGRAD || t->dtype != LOOM_F32 || t->codes_of < 0 || t->epi >= 0 ||
-        !t->nsinks || t->keep || !pool512())
+        !t->nsinks || t->keep || !pool512() || !loom__pool2x2(&t->attr.win, 1))
         return false;
     const loom__pnode *d = &p->nodes[t->relu_dy >= 0 ? t->relu_dy : t->src[1]];
     int64_t H = t->shape[2], W = t->shape[3], OH = d->shape[2], OW = d->shape[3];

@@ -663,9 +663,9 @@ static int64_t rule_conv_back(loom__program *p, const loom__fuse_in *in) {
         if (!loom__is_view(r) || r->gndim || r->ndim != 2 || owner(p, R) != P ||
             r->lay.offset != 0 || r->lay.stride[0] != r->shape[1] || r->lay.stride[1] != 1 ||
             is_out[R] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 || g->codes_of < 0 ||
-            g->epi >= 0 || g->check || is_out[P] || readers[P] != 1 || owner(p, P) != P ||
-            g->ndim != 4 || !loom__contiguous(4, g->shape, g->lay.stride) ||
-            g->shape[0] != r->shape[0])
+            !loom__pool2x2(&g->attr.win, 1) || g->epi >= 0 || g->check || is_out[P] ||
+            readers[P] != 1 || owner(p, P) != P || g->ndim != 4 ||
+            !loom__contiguous(4, g->shape, g->lay.stride) || g->shape[0] != r->shape[0])
             continue;
         const loom__pnode *d = &p->nodes[g->relu_dy >= 0 ? g->relu_dy : g->src[1]];
         if (d->lay.stride[3] != 1 || d->lay.stride[2] != d->shape[3] ||
@@ -886,7 +886,8 @@ const loom__rule loom__rules[] = {
      "conv, fused_into", false, rule_pool_conv},
     {"conv-back", "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
      "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
-     "takes over); the rows read only by the product, a weight gradient (rows x an unfold) and "
+     "takes over); 2x2 windows; the rows read only by the product, a weight gradient (rows x an "
+     "unfold) and "
      "a sum along them, none read before the fold, planes made from the codes "
      "(loom__pool_grad_by_codes), loom__conv_back_ok",
      "the fold making the pool gradient a block of columns at a time into its product, the "

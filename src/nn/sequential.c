@@ -46,8 +46,15 @@ static bool build_layer(loom_model *m, int i, layer *l) {
             return l->b != NULL;
         }
         case LOOM_LAYER_MAXPOOL:
-            if (s->kernel < 1)
+            if (s->kernel < 1 || s->stride < 0 || s->padding < 0)
                 break;
+            if (2 * s->padding > s->kernel) {
+                loom__error(LOOM_EINVAL,
+                            "loom_sequential_new: layer %d: max pooling padding %d, expected at "
+                            "most half its window %d",
+                            i, s->padding, s->kernel);
+                return false;
+            }
             return true;
         case LOOM_LAYER_RELU:
         case LOOM_LAYER_FLATTEN:
@@ -115,6 +122,12 @@ void loom_sequential_init(loom_sequential *s, uint64_t seed) {
     }
 }
 
+/* A max pooling layer's window: square, its stride the kernel unless given (PyTorch's). */
+static loom_tensor *max_pool(loom_graph *g, loom_tensor *x, const loom_layer *l) {
+    int st = l->stride ? l->stride : l->kernel;
+    return loom_pool_max(g, x, (loom_window){l->kernel, l->kernel, st, st, l->padding, l->padding});
+}
+
 loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_tensor *x) {
     for (int i = 0; i < s->n && x; i++) {
         const layer *l = &s->layers[i];
@@ -127,7 +140,7 @@ loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_ten
                                 l->spec.stride ? l->spec.stride : 1, l->spec.padding);
                 break;
             case LOOM_LAYER_MAXPOOL:
-                x = loom_max_pool2d(g, x, l->spec.kernel);
+                x = max_pool(g, x, &l->spec);
                 break;
             case LOOM_LAYER_RELU:
                 /* ReLU then max pooling is computed as pooling then ReLU: the same values and
@@ -135,7 +148,7 @@ loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s, loom_ten
                  * no gradient), with the ReLU and its backward on the pooled tensor (a quarter
                  * of the size), and the pooling's backward reading no ReLU mask */
                 if (i + 1 < s->n && s->layers[i + 1].spec.kind == LOOM_LAYER_MAXPOOL) {
-                    x = loom_relu(g, loom_max_pool2d(g, x, s->layers[++i].spec.kernel));
+                    x = loom_relu(g, max_pool(g, x, &s->layers[++i].spec));
                     break;
                 }
                 x = loom_relu(g, x);
