@@ -680,7 +680,13 @@ static void check_relu_pool_grad(const float *xn, const float *dy, loom_window w
 
 TEST(pool_matches_naive_loops) {
     enum { N = PN, C = PC, H = PH, W = PW }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
-    const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0}};
+    /* (stride 1, 2 and 3 along the rows: the vector kernel's load, split and gather) */
+    const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
+                                {3, 3, 2, 2, 1, 1},
+                                {3, 2, 1, 2, 1, 0},
+                                {2, 3, 2, 1, 1, 1},
+                                {3, 3, 3, 3, 1, 1}};
+    enum { NW = sizeof wins / sizeof *wins };
     float x[C * N * H * W], xn[N * C * H * W], dy[N * C * H * W];
     for (int i = 0; i < C * N * H * W; i++)
         x[i] = (float)(int)test_rand(6, (uint64_t)i, 0, 4);
@@ -689,10 +695,10 @@ TEST(pool_matches_naive_loops) {
         xn[i] = x[((i / (H * W) % C) * N + i / (C * H * W)) * H * W + i % (H * W)];
     for (int i = 0; i < N * C * H * W; i++)
         dy[i] = (float)(int)test_rand(7, (uint64_t)i, -8, 8) / 8; /* sums are exact */
-    for (size_t wi = 0; wi < 3 * sizeof wins / sizeof *wins; wi++) {
-        const loom_window w = wins[wi % 3];
-        bool hw = wi >= 3 && wi < 6; /* stored (N,C,W,H): strided rows, the general kernel path */
-        bool plain = wi >= 6;        /* stored (N,C,H,W) */
+    for (size_t wi = 0; wi < 3 * NW; wi++) {
+        const loom_window w = wins[wi % NW];
+        bool hw = wi >= NW && wi < 2 * NW; /* stored (N,C,W,H): strided rows */
+        bool plain = wi >= 2 * NW;         /* stored (N,C,H,W) */
         int bad_relu = 0;
         int OH = (H + 2 * w.ph - w.kh) / w.sh + 1, OW = (W + 2 * w.pw - w.kw) / w.sw + 1;
         loom_graph *g = loom_graph_new(NULL);
@@ -742,7 +748,7 @@ TEST(pool_matches_naive_loops) {
         for (int i = 0; i < N * C * H * W; i++)
             if (pdx[i] != ref_dx[i])
                 FAILF("window %zu: dx[%d] = %g, expected %g", wi, i, pdx[i], ref_dx[i]);
-        if (plain && wi == 6) /* 2x2: the ReLU's backward through the pooling's codes */
+        if (plain && wi == 2 * NW) /* 2x2: the ReLU's backward through the pooling's codes */
             check_relu_pool_grad(xn, dy, w, &bad_relu);
         if (bad_relu)
             FAILF("relu(pool_max(x - 1.5)): %d wrong gradient elements", bad_relu);

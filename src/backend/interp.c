@@ -936,6 +936,80 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
         _mm512_mask_storeu_ps(o + 16 * q, m, _mm512_maskz_mov_ps(hit, g));
     }
 }
+
+/* Bit t of b (t < 8) to bit 2t: the even columns of 16 that lanes t read. */
+static inline __mmask16 spread8(unsigned b) {
+    b = (b | b << 4) & 0x0f0f;
+    b = (b | b << 2) & 0x3333;
+    return (__mmask16)((b | b << 1) & 0x5555);
+}
+
+/* Max pooling of any window over a plane (rows rs apart, columns cs apart), 16 windows of an
+ * output row at a time: each window place (i, j) is a vector of the 16 windows' inputs (a masked
+ * load for unit strides, two loads split into even and odd columns for stride 2 over unit
+ * columns, a gather otherwise; places in the padding masked off), taken where no place has been
+ * yet, where it is greater or where it is a NaN: the scalar rule in the scalar order, so the same
+ * maxima and codes (or NULL). */
+__attribute__((target("avx512f"))) static void
+pool_any_plane512(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
+                  const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i ie = _mm512_loadu_si512(pool_even);
+    enum {
+        LOAD,
+        SPLIT,
+        GATHER
+    } how = cs != 1      ? GATHER
+            : w->sw == 1 ? LOAD
+            : w->sw == 2 ? SPLIT
+                         : GATHER;
+    __mmask16 ok[256], lo[256], hi[256]; /* per window column j: the lanes it reads */
+    __m512i off[256];                    /* ... and their offsets in a row, for a gather */
+    for (int64_t x0 = 0; x0 < OW; x0 += 16) {
+        int n = (int)(OW - x0 < 16 ? OW - x0 : 16);
+        __mmask16 mn = (__mmask16)((1u << n) - 1);
+        __m512i cx =
+            _mm512_sub_epi32(/* each lane's window's first column */
+                             _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32((int)x0)),
+                                                _mm512_set1_epi32(w->sw)),
+                             _mm512_set1_epi32(w->pw));
+        for (int j = 0; j < w->kw; j++) {
+            __m512i ix = _mm512_add_epi32(cx, _mm512_set1_epi32(j));
+            ok[j] = mn & _mm512_cmpge_epi32_mask(ix, _mm512_setzero_si512()) &
+                    _mm512_cmplt_epi32_mask(ix, _mm512_set1_epi32((int)W));
+            lo[j] = spread8((unsigned)ok[j] & 0xff), hi[j] = spread8((unsigned)ok[j] >> 8);
+            off[j] = _mm512_mullo_epi32(ix, _mm512_set1_epi32((int)cs));
+        }
+        for (int64_t oy = 0; oy < OH; oy++) {
+            __mmask16 have = 0;
+            __m512 acc = _mm512_setzero_ps();
+            __m512i code = _mm512_setzero_si512();
+            for (int i = 0; i < w->kh; i++) {
+                int64_t iy = oy * w->sh - w->ph + i;
+                if (iy < 0 || iy >= H)
+                    continue;
+                const float *row = x + iy * rs;
+                for (int j = 0; j < w->kw; j++) {
+                    const float *r = row + x0 * w->sw - w->pw + j; /* lane 0's column */
+                    __m512 a =
+                        how == LOAD ? _mm512_maskz_loadu_ps(ok[j], r)
+                        : how == SPLIT
+                            ? _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo[j], r), ie,
+                                                     _mm512_maskz_loadu_ps(hi[j], r + 16))
+                            : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok[j], off[j], row, 4);
+                    __mmask16 take = ok[j] & (~have | _mm512_cmp_ps_mask(a, acc, _CMP_GT_OQ) |
+                                              _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q));
+                    acc = _mm512_mask_mov_ps(acc, take, a);
+                    code = _mm512_mask_mov_epi32(code, take, _mm512_set1_epi32(i * w->kw + j));
+                    have |= ok[j];
+                }
+            }
+            _mm512_mask_storeu_ps(o + oy * OW + x0, mn, acc);
+            if (codes)
+                _mm512_mask_cvtepi32_storeu_epi8(codes + oy * OW + x0, mn, code);
+        }
+    }
+}
 #endif
 
 #define POOL_KERNELS(T, U)                                                                        \
@@ -1004,6 +1078,9 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
         if (!grad && k2 && !done && pool2_planes_##T(x, xs, xst, ys, out, codes, relu))           \
             return;                                                                               \
+        int64_t dpos[256]; /* a window place's offset in the plane from the window's corner */    \
+        for (int k = 0; grad && k < w->kh * w->kw && k < 256; k++)                                \
+            dpos[k] = k / w->kw * W + k % w->kw;                                                  \
         pool_gtab gtab;                                                                           \
         bool planes_g =                                                                           \
             grad && k2 && codes && sizeof(T) == 4 && pool_gtab_init(&gtab, H, W, OH, OW);         \
@@ -1038,7 +1115,8 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                         memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                       \
                 } else { /* any window: codes (or NULL) hold each one's argmax place */           \
                     uint8_t *cp = codes ? codes + (n * C + c) * OH * OW : NULL;                   \
-                    for (int64_t oy = 0; oy < OH; oy++)                                           \
+                    bool fast = !grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp);          \
+                    for (int64_t oy = 0; !fast && oy < OH; oy++)                                  \
                         for (int64_t ox = 0; ox < OW; ox++) {                                     \
                             T best = (T)0;                                                        \
                             int at = grad && cp                                                   \
@@ -1049,8 +1127,8 @@ __attribute__((target("avx512f"))) static void pool2_grad_plane512(const pool_gt
                             if (!grad)                                                            \
                                 op[oy * OW + ox] = best;                                          \
                             else                                                                  \
-                                op[(oy * w->sh - w->ph + at / w->kw) * W + ox * w->sw - w->pw +   \
-                                   at % w->kw] += gp[oy * OW + ox];                               \
+                                op[(oy * w->sh - w->ph) * W + ox * w->sw - w->pw + dpos[at]] +=   \
+                                    gp[oy * OW + ox];                                             \
                         }                                                                         \
                 }                                                                                 \
                 if (done)                                                                         \
@@ -1072,6 +1150,24 @@ bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt
     if (loom__pool2x2(w, row_stride)) /* the 2x2 rows keep codes on the AVX-512 path only */
         return dt == LOOM_F32 && pool512();
     return w->kh * w->kw <= 256; /* a window's place in a byte */
+}
+/* A plane of max pooling over any window by pool_any_plane512; false: by the scalar loops. */
+static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_t W,
+                           const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes) {
+#ifdef HAVE_POOL512
+    if (pool512() && W <= INT32_MAX / 4 && xst[3] * W <= INT32_MAX / 4) {
+        pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes);
+        return true;
+    }
+#endif
+    (void)x, (void)xst, (void)H, (void)W, (void)w, (void)OH, (void)OW, (void)o, (void)codes;
+    return false;
+}
+static bool pool_any_double(const double *x, const int64_t *xst, int64_t H, int64_t W,
+                            const loom_window *w, int64_t OH, int64_t OW, double *o,
+                            uint8_t *codes) {
+    (void)x, (void)xst, (void)H, (void)W, (void)w, (void)OH, (void)OW, (void)o, (void)codes;
+    return false;
 }
 /* Whole planes at once (pool2_planes512) where they are contiguous and small; false: by rows. */
 static bool pool2_planes_float(const float *x, const int64_t *xs, const int64_t *xst,
