@@ -428,6 +428,37 @@ TEST(matmul_matches_naive_loop) {
         }
 }
 
+/* A product whose B is strided along k (a stride-2 unfold read in place, transposed: a strided
+ * first convolution's weight gradient), on the dot path that copies B a block of k at a time
+ * (two blocks and a ragged one), against a double-precision naive loop. */
+TEST(matmul_of_a_strided_view_matches_naive_loop) {
+    enum { N = 11, H = 29, O = 8, OH = 14, K = N * OH * OH };
+    static float x[N * H * H], a[O * K];
+    test_fill(x, N * H * H, 30, -1, 1);
+    test_fill(a, O * K, 31, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sx[4] = {N, 1, H, H}, sa[2] = {O, K}, s2[2] = {9, K};
+    loom_tensor *cols =
+        loom_unfold(g, loom_input(g, LOOM_F32, 4, sx, x), (loom_window){3, 3, 2, 2, 0, 0});
+    loom_tensor *c = loom_matmul(g, loom_input(g, LOOM_F32, 2, sa, a),
+                                 loom_transpose(g, loom_reshape(g, cols, 2, s2)));
+    loom_output(c);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *pc = loom_tensor_data(c);
+    int bad = 0;
+    for (int o = 0; o < O; o++)
+        for (int t = 0; t < 9; t++) {
+            double ref = 0;
+            for (int k = 0; k < K; k++) {
+                int n = k / (OH * OH), oy = k / OH % OH, ox = k % OH;
+                ref += (double)a[o * K + k] * x[(n * H + 2 * oy + t / 3) * H + 2 * ox + t % 3];
+            }
+            bad += !(fabs(pc[o * 9 + t] - ref) <= 1e-5 * sqrt((double)K));
+        }
+    loom_graph_free(g);
+    ASSERT_EQ(bad, 0);
+}
+
 /* A column of C is the same chain of FMAs whatever panel computes it (48 wide, 32, 16, ragged)
  * and whether the product runs as its transpose (B read transposed and N > 2 M: N >= 80 here):
  * the first N columns of a product, for N across the panel layouts, equal those of the widest
@@ -622,6 +653,8 @@ TEST(conv2d_of_random_shapes_matches_naive_loops) {
             W = KW + (int)test_rand(97, (uint64_t)i, 0, 16);
         if (i == 0) /* "same": 3x3, stride 1, padding 1 */
             K = KW = 3, S = 1, P = 1;
+        if (i == 1) /* a strided first layer: its weight gradient on the dot path, B copied */
+            N = 6, C = 1, H = W = 28, O = 8, K = KW = 3, S = 2, P = 1;
         int bad = 0;
         check_conv(N, C, H, W, O, K, KW, S, P, &bad);
         if (bad)
@@ -1357,6 +1390,7 @@ int main(void) {
     RUN(dropout_is_keyed_by_position);
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
+    RUN(matmul_of_a_strided_view_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);

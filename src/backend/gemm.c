@@ -906,6 +906,14 @@ static dot_fn *const dot_tile[4][9] = {
     {dot_3_1, dot_3_2, dot_3_3, dot_3_4, dot_3_5, dot_3_6, dot_3_7, dot_3_8, dot_3_9},
     {dot_4_1, dot_4_2, dot_4_3, dot_4_4, dot_4_5, NULL, NULL, NULL, NULL}};
 
+/* A B whose k is strided (a strided convolution's taps) goes block by block into the scratch
+ * after the lanes' buffers, contiguous along k: N columns of SK_KB floats, for N up to this. */
+#    define SK_PACK_AT (sizeof(float) * (MC + MR) * KC + 64)
+#    define SK_PACK_N                                                                   \
+        ((int64_t)((loom__gemm_scratch_bytes() - SK_PACK_AT - sizeof(int64_t) * SK_KB - \
+                    sizeof(float *) * SK_MAX - 64) /                                    \
+                   (sizeof(float) * SK_KB)))
+
 static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                         float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
                         void *scratch) {
@@ -913,6 +921,10 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
     int64_t *roff = (int64_t *)(lanes + 16 * SK_MAX), *coff = roff + SK_MAX;
     kchunk *ch = (kchunk *)(coff + SK_MAX);
     const float **ar = (const float **)(ch + SK_KB), **bc = ar + SK_MAX;
+    bool pack = b->row.stride[b->row.n - 1] != 1;
+    const float **bp = (const float **)((unsigned char *)scratch + SK_PACK_AT);
+    int64_t *koff = (int64_t *)(bp + SK_MAX);
+    float *blk = (float *)(((uintptr_t)(koff + SK_KB) + 63) & ~(uintptr_t)63);
     memset(lanes, 0, sizeof(float) * 16 * (size_t)(M * N));
     gd_offsets(&a->row, 0, M, roff);
     gd_offsets(&b->col, 0, N, coff);
@@ -921,17 +933,31 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
     for (int64_t j = 0; j < N; j++)
         bc[j] = b->p + coff[j];
     for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
-        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB;
-        int64_t nch = chunks(&b->row, k0, k0 + kc, ch);
+        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB, nch = 0;
+        const float **bk = bc;
+        if (pack) { /* the block's columns, contiguous, and chunks of 16 k along them */
+            gd_offsets(&b->row, k0, kc, koff);
+            for (int64_t j = 0; j < N; j++) {
+                float *d = blk + j * SK_KB;
+                for (int64_t q = 0; q < kc; q++)
+                    d[q] = bc[j][koff[q]];
+                bp[j] = d;
+            }
+            for (int64_t q = 0; q < kc; q += 16)
+                ch[nch++] = (kchunk){k0 + q, q, kc - q >= 16 ? 0xffffu : (1u << (kc - q)) - 1};
+            bk = bp;
+        } else {
+            nch = chunks(&b->row, k0, k0 + kc, ch);
+        }
         for (int64_t i = 0; i < M; i += SK_MI)
             for (int64_t j = 0; j < N; j += SK_NJ) {
                 int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
                 if (M - i >= SK_MI)
-                    dot_tile[SK_MI - 1][nj - 1](ar + i, bc + j, ch, nch, lanes + (i * N + j) * 16,
+                    dot_tile[SK_MI - 1][nj - 1](ar + i, bk + j, ch, nch, lanes + (i * N + j) * 16,
                                                 N);
                 else
                     for (int64_t r = i; r < M; r++)
-                        dot_tile[0][nj - 1](ar + r, bc + j, ch, nch, lanes + (r * N + j) * 16, N);
+                        dot_tile[0][nj - 1](ar + r, bk + j, ch, nch, lanes + (r * N + j) * 16, N);
             }
     }
     gd_offsets(crow, 0, M, roff);
@@ -949,7 +975,7 @@ static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
  * blocks, chunks and lanes as skinny_gemm, so the same bits. */
 bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
     return loom__gemm_available() && loom__gemm_choose(M, N, K, a, b) == LOOM_GEMM_DOT &&
-           N <= LOOM_DOT_MAX_N;
+           N <= LOOM_DOT_MAX_N && b->row.stride[b->row.n - 1] == 1; /* (B read in place) */
 }
 
 size_t loom__dot_rows_bytes(int64_t K) {
@@ -1043,8 +1069,9 @@ bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, cons
         case LOOM_GEMM_PACKED:
         case LOOM_GEMM_TRANSPOSED:
             return true;
-        case LOOM_GEMM_DOT: /* B's k its innermost row sub-dimension, of stride 1; the lanes of C */
-            return M * N <= SK_MAX && a_k && b->row.stride[b->row.n - 1] == 1;
+        case LOOM_GEMM_DOT: /* B's k its innermost row sub-dimension, of stride 1 (or B copied a
+                             * block at a time); the lanes of C */
+            return M * N <= SK_MAX && a_k && (b->row.stride[b->row.n - 1] == 1 || N <= SK_PACK_N);
         case LOOM_GEMM_DOT_ROWS: /* B plain, contiguous along k; K's chunks in the scratch */
             return N < 16 && K <= 16384 && a_k && a->row.n == 1 && b->row.n == 1 &&
                    b->row.stride[0] == 1 && b->col.n == 1;
