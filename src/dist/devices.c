@@ -53,8 +53,8 @@ struct loom__device {
 /* Whether the devices share the parameters and optimizer state or each update a replica gives
  * the same bits; which is faster depends on the model: a small one's replicas stay in each
  * core's cache, where shared ones cross between the cores every step, and a large optimizer
- * state's update costs twice on replicas (bench/RESULTS.md: fmnist-mlp 7% slower shared, the
- * GPT 3% faster). Under LOOM_SHARE_AUTO each program that allows sharing runs its first
+ * state's update costs twice on replicas (bench/RESULTS.md has both measured). Under
+ * LOOM_SHARE_AUTO each program that allows sharing runs its first
  * 2 x SHARE_STEPS steps both ways (SHARE_WARM of each untimed) and keeps the faster by the
  * median of the rest; a few programs are remembered by hash. */
 #define SHARE_STEPS  8
