@@ -76,7 +76,8 @@ typedef struct {
     int32_t relu; /* a POOLMAX whose only reader is a ReLU: that RELU, written by the POOLMAX (its
                    * own values then never are; its codes first in its buffer), or -1 */
     /* A POOLGRAD whose dy is that ReLU's backward, where(relu > 0, x, 0): x, read instead, the
-     * ReLU's mask taken from the codes (bit 2: the maximum > 0), or -1. */
+     * ReLU's mask taken from the codes (bit 2 of a 2x2 window's, bit 7 of any other's: the
+     * maximum > 0), or -1. */
     int32_t relu_dy;
     /* A POOLMAX whose input is a product's output (or its epilogue's root) read by it alone,
      * where the product can be made a plane at a time (loom__conv_planes_ok): that MATMUL, which
@@ -464,8 +465,8 @@ bool loom__use_own_gemm(void);
 static inline bool loom__pool_by_plane(const loom__pnode *t) {
     return t->epi >= 0 || (t->nsinks && !t->keep);
 }
-/* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (the
- * only path that writes a ReLU, its codes carrying the ReLU's mask). */
+/* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (their
+ * codes 0-3, bit 2 the ReLU's mask; other windows' are places i kw + j, bit 7 the mask). */
 static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
     return w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 && w->pw == 0 &&
            row_stride == 1;
@@ -491,6 +492,10 @@ bool loom__pool_codes_available(void);
  * codes (a byte a window: its maximum's place in the window, i kw + j) that its gradient reads
  * instead of its input: any window of up to 256 places, the 2x2 rows where available. */
 bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt);
+/* Whether a float max pooling over window w can write the ReLU of its maxima (loom__pnode.relu)
+ * and mark in its codes where it passes: the 2x2 rows where available (bit 2), any window of up
+ * to 128 places (bit 7). */
+bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride);
 /* Where POOLMAX m keeps its argmax codes: after its values, or first when it writes a ReLU. */
 static inline uint8_t *loom__pool_codes(const loom__program *p, const loom__bind *b, int32_t m) {
     const loom__pnode *t = &p->nodes[m];

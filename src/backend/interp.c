@@ -1013,9 +1013,11 @@ static inline __mmask16 spread8(unsigned b) {
  * columns, a gather otherwise; places in the padding masked off), taken where no place has been
  * yet, where it is greater or where it is a NaN: the scalar rule in the scalar order, so the same
  * maxima and codes (or NULL). */
-__attribute__((target("avx512f"))) static void
-pool_any_plane512(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
-                  const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes) {
+__attribute__((target("avx512f"))) static void pool_any_plane512(const float *x, int64_t rs,
+                                                                 int64_t cs, int64_t H, int64_t W,
+                                                                 const loom_window *w, int64_t OH,
+                                                                 int64_t OW, float *o,
+                                                                 uint8_t *codes, bool relu) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i ie = _mm512_loadu_si512(pool_even);
     enum {
@@ -1066,6 +1068,13 @@ pool_any_plane512(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
                     code = _mm512_mask_mov_epi32(code, take, _mm512_set1_epi32(i * w->kw + j));
                     have |= ok[j];
                 }
+            }
+            if (relu) { /* the ReLU (a NaN stays), bit 7 of the code where it passes */
+                __mmask16 pass = _mm512_cmp_ps_mask(acc, _mm512_setzero_ps(), _CMP_GT_OQ);
+                acc = _mm512_mask_mov_ps(acc,
+                                         _mm512_cmp_ps_mask(acc, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                         _mm512_setzero_ps());
+                code = _mm512_mask_or_epi32(code, pass, code, _mm512_set1_epi32(0x80));
             }
             _mm512_mask_storeu_ps(o + oy * OW + x0, mn, acc);
             if (codes)
@@ -1176,15 +1185,31 @@ pool_any_plane512(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
                     }                                                                             \
                     if (grad && H > 2 * OH)                                                       \
                         memset(op + (H - 1) * W, 0, sizeof(T) * (size_t)W);                       \
-                } else { /* any window: codes (or NULL) hold each one's argmax place */           \
+                } else { /* any window: codes (or NULL) hold each one's argmax place, and with    \
+                          * relu bit 7 where the ReLU of the maximum passes (its backward's mask) \
+                          */                                                                      \
                     uint8_t *cp = codes ? codes + (n * C + c) * OH * OW : NULL;                   \
-                    bool fast = !grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp);          \
+                    bool fast = !grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp, relu);    \
+                    if (grad && cp) { /* the scatter from the codes, a tight loop */              \
+                        int keep = w->kh * w->kw <= 128 ? 0x7f : 0xff; /* (bit 7: a mask) */      \
+                        for (int64_t oy = 0; oy < OH; oy++) {                                     \
+                            int64_t ob = (oy * w->sh - w->ph) * W - w->pw; /* (0, 0) place */     \
+                            const uint8_t *crow = cp + oy * OW;                                   \
+                            const T *grow = gp + oy * OW;                                         \
+                            for (int64_t ox = 0; ox < OW; ox++) {                                 \
+                                int at = crow[ox];                                                \
+                                T g = relu && !(at & 0x80) ? (T)0 : grow[ox]; /* where() */       \
+                                op[ob + ox * w->sw + dpos[at & keep]] += g;                       \
+                            }                                                                     \
+                        }                                                                         \
+                        fast = true;                                                              \
+                    }                                                                             \
                     for (int64_t oy = 0; !fast && oy < OH; oy++)                                  \
                         for (int64_t ox = 0; ox < OW; ox++) {                                     \
                             T best = (T)0;                                                        \
-                            int at = grad && cp                                                   \
-                                         ? cp[oy * OW + ox]                                       \
-                                         : pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);      \
+                            int at = pool_argmax_##T(xp, xst, H, W, w, oy, ox, &best);            \
+                            if (!grad && relu)                                                    \
+                                at |= best > 0 ? 0x80 : 0, best = best <= 0 ? (T)0 : best;        \
                             if (!grad && cp)                                                      \
                                 cp[oy * OW + ox] = (uint8_t)at;                                   \
                             if (!grad)                                                            \
@@ -1214,22 +1239,28 @@ bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt
         return dt == LOOM_F32 && pool512();
     return w->kh * w->kw <= 256; /* a window's place in a byte */
 }
+bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride) {
+    return loom__pool2x2(w, row_stride) ? pool512() : w->kh * w->kw <= 128; /* (bit 7 free) */
+}
 /* A plane of max pooling over any window by pool_any_plane512; false: by the scalar loops. */
 static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_t W,
-                           const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes) {
+                           const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes,
+                           bool relu) {
 #ifdef HAVE_POOL512
     if (pool512() && W <= INT32_MAX / 4 && xst[3] * W <= INT32_MAX / 4) {
-        pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes);
+        pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
         return true;
     }
 #endif
     (void)x, (void)xst, (void)H, (void)W, (void)w, (void)OH, (void)OW, (void)o, (void)codes;
+    (void)relu;
     return false;
 }
 static bool pool_any_double(const double *x, const int64_t *xst, int64_t H, int64_t W,
-                            const loom_window *w, int64_t OH, int64_t OW, double *o,
-                            uint8_t *codes) {
+                            const loom_window *w, int64_t OH, int64_t OW, double *o, uint8_t *codes,
+                            bool relu) {
     (void)x, (void)xst, (void)H, (void)W, (void)w, (void)OH, (void)OW, (void)o, (void)codes;
+    (void)relu;
     return false;
 }
 /* Whole planes at once (pool2_planes512) where they are contiguous and small; false: by rows. */

@@ -505,15 +505,13 @@ static bool is_zero(const loom__program *p, int32_t id) {
 
 static int64_t rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
     const bool *live = in->live, *is_out = in->is_out;
-    if (!loom__pool_codes_available())
-        return 0;
     int64_t n = 0;
     for (int32_t m = 0; m < p->n; m++) {
         loom__pnode *f = &p->nodes[m];
         const loom_window *w = &f->attr.win;
         int32_t r = -1;
         if (!live[m] || f->op != LOOM_OP_POOLMAX || f->dtype != LOOM_F32 ||
-            !loom__pool2x2(w, p->nodes[f->src[0]].lay.stride[3]) || is_out[m] ||
+            !loom__pool_relu_ok(w, p->nodes[f->src[0]].lay.stride[3]) || is_out[m] ||
             f->lay.base != LOOM_BASE_WS || f->lay.index != m || readers_of(p, live, m, &r) != 1)
             continue;
         loom__pnode *t = &p->nodes[r];
@@ -539,8 +537,11 @@ static int64_t rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
                 (p->fused_of && p->fused_of[wn] >= 0 && p->fused[p->fused_of[wn]].epi_of >= 0) ||
                 wh->check || !is_zero(p, wh->src[2]) ||
                 memcmp(wh->shape, t->shape, sizeof wh->shape) != 0 ||
-                memcmp(p->nodes[wh->src[1]].shape, t->shape, sizeof wh->shape) != 0)
-                continue;
+                memcmp(p->nodes[wh->src[1]].shape, t->shape, sizeof wh->shape) != 0 ||
+                (!loom__pool2x2(w, p->nodes[f->src[0]].lay.stride[3]) &&
+                 !loom__contiguous(4, t->shape, p->nodes[wh->src[1]].lay.stride)))
+                continue; /* (any window's scatter reading x in another plane order than its own
+                           * cost more than the where() saves: bench/RESULTS.md) */
             cn = wh->src[0];
             const loom__pnode *cm = &p->nodes[cn];
             if (cm->op != LOOM_OP_CMPGT || cm->src[0] != r || !is_zero(p, cm->src[1]) ||
@@ -873,8 +874,9 @@ const loom__rule loom__rules[] = {
      "the POOLMAX keeping each window's argmax place, the gradient reading it instead of x",
      "codes, codes_of", false, rule_pool_codes},
     {"pool-relu", "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
-     "after pool-codes; 2x2 windows on the AVX-512 rows, neither an output, the ReLU a kernel of "
-     "its own; with the ReLU's backward where(relu > 0, d, 0) read only by the pool gradient "
+     "after pool-codes; float, a window of up to 128 places or 2x2 on the AVX-512 rows "
+     "(loom__pool_relu_ok), neither an output, the ReLU a kernel of its own; with the ReLU's "
+     "backward where(relu > 0, d, 0) read only by the pool gradient "
      "reading these codes, that too",
      "the pooling writing the ReLU (codes carrying its mask); the gradient reading d",
      "relu, relu_dy, sink_of", false, rule_pool_relu},
