@@ -716,12 +716,10 @@ static void check_relu_pool_grad(const float *xn, const float *dy, loom_window w
 
 TEST(pool_matches_naive_loops) {
     enum { N = PN, C = PC, H = PH, W = PW }; /* 19 windows a row: 16 + 3 on the AVX-512 path */
-    /* (stride 1, 2 and 3 along the rows: the vector kernel's load, split and gather) */
-    const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
-                                {3, 3, 2, 2, 1, 1},
-                                {3, 2, 1, 2, 1, 0},
-                                {2, 3, 2, 1, 1, 1},
-                                {3, 3, 3, 3, 1, 1}};
+    /* (stride 1, 2 and 3 along the rows: the vector kernel's load, split and gather; 7 x 37:
+     * 259 places, more than codes hold) */
+    const loom_window wins[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 2, 1, 0},
+                                {2, 3, 2, 1, 1, 1}, {3, 3, 3, 3, 1, 1}, {7, 37, 1, 2, 3, 0}};
     enum { NW = sizeof wins / sizeof *wins };
     float x[C * N * H * W], xn[N * C * H * W], dy[N * C * H * W];
     for (int i = 0; i < C * N * H * W; i++)
@@ -797,6 +795,38 @@ TEST(pool_matches_naive_loops) {
         ASSERT_STR_CONTAINS(loom_graph_error(g), "second derivative of max pooling");
         loom_graph_free(g);
     }
+}
+
+/* A window of more places than the codes hold (7 x 37 = 259) over values rising along the
+ * rows, so that its last places win: the maxima and the gradient against naive loops. */
+TEST(pool_of_a_large_window_matches_naive_loops) {
+    enum { H = 9, W = 40, OH = (H + 6 - 7) / 1 + 1, OW = (W - 37) / 2 + 1 };
+    const loom_window w = {7, 37, 1, 2, 3, 0};
+    float x[H * W], dy[OH * OW];
+    for (int i = 0; i < H * W; i++)
+        x[i] = (float)i;
+    for (int i = 0; i < OH * OW; i++)
+        dy[i] = (float)(i + 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t sx[4] = {1, 1, H, W}, sy[4] = {1, 1, OH, OW};
+    loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x);
+    loom_tensor *y = loom_pool_max(g, tx, w);
+    loom_tensor *dx = loom_pool_max_grad(g, tx, loom_input(g, LOOM_F32, 4, sy, dy), w);
+    loom_output(y), loom_output(dx);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *py = loom_tensor_data(y), *pdx = loom_tensor_data(dx);
+    float ref[H * W] = {0};
+    int bad = 0;
+    for (int oy = 0; oy < OH; oy++)
+        for (int ox = 0; ox < OW; ox++) {
+            int iy = oy + 3 < H - 1 ? oy + 3 : H - 1, ix = 2 * ox + 36; /* the last real place */
+            bad += py[oy * OW + ox] != x[iy * W + ix];
+            ref[iy * W + ix] += dy[oy * OW + ox];
+        }
+    for (int i = 0; i < H * W; i++)
+        bad += pdx[i] != ref[i];
+    loom_graph_free(g);
+    ASSERT_EQ(bad, 0);
 }
 
 /* Small contiguous planes (conv2's 11 x 11; here 21 of them, a block of 16 and a ragged one),
@@ -1399,6 +1429,7 @@ int main(void) {
     RUN(conv2d_views_match_naive_loops);
     RUN(conv2d_of_random_shapes_matches_naive_loops);
     RUN(pool_matches_naive_loops);
+    RUN(pool_of_a_large_window_matches_naive_loops);
     RUN(pool_small_planes_match_naive_loops);
     RUN(long_reductions_match_naive);
     RUN(forward_only_ops);

@@ -1215,7 +1215,8 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                             if (!grad)                                                            \
                                 op[oy * OW + ox] = best;                                          \
                             else                                                                  \
-                                op[(oy * w->sh - w->ph) * W + ox * w->sw - w->pw + dpos[at]] +=   \
+                                op[(oy * w->sh - w->ph) * W + ox * w->sw - w->pw +                \
+                                   (at < 256 ? dpos[at] : at / w->kw * W + at % w->kw)] +=        \
                                     gp[oy * OW + ox];                                             \
                         }                                                                         \
                 }                                                                                 \
@@ -1247,7 +1248,7 @@ static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_
                            const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes,
                            bool relu) {
 #ifdef HAVE_POOL512
-    if (pool512() && W <= INT32_MAX / 4 && xst[3] * W <= INT32_MAX / 4) {
+    if (pool512() && w->kw <= 256 && W <= INT32_MAX / 4 && xst[3] * W <= INT32_MAX / 4) {
         pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
         return true;
     }
