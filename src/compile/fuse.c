@@ -8,7 +8,9 @@
  * feeding a kernel are its leaves, read through their strides. Kernel roots are elementwise nodes
  * that own a workspace buffer, or that write their slab in place. Library kernels fuse too: a fold
  * (col2im) of a product's output computes that product itself and adds each result straight into
- * the image (a convolution's input gradient without its 17.8 MB column buffer).
+ * the image (a convolution's input gradient without its 17.8 MB column buffer), and so on: every
+ * fusion is a rule of the table at the end of this file (loom__rules: its pattern, when it
+ * applies, the kernel form it makes), applied in order by loom__apply_rules.
  */
 #include "internal.h"
 
@@ -876,8 +878,8 @@ const loom__rule loom__rules[] = {
     {"pool-relu", "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
      "after pool-codes; float, a window of up to 128 places or 2x2 on the AVX-512 rows "
      "(loom__pool_relu_ok), neither an output, the ReLU a kernel of its own; with the ReLU's "
-     "backward where(relu > 0, d, 0) read only by the pool gradient "
-     "reading these codes, that too",
+     "backward where(relu > 0, d, 0) read only by the pool gradient reading these codes (and, "
+     "but for 2x2 windows, d in its planes' order), that too",
      "the pooling writing the ReLU (codes carrying its mask); the gradient reading d",
      "relu, relu_dy, sink_of", false, rule_pool_relu},
     {"pool-conv", "POOLMAX of a product's output (or its epilogue's root), read by it alone",
@@ -889,8 +891,7 @@ const loom__rule loom__rules[] = {
     {"conv-back", "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
      "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
      "takes over); 2x2 windows; the rows read only by the product, a weight gradient (rows x an "
-     "unfold) and "
-     "a sum along them, none read before the fold, planes made from the codes "
+     "unfold) and a sum along them, none read before the fold, planes made from the codes "
      "(loom__pool_grad_by_codes), loom__conv_back_ok",
      "the fold making the pool gradient a block of columns at a time into its product, the "
      "weight gradient and the bias sum",
