@@ -27,12 +27,16 @@
 
 #include "../graph/opmath.h"
 
-#define MR 8
-#define NR 48  /* the widest panel (panel_at) */
-#define KC 192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
-#define MC 144
-#define NC LOOM_GEMM_NC
-#define PA (2 * (MC + MR) * KC) /* floats of packed A: a block, or all of A packed once */
+#define MR      8
+#define NR      48  /* the widest panel (panel_at) */
+#define KC      192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
+#define MC      144
+#define NC      LOOM_GEMM_NC
+/* floats of packed A: a block, or all of A packed once (up to PA_ONCE where A could be read in
+ * place, else up to PA: a transposed A, a weight gradient's, is then packed once for every column
+ * block instead of once for each; bench/RESULTS.md) */
+#define PA_ONCE (2 * (MC + MR) * KC)
+#define PA      (8 * (MC + MR) * KC)
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
 
 size_t loom__gemm_scratch_bytes(void) {
@@ -674,8 +678,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
      * panel (kc x 48 at most, 36 KB) is made and read in L1, where a whole block of panels went out
      * to L2 and came back (the transposing pack of a weight was bound by that traffic) */
     bool by_panel = !b_rows && M <= MC && !(!plain && kb == 1);
-    bool a_once = mpad * K <= (int64_t)PA;
-    bool direct = !a_once && a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1;
+    bool a_rows = a->row.n == 1 && a->col.n == 1 && a->col.stride[0] == 1; /* along k */
+    bool a_once = mpad * K <= (int64_t)(a_rows ? PA_ONCE : PA);
+    bool direct = !a_once && a_rows;
     for (int64_t pc = 0; a_once && !(part && part->a_ready) && pc < K; pc += kstep)
         pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
                pa + mpad * pc, koff, loff);
