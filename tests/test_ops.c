@@ -165,6 +165,9 @@ static loom_tensor *b_pool(loom_graph *g, loom_tensor **x) {
 static loom_tensor *b_poolmax(loom_graph *g, loom_tensor **x) { /* overlapping, padded */
     return loom_pool_max(g, x[0], (loom_window){3, 3, 2, 2, 1, 1});
 }
+static loom_tensor *b_poolmax2(loom_graph *g, loom_tensor **x) { /* 2x2 in double: the codes */
+    return loom_pool_max(g, x[0], (loom_window){2, 2, 2, 2, 0, 0});
+}
 static loom_tensor *b_flatten(loom_graph *g, loom_tensor **x) {
     return loom_flatten(g, x[0]);
 }
@@ -221,6 +224,7 @@ static const opcase cases[] = {
     {"UNFOLD", 1, {4}, {S4(2, 3, 5, 4)}, {1}, -2, 2, b_unfold},
     {"FOLD", 1, {6}, {{3, 3, 2, 2, 3, 3}}, {1}, -2, 2, b_fold},
     {"POOLMAX", 1, {4}, {S4(2, 3, 5, 6)}, {1}, -2, 2, b_poolmax},
+    {"POOLMAX", 1, {4}, {S4(2, 3, 6, 8)}, {1}, -2, 2, b_poolmax2},
     {"ALLREDUCE", 1, {2}, {S2(2, 3)}, {1}, -2, 2, b_allreduce},
     {"GATHER", 1, {2}, {S2(5, 3)}, {1}, -2, 2, b_gather},
     {"SCATTERADD", 1, {3}, {S3(2, 3, 4)}, {1}, -2, 2, b_scatter},

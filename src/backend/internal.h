@@ -490,7 +490,8 @@ size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 bool loom__pool_codes_available(void);
 /* Whether max pooling over window w (input rows row_stride apart) of dtype dt can keep argmax
  * codes (a byte a window: its maximum's place in the window, i kw + j) that its gradient reads
- * instead of its input: any window of up to 256 places, the 2x2 rows where available. */
+ * instead of its input: any window of up to 256 places, any dtype (the 2x2 rows keep them on
+ * the AVX-512 path, the general loops elsewhere). */
 bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt);
 /* Whether a float max pooling over window w can write the ReLU of its maxima (loom__pnode.relu)
  * and mark in its codes where it passes: the 2x2 rows where available (bit 2), any window of up

@@ -872,7 +872,8 @@ const loom__rule loom__rules[] = {
      "the pool gradient feeding each row to its sinks while in cache",
      "sinks, nsinks, stream, keep, sink_of", false, rule_pool_sinks},
     {"pool-codes", "POOLGRAD(x, dy) and a POOLMAX(x) of the same window and dtype",
-     "the window's places fit a byte (loom__pool_codes_ok), the POOLMAX's own workspace buffer",
+     "the window's places fit a byte (loom__pool_codes_ok: up to 256), the POOLMAX's own "
+     "workspace buffer",
      "the POOLMAX keeping each window's argmax place, the gradient reading it instead of x",
      "codes, codes_of", false, rule_pool_codes},
     {"pool-relu", "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
