@@ -1145,7 +1145,8 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
         /* pooling contiguous planes: prefetch the input 4 KB on (measured: hardware prefetch     \
          * alone leaves the 11 MB pass 10-15% slower) */                                          \
         int64_t pf = !grad && xst[2] == W && xst[1] == H * W ? 4096 / (int64_t)sizeof(T) : 0;     \
-        bool k2 = loom__pool2x2(w, xst[3]) && (!codes || (sizeof(T) == 4 && pool512()));          \
+        bool k2 = loom__pool2x2(w, xst[3]) &&                                                     \
+                  (!codes || (sizeof(T) == 4 && loom__pool_codes_available()));                   \
         if (grad && !k2 && !done)                                                                 \
             memset(out, 0, sizeof(T) * (size_t)(N * C * H * W));                                  \
         if (!grad && k2 && !done && pool2_planes_##T(x, xs, xst, ys, out, codes, relu))           \
