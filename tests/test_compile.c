@@ -1205,33 +1205,83 @@ static bool run_case(loom_tensor *(*build)(loom_graph *, rule_case *, uint64_t, 
     return ok;
 }
 
-TEST(every_fusion_rule_matches_the_reference_on_random_shapes) {
+/* Runs seeds [0, seeds) of every case builder (only the one rule `rule` names, where not NULL)
+ * under executor x, each builder once (rules may share one); fired[r]: what rule r fused in
+ * them, *models: how many ran. Returns how many failed their check (each with a line). */
+static int run_cases_under(const loom__executor *x, const char *rule, int seeds, int64_t *fired,
+                           int *models) {
     enum { NCASES = sizeof rule_cases / sizeof *rule_cases };
-    int seeds = getenv("LOOM_TEST_QUICK") ? 8 : 16, models = 0, bad = 0;
-    loom__set_executor(&loom__check_executor);
+    loom_tensor *(*only)(loom_graph *, rule_case *, uint64_t, int64_t *) = NULL;
+    for (int q = 0; q < NCASES && rule; q++)
+        if (!strcmp(rule_cases[q].rule, rule))
+            only = rule_cases[q].build;
     int64_t before[LOOM_RULES_MAX];
     memcpy(before, loom__rule_fired, sizeof before);
-    for (int q = 0; q < NCASES; q++) { /* each case's builder once (rules may share one) */
+    loom__set_executor(x);
+    int bad = 0;
+    *models = 0;
+    for (int q = 0; q < NCASES; q++) {
         bool seen = false;
         for (int e = 0; e < q; e++)
             seen = seen || rule_cases[e].build == rule_cases[q].build;
-        for (int s = 0; !seen && s < seeds; s++, models++)
-            bad += !run_case(rule_cases[q].build, (uint64_t)s);
+        for (int s = 0; !seen && (!only || rule_cases[q].build == only) && s < seeds; s++)
+            bad += !run_case(rule_cases[q].build, (uint64_t)s), ++*models;
     }
     loom__set_executor(NULL);
-    ASSERT_EQ(bad, 0);
+    for (int r = 0; r < loom__nrules; r++)
+        fired[r] = loom__rule_fired[r] - before[r];
+    return bad;
+}
+
+TEST(every_fusion_rule_matches_the_reference_on_random_shapes) {
+    enum { NCASES = sizeof rule_cases / sizeof *rule_cases };
+    int seeds = getenv("LOOM_TEST_QUICK") ? 8 : 16, models = 0;
+    int64_t fired[LOOM_RULES_MAX];
+    ASSERT_EQ(run_cases_under(&loom__check_executor, NULL, seeds, fired, &models), 0);
     for (int r = 0; r < loom__nrules; r++) {
         int q = 0;
         while (q < NCASES && strcmp(rule_cases[q].rule, loom__rules[r].name))
             q++;
         if (q == NCASES)
             FAILF("fusion rule %s has no case", loom__rules[r].name);
-        int64_t fired = loom__rule_fired[r] - before[r];
         fprintf(stderr, "rule %-12s fired %5lld times in %d random models\n", loom__rules[r].name,
-                (long long)fired, models);
-        if (fired == 0 && loom__use_own_gemm())
+                (long long)fired[r], models);
+        if (fired[r] == 0 && loom__use_own_gemm())
             FAILF("fusion rule %s never fired in %d random models", loom__rules[r].name, models);
     }
+}
+
+/* An executor for another target runs the kernel forms it implements and no other: the planner
+ * asks it (loom__executor.forms). Here the check executor, which compares every kernel's values
+ * with the reference interpreter's, takes every rule but one in turn: that rule never fires on
+ * its cases, where it fired with all of them, and the programs planned without it still agree
+ * with the reference; taking none, nothing is fused at all. */
+TEST(an_executor_is_planned_only_the_kernel_forms_it_runs) {
+    int seeds = getenv("LOOM_TEST_QUICK") ? 2 : 4, models = 0;
+    const char *forms[LOOM_RULES_MAX + 1];
+    int64_t fired[LOOM_RULES_MAX];
+    loom__executor x = loom__check_executor;
+    for (int out = -1; out < loom__nrules; out++) { /* -1: all of them */
+        int k = 0;
+        for (int r = 0; r < loom__nrules; r++)
+            if (r != out)
+                forms[k++] = loom__rules[r].name;
+        forms[k] = NULL;
+        x.forms = forms;
+        const char *rule = out < 0 ? NULL : loom__rules[out].name;
+        ASSERT_EQ(run_cases_under(&x, rule, seeds, fired, &models), 0);
+        for (int r = 0; r < loom__nrules && out < 0 && loom__use_own_gemm(); r++)
+            if (fired[r] == 0)
+                FAILF("rule %s did not fire in seeds 0-%d of its case", loom__rules[r].name,
+                      seeds - 1);
+        if (out >= 0 && fired[out] != 0)
+            FAILF("rule %s fired %lld times for an executor that does not run it", rule,
+                  (long long)fired[out]);
+    }
+    forms[0] = NULL; /* no kernel form at all */
+    ASSERT_EQ(run_cases_under(&x, NULL, seeds, fired, &models), 0);
+    for (int r = 0; r < loom__nrules; r++)
+        ASSERT_EQ(fired[r], 0);
 }
 
 int main(void) {
@@ -1258,5 +1308,6 @@ int main(void) {
     RUN(disk_cache_is_reused_and_repaired);
     RUN(in_place_updates_read_before_they_write);
     RUN(every_fusion_rule_matches_the_reference_on_random_shapes);
+    RUN(an_executor_is_planned_only_the_kernel_forms_it_runs);
     return HARNESS_EXIT();
 }

@@ -199,6 +199,12 @@ static inline bool loom__runs_here(const loom__bind *b, int64_t e) {
  * which checks every kernel of a step against the reference interpreter. */
 struct loom__executor {
     const char *name;
+    /* The fusion rules (compile/fuse.c's table, by name) whose kernel forms this executor runs,
+     * NULL-terminated; the planner applies no other, so that an executor for another target takes
+     * the forms it implements and is handed every other op as its own kernel. NULL: every rule.
+     * A rule finds what it builds on in the fields that earlier rules set, so one whose groundwork
+     * an executor does not take finds nothing to fuse (tests/test_compile.c leaves out each). */
+    const char *const *forms;
     /* *compiled: whether a compiler ran (else the build came from a cache) */
     loom_status (*build)(const loom__executor *x, loom__program *p, bool *compiled);
     loom_status (*run)(const loom__executor *x, const loom__program *p, const loom__bind *b);
@@ -206,6 +212,8 @@ struct loom__executor {
     void *ctx;
 };
 extern const loom__executor loom__cpu_executor;
+/* Whether executor x runs the kernel form of fusion rule `rule` (x or its forms NULL: yes). */
+bool loom__executor_runs(const loom__executor *x, const char *rule);
 /* backend/check.c: the check executor, each kernel's values against the reference interpreter's
  * (LOOM_CHECK=1 makes it every graph's); what it compared over all runs (atomic counts), and
  * corrupt_entry >= 0 flips a bit of that exec entry's first value before comparing (a test that

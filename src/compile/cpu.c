@@ -50,6 +50,15 @@ static void cpu_release(const loom__executor *x, loom__program *p) {
 const loom__executor loom__cpu_executor = {
     .name = "cpu", .build = cpu_build, .run = cpu_run, .release = cpu_release};
 
+bool loom__executor_runs(const loom__executor *x, const char *rule) {
+    if (!x || !x->forms)
+        return true;
+    for (const char *const *f = x->forms; *f; f++)
+        if (!strcmp(*f, rule))
+            return true;
+    return false;
+}
+
 static const loom__executor *default_executor;
 
 void loom__set_executor(const loom__executor *x) {

@@ -917,7 +917,8 @@ int64_t loom__rule_fired[LOOM_RULES_MAX];
 int64_t loom__apply_rules(loom__program *p, const loom__fuse_in *in, bool generated) {
     int64_t total = 0;
     for (int r = 0; r < loom__nrules; r++) {
-        if (loom__rules[r].generated != generated)
+        if (loom__rules[r].generated != generated ||
+            !loom__executor_runs(p->x, loom__rules[r].name))
             continue;
         int64_t n = loom__rules[r].apply(p, in);
         if (n < 0)

@@ -35,7 +35,8 @@ typedef struct {
  * form it produces and the program-node fields through which that form is run (backend/interp.c
  * reads them; compile/memplan.c sizes their buffers). The planner applies the table in order: the
  * rules that make generated kernels (`generated`) before the executor builds them and only with a
- * compiler, the others after. apply returns how many ops it fused, -1 out of memory. Adding a
+ * compiler, the others after; of either kind only those the program's executor runs
+ * (loom__executor.forms). apply returns how many ops it fused, -1 out of memory. Adding a
  * fusion is adding a rule here and its case in tests/test_compile.c, which fails for a rule
  * without one. */
 typedef struct {
@@ -47,8 +48,9 @@ extern const loom__rule loom__rules[];
 extern const int loom__nrules;
 /* How many ops each rule has fused in every program planned so far (atomic; for tests). */
 extern int64_t loom__rule_fired[LOOM_RULES_MAX];
-/* Applies the table's rules of the one kind (generated or not) to p in order, adding each one's
- * count into p->rule_hits. Returns the ops fused, -1 out of memory. */
+/* Applies the table's rules of the one kind (generated or not) that p's executor runs
+ * (loom__executor_runs) to p in order, adding each one's count into p->rule_hits. Returns the ops
+ * fused, -1 out of memory. */
 int64_t loom__apply_rules(loom__program *p, const loom__fuse_in *in, bool generated);
 /* How many live nodes read each node (loom__fuse_in.readers); NULL out of memory. loom__free()
  * it. */
