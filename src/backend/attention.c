@@ -404,6 +404,11 @@ ATTN_KERNELS(f32w, float, __attribute__((target("avx512f"))), mm_f32_512, softma
              grad_row_f32w, transpose_f32w)
 #endif
 
+size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id) {
+    const loom__pnode *x = &p->nodes[p->nodes[id].src[0]]; /* qkv (B, T, 3, H, D) */
+    return loom__dtype_size((loom_dtype)x->dtype) * (size_t)ATTN_BUF(x->shape[1], x->shape[4]);
+}
+
 static loom_status attention(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
@@ -417,10 +422,7 @@ static loom_status attention(const loom__program *p, const loom__bind *b, int32_
     int32_t fwd = grad ? t->src[2] : id; /* whose buffer keeps the probabilities, if it does */
     if (loom__attention_keeps(p, fwd))
         s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
-    size_t es = loom__dtype_size((loom_dtype)t->dtype);
-    void *buf = loom__malloc(es * (size_t)ATTN_BUF(s.T, s.D));
-    if (!buf)
-        return loom__error(LOOM_ENOMEM, "attention: out of memory");
+    void *buf = b->ws + p->scratch; /* loom__attention_scratch_bytes of it */
     const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
     void *o = loom__addr(p, b, id);
     if (t->dtype == LOOM_F64)
@@ -431,7 +433,6 @@ static loom_status attention(const loom__program *p, const loom__bind *b, int32_
 #endif
     else
         grad ? backward_f32(&s, xs, gs, o, buf) : forward_f32(&s, xs, o, buf);
-    loom__free(buf);
     return LOOM_OK;
 }
 

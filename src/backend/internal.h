@@ -145,9 +145,10 @@ struct loom__program {
     int64_t nexec;
     double *consts; /* constant slots (8 bytes each, holding the node's dtype) */
     int64_t nconsts;
-    size_t ws_bytes;     /* workspace needed */
-    size_t gemm_scratch; /* workspace offset of the matmul packing scratch (with a matmul) */
-    loom__fused *fused;  /* generated kernels */
+    size_t ws_bytes; /* workspace needed */
+    size_t scratch;  /* workspace offset of the library kernels' scratch (loom's products' packing,
+                      * the attention's heads), which each uses while it runs; 0 with none */
+    loom__fused *fused; /* generated kernels */
     int64_t nfused;
     int32_t *fused_of;       /* per node: index in fused, -1 where the interpreter runs it */
     const loom__executor *x; /* the executor that built it and runs it */
@@ -292,6 +293,8 @@ void loom__program_free(loom__program *p);
  * loom__attention_kept_at (the memory plan makes the room); the gradient then reads them instead
  * of making them again. */
 bool loom__attention_keeps(const loom__program *p, int32_t id);
+/* The scratch bytes ATTENTION or ATTENTIONGRAD node id uses while it runs (at p->scratch). */
+size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id);
 int64_t loom__attention_kept_at(const loom__pnode *t);
 int64_t loom__attention_kept_bytes(const loom__pnode *t);
 loom_status loom__k_attention(const loom__program *p, const loom__bind *b, int32_t id);

@@ -540,7 +540,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
                               .addend = matrix ? vp : NULL};
         loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
                         loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
-                        b->ws + p->gemm_scratch);
+                        b->ws + p->scratch);
         return LOOM_OK;
     }
     if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
@@ -552,7 +552,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
         float *buf = (float *)(b->ws + t->ws_off);
         e.buf = buf;
         loom__sgemm_blocks(t->shape[0], t->shape[1], k, &ga, &gb, buf, LOOM_GEMM_NC,
-                           product_block_done, &e, b->ws + p->gemm_scratch);
+                           product_block_done, &e, b->ws + p->scratch);
         return LOOM_OK;
     }
     if (t->dtype == LOOM_F32 && loom__use_own_gemm()) { /* any strides, grouped views too */
@@ -568,7 +568,7 @@ static loom_status k_MATMUL(const loom__program *p, const loom__bind *b, int32_t
             ga.p = a0 + oa, gb.p = b0 + ob;
             if (m * n > 0)
                 loom__sgemm_g(m, n, k, &ga, &gb, o + r * m * n, crow, ccol, false,
-                              b->ws + p->gemm_scratch);
+                              b->ws + p->scratch);
             next_batch(nd - 2, t->shape, A->lay.stride, B->lay.stride, idx, &oa, &ob);
         }
         return LOOM_OK;
@@ -789,8 +789,7 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
     fold_dims(t, &crow, &ccol);
     float *x = loom__addr(p, b, id);
     memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
-    loom__sgemm_g(m->shape[0], m->shape[1], k, &ga, &gb, x, crow, ccol, true,
-                  b->ws + p->gemm_scratch);
+    loom__sgemm_g(m->shape[0], m->shape[1], k, &ga, &gb, x, crow, ccol, true, b->ws + p->scratch);
     return LOOM_OK;
 }
 
@@ -1873,8 +1872,7 @@ static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int3
     for (int64_t n0 = 0; n0 < q->N; n0 += q->G) {
         int64_t g = q->N - n0 < q->G ? q->N - n0 : q->G;
         gb.p = b0 + n0 * q->sn;
-        loom__gemm_t_cols(M, K, &ga, &gb, coff, g * 4 * PP, prod, cols, n0 > 0,
-                          b->ws + p->gemm_scratch);
+        loom__gemm_t_cols(M, K, &ga, &gb, coff, g * 4 * PP, prod, cols, n0 > 0, b->ws + p->scratch);
         /* the epilogue on every row (its operands the same along a row: columns 0.. will do),
          * then the poolings (their loads well after the epilogue's stores) */
         for (int64_t r = 0; po.k && r < M; r++)
@@ -2038,7 +2036,7 @@ static loom_status fold_back(const loom__program *p, const loom__bind *b, int32_
     memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
     loom__conv_back(q.prod->shape[0], q.prod->shape[1], q.K, &q.a, crow, ccol, x, q.w->shape[1],
                     &q.b, loom__addr(p, b, t->back_w), q.w->lay.stride[0], back_rows_make, &s,
-                    q.pad, lanes + q.K * RED_LANES, b->ws + p->gemm_scratch);
+                    q.pad, lanes + q.K * RED_LANES, b->ws + p->scratch);
     for (int64_t r = 0; sum && r < q.K; r++) {
         float *l = lanes + r * RED_LANES;
         for (int w = RED_LANES / 2; w >= 1; w /= 2)

@@ -474,12 +474,20 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         nblocks = w;
     }
     p->ws_bytes = (size_t)end;
-    for (int64_t i = 0; i < n; i++) /* packing scratch for loom's own matmul, after the buffers */
-        if (live[i] && p->nodes[i].op == LOOM_OP_MATMUL && loom__use_own_gemm()) {
-            p->gemm_scratch = p->ws_bytes;
-            p->ws_bytes += loom__gemm_scratch_bytes();
-            break;
-        }
+    size_t scratch = 0; /* the library kernels' scratch, after the buffers: the most any needs */
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t op = p->nodes[i].op;
+        size_t need = !live[i]                                       ? 0
+                      : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
+                      : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
+                          ? loom__attention_scratch_bytes(p, (int32_t)i)
+                          : 0;
+        scratch = need > scratch ? need : scratch;
+    }
+    if (scratch > 0) {
+        p->scratch = (p->ws_bytes + 63) / 64 * 64;
+        p->ws_bytes = p->scratch + scratch;
+    }
     loom__free(blocks);
     return LOOM_OK;
 }
