@@ -5,7 +5,8 @@
 # 1 thread and on 2 devices against 2 threads (loom: the mean of steps 111-220, after an
 # evaluation; PyTorch: steps 21-120), then the whole 2000-step run of each on 2 cores with its
 # final validation loss (both exact: the whole split in non-overlapping windows) and peak RSS.
-# Not a test.
+# REPEAT=N (default 1) times each step time N times, loom and PyTorch alternating, and reports
+# the medians with every run (this machine's speed moves 10-30% between runs). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
@@ -15,10 +16,15 @@ echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $
 loom_ms() { build/loom train shakespeare-gpt --steps 220 --eval-interval 110 --devices "$1" |
     sed -n 's/^step 220: .*, \([0-9.]*\) ms a step$/\1/p'; }
 torch_ms() { "$py" bench/torch_gpt.py 120 "$1" --no-eval | sed -n 's/^ms\/step //p'; }
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-10s %10s %10s %8s\n' devices loom_ms torch_ms speedup
 for n in 1 2; do
-    l=$(loom_ms $n) t=$(torch_ms $n)
-    printf '%-10s %10s %10s %7.2fx\n' "$n" "$l" "$t" "$(echo "$t / $l" | bc -l)"
+    ls=() ts=()
+    for _ in $(seq "${REPEAT:-1}"); do ls+=("$(loom_ms $n)") ts+=("$(torch_ms $n)"); done
+    l=$(median "${ls[@]}") t=$(median "${ts[@]}")
+    runs=""
+    [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[*]}; PyTorch ${ts[*]})"
+    printf '%-10s %10s %10s %7.2fx%s\n' "$n" "$l" "$t" "$(echo "$t / $l" | bc -l)" "$runs"
 done
 /usr/bin/time -f "peak RSS %M KB" build/loom train shakespeare-gpt --devices 2 >/tmp/loom-gpt.$$ 2>&1
 echo "loom, 2000 steps on 2 devices: $(grep '^val loss' /tmp/loom-gpt.$$); $(grep ' steps in ' /tmp/loom-gpt.$$); $(grep 'peak RSS' /tmp/loom-gpt.$$)"

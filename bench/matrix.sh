@@ -7,7 +7,9 @@
 # warm-up steps, STEPS sized from the model's FLOP for about 2 s of loom. Also the share of the
 # FMA peak (build/bench_peak, measured now; 2 devices: of twice it) and 2-device scaling.
 # PyTorch is its current release from PyPI (bench/torch-venv.sh; PEER_PYTHON overrides);
-# NO_COMPILE=1 leaves torch.compile out (it compiles for ~40 s a model and mode). Not a test.
+# NO_COMPILE=1 leaves torch.compile out (it compiles for ~40 s a model and mode). REPEAT=N
+# (default 1) measures each figure N times, loom's and PyTorch's in turn, and reports the
+# medians (this machine's speed moves 10-30% between runs). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
@@ -20,17 +22,23 @@ models=("$@")
 [ ${#models[@]} -gt 0 ] || mapfile -t models < <(build/bench_matrix --list | cut -d' ' -f1)
 rate() { sed -n 's/^samples\/s //p'; }
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-15s %5s %6s %9s %9s %9s %9s %7s %7s %9s %9s %9s %9s %7s %7s %6s\n' model batch steps \
     loom1 eager1 compile1 torch1 vs1 peak1 loom2 eager2 compile2 ddp2 vs2 peak2 scale
 for m in "${models[@]}"; do
     read -r _ batch _ flop _ < <(build/bench_matrix --list | grep "^$m ")
     # about 2 s of loom at 60 GFLOP/s, 20 to 2000 steps
     steps=$(echo "s = 2 * 60000000000 / ($flop * $batch); if (s < 20) s = 20; if (s > 2000) s = 2000; scale = 0; s / 1" | bc)
-    l1=$(build/bench_matrix "$m" 1 "$steps" | rate)
-    l2=$(build/bench_matrix "$m" 2 "$steps" | rate)
-    e1=$("$py" bench/torch_matrix.py "$m" eager1 "$steps" | rate)
-    e2=$("$py" bench/torch_matrix.py "$m" eager2 "$steps" | rate)
-    d2=$("$py" bench/torch_matrix.py "$m" ddp2 "$steps" | rate)
+    L1=() L2=() E1=() E2=() D2=()
+    for _ in $(seq "${REPEAT:-1}"); do
+        L1+=("$(build/bench_matrix "$m" 1 "$steps" | rate)")
+        E1+=("$("$py" bench/torch_matrix.py "$m" eager1 "$steps" | rate)")
+        L2+=("$(build/bench_matrix "$m" 2 "$steps" | rate)")
+        E2+=("$("$py" bench/torch_matrix.py "$m" eager2 "$steps" | rate)")
+        D2+=("$("$py" bench/torch_matrix.py "$m" ddp2 "$steps" | rate)")
+    done
+    l1=$(median "${L1[@]}") l2=$(median "${L2[@]}") e1=$(median "${E1[@]}")
+    e2=$(median "${E2[@]}") d2=$(median "${D2[@]}")
     c1=0 c2=0
     if [ "${NO_COMPILE:-0}" != 1 ]; then
         c1=$("$py" bench/torch_matrix.py "$m" compile1 "$steps" 2>/dev/null | rate)
