@@ -631,6 +631,8 @@ TEST(conv2d_views_match_naive_loops) {
         {5, 2, 20, 17, 7, 3, 2, 1},   /* the same, with tiles of 4 x 5, 4 x 2 and single rows */
         {3, 16, 9, 9, 100, 3, 3, 1},  /* forward and weight gradient as their transposes: two
                                        * 64-lane panels, a ragged tile, two k blocks of 72 */
+        {2, 3, 21, 19, 5, 9, 8, 2},   /* 72 window places, strided: the input gradient's fold
+                                       * works out the ranges of those past its 64 itself */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int *s = shapes[i];

@@ -679,55 +679,56 @@ WINDOW_ROW(double)
 WINDOW_KERNEL(float)
 WINDOW_KERNEL(double)
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#    include <immintrin.h>
-/* A fold's adds over contiguous planes, an image plane (n, c) at a time (in L1 while its window
- * places add into it): each place (i, j)'s OH x OW columns added 16 at a time into the elements
- * they go to (a gather, an add and a scatter; a window place never meets itself, so no two lanes
- * collide), each element taking its window places in the same order as the rows do: the same
- * sums. idx: KH KW OH OW ints of scratch. The planes' and columns' strides: contiguous_strides' of
- * x (N,C,H,W) and cols (C,KH,KW,N,OH,OW) with the columns' planes (N's stride) cst3 apart. */
-__attribute__((target("avx512f"))) static void fold512(const loom_window *w, const int64_t *xs,
-                                                       const int64_t *cs, int64_t cst3, float *x,
-                                                       const float *cols, int32_t *idx) {
-    int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5], P = OH * OW;
-    int64_t taps = (int64_t)w->kh * w->kw;
-    for (int64_t t = 0; t < taps; t++)
-        for (int64_t q = 0; q < P; q++) {
-            int64_t iy = q / OW * w->sh - w->ph + t / w->kw,
-                    ix = q % OW * w->sw - w->pw + t % w->kw;
-            idx[t * P + q] = iy >= 0 && iy < H && ix >= 0 && ix < W ? (int32_t)(iy * W + ix) : -1;
-        }
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t n = 0; n < N; n++) {
-            float *plane = x + (n * C + c) * H * W;
-            for (int64_t t = 0; t < taps; t++) {
-                const float *cp = cols + ((c * taps + t) * N + n) * cst3;
-                for (int64_t q = 0; q < P; q += 16) {
-                    __mmask16 m = (__mmask16)(P - q >= 16 ? 0xffff : (1u << (P - q)) - 1);
-                    __m512i at = _mm512_maskz_loadu_epi32(m, idx + t * P + q);
-                    m &= _mm512_cmpge_epi32_mask(at, _mm512_setzero_si512());
-                    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, plane, 4);
-                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, cp + q));
-                    _mm512_mask_i32scatter_ps(plane, m, at, v, 4);
-                }
-            }
-        }
-}
-#endif
+/* A fold over columns of contiguous planes, an image plane (n, c) at a time, which stays in L1
+ * while its window places add into it: each place (i, j)'s columns row by row into the elements
+ * they go to, so that every element takes its window places in the same order as window_T's
+ * (the same sums), without walking the whole image once a place. Plain loops, no gather and
+ * scatter: Zen 4's slow scatters made that form the slower one (bench/RESULTS.md). The planes'
+ * and columns' strides: contiguous_strides' of x (N,C,H,W) and cols (C,KH,KW,N,OH,OW) with the
+ * columns' planes (N's stride) cst3 apart. */
+enum { FOLD_TAPS = 64 }; /* window places whose ranges fold_planes works out once */
+#define FOLD_PLANES(T)                                                                      \
+    static void fold_planes_##T(const loom_window *w, const int64_t *xs, const int64_t *cs, \
+                                int64_t cst3, T *x, const T *cols) {                        \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];         \
+        int64_t taps = (int64_t)w->kh * w->kw, sw = w->sw, rg[FOLD_TAPS][4], g[4];          \
+        for (int64_t t = 0; t < taps && t < FOLD_TAPS; t++) {                               \
+            window_range(H, OH, (int)(t / w->kw), w->sh, w->ph, &rg[t][0], &rg[t][1]);      \
+            window_range(W, OW, (int)(t % w->kw), w->sw, w->pw, &rg[t][2], &rg[t][3]);      \
+        }                                                                                   \
+        for (int64_t c = 0; c < C; c++)                                                     \
+            for (int64_t n = 0; n < N; n++) {                                               \
+                T *plane = x + (n * C + c) * H * W;                                         \
+                for (int64_t t = 0; t < taps; t++) {                                        \
+                    int i = (int)(t / w->kw), j = (int)(t % w->kw);                         \
+                    const int64_t *e = t < FOLD_TAPS ? rg[t] : g;                           \
+                    if (t >= FOLD_TAPS) {                                                   \
+                        window_range(H, OH, i, w->sh, w->ph, &g[0], &g[1]);                 \
+                        window_range(W, OW, j, w->sw, w->pw, &g[2], &g[3]);                 \
+                    }                                                                       \
+                    const T *cp = cols + ((c * taps + t) * N + n) * cst3;                   \
+                    for (int64_t oy = e[0]; oy < e[1]; oy++) {                              \
+                        T *restrict r =                                                     \
+                            plane + (oy * w->sh - w->ph + i) * W + e[2] * sw - w->pw + j;   \
+                        const T *restrict v = cp + oy * OW + e[2];                          \
+                        if (sw == 1)                                                        \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
+                                r[q] += v[q];                                               \
+                        else                                                                \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
+                                r[q * sw] += v[q];                                          \
+                    }                                                                       \
+                }                                                                           \
+            }                                                                               \
+    }
+FOLD_PLANES(float)
+FOLD_PLANES(double)
 
-/* Whether fold512 can run the fold of t: float, AVX-512, columns of contiguous planes. */
-static bool fold512_ok(const loom__pnode *t, const loom__pnode *s) {
-#if defined(__x86_64__) && defined(__GNUC__)
+/* Whether fold_planes can run the fold of t: columns of contiguous planes. */
+static bool fold_planes_ok(const loom__pnode *s) {
     const int64_t *cs = s->shape, *st = s->lay.stride;
-    return t->dtype == LOOM_F32 && __builtin_cpu_supports("avx512f") && st[5] == 1 &&
-           st[4] == cs[5] && st[3] >= cs[4] * cs[5] && st[2] == cs[3] * st[3] &&
-           st[1] == cs[2] * st[2] && st[0] == cs[1] * st[1] &&
-           t->shape[2] * t->shape[3] <= INT32_MAX;
-#else
-    (void)t, (void)s;
-    return false;
-#endif
+    return st[5] == 1 && st[4] == cs[5] && st[3] >= cs[4] * cs[5] && st[2] == cs[3] * st[3] &&
+           st[1] == cs[2] * st[2] && st[0] == cs[1] * st[1];
 }
 
 static loom_status window_kernel(const loom__program *p, const loom__bind *b, int32_t id,
@@ -746,19 +747,11 @@ static loom_status window_kernel(const loom__program *p, const loom__bind *b, in
     }
     void *x = loom__addr(p, b, fold ? id : t->src[0]);
     void *c = loom__addr(p, b, fold ? t->src[0] : id);
-#if defined(__x86_64__) && defined(__GNUC__)
-    int32_t *idx =
-        fold && fold512_ok(t, s)
-            ? loom__malloc(sizeof(int32_t) *
-                           (size_t)(s->shape[1] * s->shape[2] * s->shape[4] * s->shape[5] + 1))
-            : NULL;
-    if (idx) {
-        fold512(&t->attr.win, t->shape, s->shape, cst[3], x, c, idx);
-        loom__free(idx);
-        return LOOM_OK;
-    }
-#endif
-    if (t->dtype == LOOM_F64)
+    if (fold && fold_planes_ok(s) && t->dtype == LOOM_F64)
+        fold_planes_double(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+    else if (fold && fold_planes_ok(s))
+        fold_planes_float(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+    else if (t->dtype == LOOM_F64)
         window_double(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
     else
         window_float(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
