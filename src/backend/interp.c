@@ -724,7 +724,7 @@ enum { FOLD_TAPS = 64 }; /* window places whose ranges fold_planes works out onc
 FOLD_PLANES(float)
 FOLD_PLANES(double)
 
-/* Whether fold_planes can run the fold of t: columns of contiguous planes. */
+/* Whether fold_planes can run a fold of columns s: their planes contiguous. */
 static bool fold_planes_ok(const loom__pnode *s) {
     const int64_t *cs = s->shape, *st = s->lay.stride;
     return st[5] == 1 && st[4] == cs[5] && st[3] >= cs[4] * cs[5] && st[2] == cs[3] * st[3] &&
