@@ -79,7 +79,9 @@ fi
 
 # LOOM_PROFILE=1 prints each program's kernels, slowest first, with shares that add up to 100%
 # (within their rounding to 0.1% each), and each kernel's median time, the header their sum.
-if LOOM_PROFILE=1 "$loom" train fmnist-mlp --steps 3 --devices 2 2>"$tmp/err" >/dev/null &&
+LOOM_PROFILE=1 "$loom" train fmnist-mlp --steps 3 --devices 2 2>"$tmp/err" >/dev/null
+rc=$?
+if [ $rc -eq 0 ] &&
    grep -q "^profile: program [0-9a-f]*, 6 runs (all devices), .* (kernels' medians over the last 256 runs: [0-9.]* ms)" "$tmp/err" &&
    grep "^profile: .*% .* ms (median [0-9.]*) .* MATMUL (" "$tmp/err" | head -1 | grep -q "node" &&
    awk 'function off() { return m <= 0 || (m - med) ^ 2 > (0.0005 * k) ^ 2 } # printed rounded
@@ -91,7 +93,7 @@ if LOOM_PROFILE=1 "$loom" train fmnist-mlp --steps 3 --devices 2 2>"$tmp/err" >/
         /^profile: +[0-9.]+%/ { s += $2; k++ } END { exit bad || off() }' "$tmp/err"; then
     echo "ok   LOOM_PROFILE=1"
 else
-    echo "FAIL: LOOM_PROFILE=1: $(head -5 "$tmp/err")"; fails=$((fails + 1))
+    echo "FAIL: LOOM_PROFILE=1 (exit $rc):"; cat "$tmp/err"; fails=$((fails + 1)) # all: which check
 fi
 
 # LOOM_CHECK=1 runs every kernel of a small GPT (on 2 devices, a 4000-character text: a short
