@@ -293,6 +293,8 @@ void loom__program_free(loom__program *p);
  * loom__attention_kept_at (the memory plan makes the room); the gradient then reads them instead
  * of making them again. */
 bool loom__attention_keeps(const loom__program *p, int32_t id);
+/* The scratch bytes LNORM or LNORMGRAD node t uses while it runs (at p->scratch). */
+size_t loom__lnorm_scratch_bytes(const loom__pnode *t);
 /* The scratch bytes ATTENTION or ATTENTIONGRAD node id uses while it runs (at p->scratch). */
 size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id);
 int64_t loom__attention_kept_at(const loom__pnode *t);

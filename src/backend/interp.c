@@ -2355,16 +2355,17 @@ static int64_t row_offset(const loom__pnode *x, int64_t r) {
             (dst)[j_] = s_[j_ * cs_];                      \
     } while (0)
 
+size_t loom__lnorm_scratch_bytes(const loom__pnode *t) {
+    return loom__dtype_size((loom_dtype)t->dtype) * (size_t)(3 * t->shape[t->ndim - 1]);
+}
+
 static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
     int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
     const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
     void *o = loom__addr(p, b, id);
-    size_t es = loom__dtype_size((loom_dtype)t->dtype);
-    char *tmp = loom__malloc(es * (size_t)(3 * n) + 1);
-    if (!tmp)
-        return loom__error(LOOM_ENOMEM, "layer normalization: out of memory");
+    unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
 #if defined(__x86_64__) && defined(__GNUC__)
     bool wide = __builtin_cpu_supports("avx512f");
 #else
@@ -2404,7 +2405,6 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
             lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
         }
     }
-    loom__free(tmp);
     return LOOM_OK;
 }
 

@@ -481,6 +481,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                       : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
                       : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
                           ? loom__attention_scratch_bytes(p, (int32_t)i)
+                      : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD
+                          ? loom__lnorm_scratch_bytes(&p->nodes[i])
                           : 0;
         scratch = need > scratch ? need : scratch;
     }
