@@ -747,11 +747,12 @@ static loom_status window_kernel(const loom__program *p, const loom__bind *b, in
     }
     void *x = loom__addr(p, b, fold ? id : t->src[0]);
     void *c = loom__addr(p, b, fold ? t->src[0] : id);
-    if (fold && fold_planes_ok(s) && t->dtype == LOOM_F64)
-        fold_planes_double(&t->attr.win, t->shape, s->shape, cst[3], x, c);
-    else if (fold && fold_planes_ok(s))
-        fold_planes_float(&t->attr.win, t->shape, s->shape, cst[3], x, c);
-    else if (t->dtype == LOOM_F64)
+    if (fold && fold_planes_ok(s)) {
+        if (t->dtype == LOOM_F64)
+            fold_planes_double(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+        else
+            fold_planes_float(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+    } else if (t->dtype == LOOM_F64)
         window_double(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
     else
         window_float(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
