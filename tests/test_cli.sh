@@ -80,20 +80,28 @@ fi
 # LOOM_PROFILE=1 prints each program's kernels, slowest first, with shares that add up to 100%
 # (within their rounding to 0.1% each), and each kernel's median time, the header their sum.
 LOOM_PROFILE=1 "$loom" train fmnist-mlp --steps 3 --devices 2 2>"$tmp/err" >/dev/null
-rc=$?
-if [ $rc -eq 0 ] &&
-   grep -q "^profile: program [0-9a-f]*, 6 runs (all devices), .* (kernels' medians over the last 256 runs: [0-9.]* ms)" "$tmp/err" &&
-   grep "^profile: .*% .* ms (median [0-9.]*) .* MATMUL (" "$tmp/err" | head -1 | grep -q "node" &&
-   awk 'function off() { return m <= 0 || (m - med) ^ 2 > (0.0005 * k) ^ 2 } # printed rounded
-        /^profile: program/ { if (n++ && off()) bad = 1; m = k = 0; med = $(NF - 1) + 0 }
-        /^profile: +[0-9.]+%/ { sub(/.*\(median /, ""); m += $1; k++ }
-        END { exit bad || off() }' "$tmp/err" &&
-   awk 'function off() { return (s - 100) ^ 2 > (0.05 * k + 0.1) ^ 2 } # each share rounded
-        /^profile: program/ { if (n++ && off()) bad = 1; s = k = 0 }
-        /^profile: +[0-9.]+%/ { s += $2; k++ } END { exit bad || off() }' "$tmp/err"; then
+rc=$? why=""
+[ $rc -eq 0 ] || why="loom exited $rc"
+[ -n "$why" ] ||
+    grep -q "^profile: program [0-9a-f]*, 6 runs (all devices), .* (kernels' medians over the last 256 runs: [0-9.]* ms)" "$tmp/err" ||
+    why="no header for the step's program of 6 runs"
+[ -n "$why" ] || grep "^profile: .*% .* ms (median [0-9.]*) .* MATMUL (" "$tmp/err" | head -1 | grep -q "node" ||
+    why="the first product's line names no node"
+[ -n "$why" ] ||
+    awk 'function off() { return m <= 0 || (m - med) ^ 2 > (0.0005 * k) ^ 2 } # printed rounded
+         /^profile: program/ { if (n++ && off()) bad = 1; m = k = 0; med = $(NF - 1) + 0 }
+         /^profile: +[0-9.]+%/ { sub(/.*\(median /, ""); m += $1; k++ }
+         END { exit bad || off() }' "$tmp/err" ||
+    why="a program's kernels' medians do not add up to its header's"
+[ -n "$why" ] ||
+    awk 'function off() { return (s - 100) ^ 2 > (0.05 * k + 0.1) ^ 2 } # each share rounded
+         /^profile: program/ { if (n++ && off()) bad = 1; s = k = 0 }
+         /^profile: +[0-9.]+%/ { s += $2; k++ } END { exit bad || off() }' "$tmp/err" ||
+    why="a program's shares do not add up to 100%"
+if [ -z "$why" ]; then
     echo "ok   LOOM_PROFILE=1"
 else
-    echo "FAIL: LOOM_PROFILE=1 (exit $rc):"; cat "$tmp/err"; fails=$((fails + 1)) # all: which check
+    echo "FAIL: LOOM_PROFILE=1: $why; its stderr:"; cat "$tmp/err"; fails=$((fails + 1))
 fi
 
 # LOOM_CHECK=1 runs every kernel of a small GPT (on 2 devices, a 4000-character text: a short
