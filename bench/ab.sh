@@ -9,6 +9,7 @@
 #       -DCMAKE_BUILD_TYPE=Release && cmake --build /tmp/before/build &&
 #   bash bench/ab.sh 5 /tmp/before/build/loom build/loom
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 [ $# -ge 2 ] || { echo "usage: $0 ROUNDS LOOM..."; exit 2; }
 rounds=$1
@@ -30,8 +31,7 @@ echo "medians over $rounds rounds (builds in the order given: $*):"
 for case in "fmnist-mlp 1dev" "fmnist-mlp 2dev" "fmnist-cnn 1dev" "fmnist-cnn 2dev"; do
     line="$case"
     for i in $(seq $#); do
-        line="$line $(grep " $case " "$out" | awk -v c=$((i + 4)) '{print $c}' | sort -g |
-            awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')"
+        line="$line $(median $(grep " $case " "$out" | awk -v c=$((i + 4)) '{print $c}'))"
     done
     echo "$line"
 done

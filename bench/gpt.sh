@@ -9,6 +9,7 @@
 # the medians with every run (this machine's speed moves 10-30% between runs). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 [ -x build/loom ] || { echo "build first: make build"; exit 1; }
 py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
@@ -16,7 +17,6 @@ echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $
 loom_ms() { build/loom train shakespeare-gpt --steps 220 --eval-interval 110 --devices "$1" |
     sed -n 's/^step 220: .*, \([0-9.]*\) ms a step$/\1/p'; }
 torch_ms() { "$py" bench/torch_gpt.py 120 "$1" --no-eval | sed -n 's/^ms\/step //p'; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-10s %10s %10s %8s\n' devices loom_ms torch_ms speedup
 for n in 1 2; do
     ls=() ts=()

@@ -12,6 +12,7 @@
 # medians (this machine's speed moves 10-30% between runs). Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 [ -x build/bench_matrix ] && [ -x build/bench_peak ] || { echo "build first: make build"; exit 1; }
 py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
@@ -22,7 +23,6 @@ models=("$@")
 [ ${#models[@]} -gt 0 ] || mapfile -t models < <(build/bench_matrix --list | cut -d' ' -f1)
 rate() { sed -n 's/^samples\/s //p'; }
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 printf '%-15s %5s %6s %9s %9s %9s %9s %7s %7s %9s %9s %9s %9s %7s %7s %6s\n' model batch steps \
     loom1 eager1 compile1 torch1 vs1 peak1 loom2 eager2 compile2 ddp2 vs2 peak2 scale
 for m in "${models[@]}"; do
