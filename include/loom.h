@@ -36,8 +36,11 @@ extern "C" {
 #    define LOOM_API
 #endif
 
-#define LOOM_VERSION  "0.1.0"
-#define LOOM_MAX_DIMS 6
+#define LOOM_VERSION     "0.1.0"
+#define LOOM_MAX_DIMS    6
+/* The longest deadline of a step or a collective, in seconds (loom_devices_config.timeout_s,
+ * loom_group_*_new): about 11.6 days. */
+#define LOOM_MAX_TIMEOUT 1e6
 
 /* ---- status ------------------------------------------------------------------------------- */
 
@@ -69,6 +72,21 @@ LOOM_API const char *loom_status_str(loom_status s);
 /* The detailed message of the last failure on this thread ("" if none). Valid until the next
  * failing call on this thread. */
 LOOM_API const char *loom_last_error(void);
+
+/* Whether the LOOM_* variables of the environment hold values they take (LOOM_METRICS,
+ * LOOM_PROFILE, LOOM_CHECK: 0 or 1; LOOM_BACKEND: cpu or interp; LOOM_MATMUL: loom or blas): EINVAL
+ * naming the first that does not and the values it takes. loom_graph_new, loom_graph_submit and
+ * loom_devices_new fail the same way (LOOM_FAULT is checked by loom_devices_new, against its
+ * devices). The environment is read once, at the first call of any of them. */
+LOOM_API loom_status loom_env_check(void);
+
+/* The most elements of one tensor or parameter (2^40): a shape with more is refused when it is
+ * recorded or added, never allocated. */
+#define LOOM_MAX_NUMEL ((int64_t)1 << 40)
+/* The one checked multiplication of sizes that come from users (the library's and loom's CLI's):
+ * *out = a * b and true when a >= 0, b >= 0 and the product is at most limit; false (*out
+ * untouched) otherwise, whatever the operands, with no wrap. Thread-safe, no error message. */
+LOOM_API bool loom_size_mul(int64_t a, int64_t b, int64_t limit, int64_t *out);
 
 /* ---- hooks: allocation, logging, abort ---------------------------------------------------- */
 
@@ -140,6 +158,15 @@ LOOM_API loom_status loom_model_tie(loom_model *m, const char *name, const loom_
 LOOM_API float *loom_param_data(loom_param *p);
 LOOM_API float *loom_param_grad(loom_param *p);
 
+/* String metadata of the model, written in the safetensors header's "__metadata__" by
+ * loom_model_save (beside "format": "pt" and "producer") and replaced by the file's by
+ * loom_model_load: value copied, NULL removes the key. EINVAL for an empty key or one of those
+ * two; ENOMEM. loom_model_meta gives the value (owned by m, valid until it changes) or NULL. */
+LOOM_API loom_status loom_model_set_meta(loom_model *m, const char *key, const char *value);
+LOOM_API const char *loom_model_meta(const loom_model *m, const char *key);
+/* The value of "__metadata__" key in a file read by loom_tensor_file_read, or NULL. */
+typedef struct loom_tensor_file loom_tensor_file;
+LOOM_API const char *loom_tensor_file_meta(const loom_tensor_file *f, const char *key);
 /* Writes the parameters as safetensors (names as given, F32, row-major), atomically: a temporary
  * file in the same directory (path.tmp.<pid>) is written, fsync'd and renamed; temporary files of
  * path left by killed writers are removed first. ERANGE, writing nothing, if a parameter holds a
@@ -155,7 +182,6 @@ LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
  * known dtypes (F32, F64 and I32 are readable), data_offsets inside the data and not overlapping,
  * each tensor's byte count equal to its shape's. EIO/EFORMAT/EUNSUPPORTED with the tensor and the
  * byte offset. Free with loom_tensor_file_free(). */
-typedef struct loom_tensor_file loom_tensor_file;
 LOOM_API loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out);
 LOOM_API void loom_tensor_file_free(loom_tensor_file *f);
 LOOM_API int loom_tensor_file_count(const loom_tensor_file *f);
@@ -467,7 +493,8 @@ typedef struct {
     double dropout; /* nanoGPT's four places: embeddings, attention weights, both residuals */
 } loom_gpt_config;
 typedef struct loom_gpt loom_gpt;
-/* Adds the parameters to m; NULL (EINVAL) on bad sizes. */
+/* Adds the parameters to m; NULL on bad sizes (EINVAL: each from 1 to 2^24; ERANGE: a parameter
+ * past LOOM_MAX_NUMEL) or ENOMEM. */
 LOOM_API loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c);
 LOOM_API void loom_gpt_free(loom_gpt *gpt);
 LOOM_API const loom_gpt_config *loom_gpt_get_config(const loom_gpt *gpt);
@@ -539,16 +566,23 @@ LOOM_API loom_dataset *loom_dataset_from_arrays(int64_t n, int sample_ndim,
                                                 const int32_t *y);
 LOOM_API void loom_dataset_free(loom_dataset *d);
 
-/* A character-level text (nanoGPT's shakespeare_char): a UTF-8 file, plain or gzip'd; the
- * vocabulary is its sorted distinct characters (code points), the first 90% of the characters
- * train and the last 10% validate. EFORMAT for an empty file, one distinct character or bytes
- * that are not UTF-8 (naming the byte). */
+/* A character-level text (nanoGPT's shakespeare_char): a UTF-8 file, plain or gzip'd (one or
+ * more members), of at most LOOM_TEXT_MAX_BYTES once decompressed; the vocabulary is its sorted
+ * distinct characters (code points), the first 90% of the characters train and the last 10%
+ * validate. EFORMAT for an empty file, one distinct character, bytes that are not UTF-8, a gzip
+ * stream cut short, corrupt or followed by other bytes (each naming the byte); ERANGE for a
+ * larger text. Memory: the file's bytes while loading, then 1 byte a character (2 past 256
+ * distinct characters, 4 past 65536). */
+#define LOOM_TEXT_MAX_BYTES ((int64_t)1 << 30)
 typedef struct loom_text loom_text;
 LOOM_API loom_status loom_text_load(const char *path, loom_text **out);
 LOOM_API void loom_text_free(loom_text *t);
 LOOM_API int64_t loom_text_vocab(const loom_text *t);
-/* The training (val false) or validation split's tokens, *n of them. */
-LOOM_API const int32_t *loom_text_split(const loom_text *t, bool val, int64_t *n);
+/* The number of tokens of the training (val false) or validation split. */
+LOOM_API int64_t loom_text_count(const loom_text *t, bool val);
+/* Tokens [at, at + n) of that split into out (int32); EINVAL if they are not all in it. */
+LOOM_API loom_status loom_text_tokens(const loom_text *t, bool val, int64_t at, int64_t n,
+                                      int32_t *out);
 /* The tokens of UTF-8 text s into tokens (room for strlen(s)), *n of them; EINVAL naming the first
  * character outside the vocabulary. */
 LOOM_API loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,

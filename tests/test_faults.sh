@@ -48,7 +48,7 @@ expect_fail 10 "--save: '$tmp/dir.safetensors' is a directory" train fmnist-mlp 
 expect_fail 10 "--log-dir: cannot" train fmnist-mlp --log-dir /nonexistent/logs
 [ -s "$tmp/out" ] && fail "--log-dir /nonexistent/logs trained first"
 
-expect_fail 10 "--seed: expected an integer >= 0, got '-1'" train fmnist-mlp --seed -1
+expect_fail 10 "--seed: expected an integer from 0 to 9223372036854775807, got '-1'" train fmnist-mlp --seed -1
 
 # a diverging run stops and saves nothing
 expect_fail 60 "the loss is NaN on device" train fmnist-mlp --lr 1e6 --devices 2 --save "$tmp/nan.safetensors"

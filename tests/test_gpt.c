@@ -258,11 +258,14 @@ TEST(text_dataset) {
     loom_text *t;
     ASSERT_EQ(loom_text_load(path, &t), LOOM_OK);
     ASSERT_EQ(loom_text_vocab(t), 7); /* \n ' ' a b c f U+00E9 */
-    int64_t ntrain, nval;
-    const int32_t *tr = loom_text_split(t, false, &ntrain);
-    loom_text_split(t, true, &nval);
+    int64_t ntrain = loom_text_count(t, false), nval = loom_text_count(t, true);
     ASSERT_EQ(ntrain, 270);
     ASSERT_EQ(nval, 30);
+    int32_t tr[270], va[30];
+    ASSERT_EQ(loom_text_tokens(t, false, 0, 270, tr), LOOM_OK);
+    ASSERT_EQ(loom_text_tokens(t, true, 0, 30, va), LOOM_OK);
+    ASSERT_EQ(loom_text_tokens(t, true, 1, 30, va), LOOM_EINVAL);
+    ASSERT(tr[0] == 4 && tr[10] == 4 && va[0] == 4 && va[9] == 0); /* 'c' ... '\n' */
     int32_t tok[16];
     int64_t n;
     ASSERT_EQ(loom_text_encode(t, "caf\xc3\xa9 b", tok, &n), LOOM_OK);

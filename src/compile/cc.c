@@ -10,12 +10,17 @@
 #include "internal.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+extern char **environ;
 
 /* -ffp-contract=off: the interpreter's arithmetic, operation for operation (no fused
  * multiply-adds), so results are bitwise the same; -fno-trapping-math: comparisons may be
@@ -30,6 +35,7 @@
     "-O3 -march=native -mprefer-vector-width=512 -std=c11 -ffp-contract=off -fno-trapping-math " \
     "-fno-math-errno -fPIC "                                                                     \
     "-shared -w"
+#define MAX_ARGS      64 /* words of $CC and CC_FLAGS together, and the file names */
 /* The trailer's magic; also in the compiler identity, so entries of other formats are not found
  * (and not called damaged). */
 #define TRAILER       "loomsum1"
@@ -44,16 +50,69 @@ static const char *compiler(void) {
     return cc && *cc ? cc : "cc";
 }
 
-static void probe(void) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", compiler());
-    FILE *f = popen(cmd, "r");
-    char line[256] = "";
-    if (f) {
-        if (!fgets(line, sizeof line, f))
-            line[0] = 0;
-        have_cc = pclose(f) == 0 && line[0];
+/* The words of s (split on blanks, as make splits $CC: no quoting) appended to argv[*n..], in
+ * buf (room for strlen(s) + 1); false if they are more than MAX_ARGS in all. */
+static bool split_words(const char *s, char *buf, char **argv, int *n) {
+    strcpy(buf, s);
+    for (char *w = strtok(buf, " \t\n"); w; w = strtok(NULL, " \t\n")) {
+        if (*n >= MAX_ARGS - 1)
+            return false;
+        argv[(*n)++] = w;
     }
+    argv[*n] = NULL;
+    return true;
+}
+
+/* Runs argv (no shell: an argument vector, the program looked up in PATH) with stdout to fd
+ * out_fd and stderr to the file err_path (both /dev/null when -1 / NULL) and waits for it; its
+ * exit status, or -1 if it could not be started or did not exit. */
+static int spawn_wait(char *const *argv, int out_fd, const char *err_path) {
+    posix_spawn_file_actions_t fa;
+    if (posix_spawn_file_actions_init(&fa) != 0)
+        return -1;
+    int rc = 0;
+    if (out_fd >= 0)
+        rc |= posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    else
+        rc |= posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    rc |= posix_spawn_file_actions_addopen(&fa, 2, err_path ? err_path : "/dev/null",
+                                           O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    pid_t pid;
+    int status = -1;
+    if (rc == 0 && posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ) == 0) {
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    return status;
+}
+
+/* The first line that `$CC --version` prints into line (empty when it fails); its status. */
+static int cc_version(char *line, size_t size) {
+    char words[600], *argv[MAX_ARGS];
+    int n = 0, fds[2], status = -1;
+    line[0] = 0;
+    if (strlen(compiler()) >= sizeof words - 1 || !split_words(compiler(), words, argv, &n) ||
+        n == 0 || n + 1 >= MAX_ARGS || pipe(fds) != 0)
+        return -1;
+    argv[n++] = "--version", argv[n] = NULL;
+    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    status = spawn_wait(argv, fds[1], NULL);
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    if (!f || !fgets(line, (int)size, f))
+        line[0] = 0;
+    if (f)
+        fclose(f);
+    else
+        close(fds[0]);
+    return status;
+}
+
+static void probe(void) {
+    char line[256];
+    have_cc = cc_version(line, sizeof line) == 0 && line[0];
     line[strcspn(line, "\n")] = 0;
     snprintf(identity, sizeof identity, "%s | %s | %s | %s", compiler(), line, CC_FLAGS, TRAILER);
     if (!have_cc)
@@ -152,32 +211,57 @@ static void dump(const char *src, uint64_t key) {
         loom__log(LOOM_LOG_WARN, "LOOM_DUMP: cannot write %s", path);
 }
 
-/* Compiles src into dir/<key>.so through temporary names; false with a logged reason. */
+/* Runs $CC CC_FLAGS -o so c -lm, its messages into log; true if it exits 0. */
+static bool compile(const char *so, const char *c, const char *log) {
+    char words[1200], buf[1200], *argv[MAX_ARGS];
+    int n = 0;
+    if (snprintf(words, sizeof words, "%s %s", compiler(), CC_FLAGS) >= (int)sizeof words ||
+        !split_words(words, buf, argv, &n) || n + 5 > MAX_ARGS)
+        return false;
+    const char *tail[] = {"-o", so, c, "-lm", NULL};
+    for (int i = 0; i < 5; i++)
+        argv[n++] = (char *)(uintptr_t)tail[i];
+    return spawn_wait(argv, -1, log) == 0;
+}
+
+/* Compiles src into dir/<key>.so through temporary names (<key>.so.tmp.<pid>.<tag>, and the
+ * same for the source and the compiler's log, which `loom cache clear` leaves to a writer that
+ * runs); false with a logged reason. A build whose temporary files went while it ran is tried
+ * once more. */
 static bool build(const char *dir, const char *src, uint64_t key) {
-    char so[4200], c[4200], c_tmp[4300], so_tmp[4300], log[4200], cmd[18000];
-    /* temporary names of this process and thread (<key>.so.tmp.<pid>.<tag>): those of a killed
-     * build of this key are removed first */
+    char so[4200], c[4200], c_tmp[4300], so_tmp[4300], log[4200], log_tmp[4300];
+    /* temporary names of this process and thread: those of a killed build of this key are
+     * removed first */
     unsigned long tag = (unsigned long)(uintptr_t)&tag >> 4;
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)key);
     snprintf(c, sizeof c, "%s/%016llx.c", dir, (unsigned long long)key);
+    snprintf(log, sizeof log, "%s/%016llx.log", dir, (unsigned long long)key);
     snprintf(c_tmp, sizeof c_tmp, "%s.tmp.%ld.%lx.c", c, (long)getpid(), tag); /* (gcc: .c) */
     snprintf(so_tmp, sizeof so_tmp, "%s.tmp.%ld.%lx", so, (long)getpid(), tag);
+    snprintf(log_tmp, sizeof log_tmp, "%s.tmp.%ld.%lx", log, (long)getpid(), tag);
     loom__remove_stale_temps(so);
     loom__remove_stale_temps(c);
-    snprintf(log, sizeof log, "%s/%016llx.log", dir, (unsigned long long)key);
-    if (!write_file(c_tmp, src)) {
-        loom__log(LOOM_LOG_WARN, "cannot write %s: kernels are interpreted", c_tmp);
-        return false;
+    loom__remove_stale_temps(log);
+    bool ok = false;
+    for (int attempt = 0; attempt < 2 && !ok; attempt++) {
+        if (!write_file(c_tmp, src)) {
+            loom__log(LOOM_LOG_WARN, "cannot write %s: kernels are interpreted", c_tmp);
+            return false;
+        }
+        ok = compile(so_tmp, c_tmp, log_tmp) && seal(so_tmp) && rename(so_tmp, so) == 0;
+        bool lost = !ok && (access(c_tmp, F_OK) != 0 || access(log_tmp, F_OK) != 0);
+        unlink(c_tmp);
+        unlink(so_tmp);
+        if (!lost)
+            break;
+        loom__log(LOOM_LOG_WARN, "the files of a kernel build went while it ran: building again");
     }
-    snprintf(cmd, sizeof cmd, "%s %s -o '%s' '%s' -lm 2>'%s'", compiler(), CC_FLAGS, so_tmp, c_tmp,
-             log);
-    bool ok = system(cmd) == 0 && seal(so_tmp) && rename(so_tmp, so) == 0;
-    unlink(c_tmp);
-    unlink(so_tmp);
     if (ok)
-        unlink(log);
-    else
+        unlink(log_tmp);
+    else if (rename(log_tmp, log) == 0)
         loom__log(LOOM_LOG_WARN, "compiling kernels failed (see %s): they are interpreted", log);
+    else
+        loom__log(LOOM_LOG_WARN, "compiling kernels failed: they are interpreted");
     return ok;
 }
 

@@ -657,6 +657,8 @@ loom_status loom_graph_submit(loom_graph *g) {
     if (!g)
         return loom__error(LOOM_EINVAL, "loom_graph_submit: NULL graph");
     loom_status st = loom__graph_finish(g); /* the step before, if still running */
+    if (!st)
+        st = loom_env_check();
     if (st)
         return st;
     g->run->last = NULL, g->run->kept = NULL;

@@ -43,7 +43,16 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Removes the regular files of dir that loom writes (.so, .c, .log, .idx). */
+/* Whether name is a temporary file (<name>.tmp.<pid>[.<anything>]) whose writer still runs, or
+ * that is of no such form (then it is nobody's to remove). */
+static bool writer_alive(const char *tmp) {
+    char *end;
+    long pid = strtol(tmp + 5, &end, 10);
+    return (*end && *end != '.') || pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH;
+}
+
+/* Removes the regular files of dir that loom writes and has finished (.so, .log, .idx), and the
+ * temporary files of writers that have died; a writer's files in progress are left to it. */
 static loom_status clear_dir(const char *dir, int64_t *files, int64_t *bytes) {
     DIR *d = opendir(dir);
     if (!d)
@@ -54,8 +63,10 @@ static loom_status clear_dir(const char *dir, int64_t *files, int64_t *bytes) {
         char path[4200];
         struct stat st;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        bool ours = ends_with(e->d_name, ".so") || ends_with(e->d_name, ".log") ||
-                    ends_with(e->d_name, ".idx") || ends_with(e->d_name, ".c");
+        const char *tmp = strstr(e->d_name, ".tmp.");
+        bool ours = tmp ? !writer_alive(tmp)
+                        : ends_with(e->d_name, ".so") || ends_with(e->d_name, ".log") ||
+                              ends_with(e->d_name, ".idx");
         if (!ours || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || unlink(path) != 0)
             continue;
         (*files)++;
@@ -124,9 +135,7 @@ int loom__remove_stale_temps(const char *path) {
         const char *n = e->d_name;
         if (strncmp(n, base, blen) != 0 || strncmp(n + blen, ".tmp.", 5) != 0)
             continue;
-        char *end;
-        long pid = strtol(n + blen + 5, &end, 10);
-        if ((*end && *end != '.') || pid <= 0 || (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
+        if (writer_alive(n + blen))
             continue; /* not of this form, or its writer still runs */
         char stale[8300];
         snprintf(stale, sizeof stale, "%s/%s", slash ? (*dir ? dir : "") : ".", n);

@@ -75,7 +75,8 @@ const loom__env *loom__getenv(void);
 
 double loom__now(void); /* monotonic seconds */
 struct timespec;
-/* The CLOCK_REALTIME instant `seconds` (>= 0) from now, as pthread_cond_timedwait takes it. */
+/* The CLOCK_REALTIME instant `seconds` from now (clamped to [0, LOOM_MAX_TIMEOUT]), as
+ * pthread_cond_timedwait takes it. */
 void loom__deadline_in(struct timespec *ts, double seconds);
 
 /* cpus.c: a device thread pinned to `cpu` holds it (hold) and lets it go (!hold); a helper

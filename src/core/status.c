@@ -84,9 +84,19 @@ void loom__assert_fail(const char *file, int line, const char *cond) {
     abort();
 }
 
+bool loom_size_mul(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    int64_t p;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &p) || p > limit)
+        return false;
+    *out = p;
+    return true;
+}
+
 void loom__deadline_in(struct timespec *ts, double seconds) {
     clock_gettime(CLOCK_REALTIME, ts);
-    double t = (double)ts->tv_nsec * 1e-9 + (seconds > 0 ? seconds : 0);
+    /* (bounded: a deadline past time_t's range would make every timed wait fail at once) */
+    seconds = seconds > 0 ? (seconds < LOOM_MAX_TIMEOUT ? seconds : LOOM_MAX_TIMEOUT) : 0;
+    double t = (double)ts->tv_nsec * 1e-9 + seconds;
     ts->tv_sec += (time_t)t;
     ts->tv_nsec = (long)((t - (double)(time_t)t) * 1e9);
 }
@@ -98,22 +108,46 @@ double loom__now(void) {
 }
 
 static loom__env env;
+static char env_error[256]; /* the first variable with a value it does not take */
+
+/* The value of variable `name` when it is one of `values` (NULL-terminated), or unset or empty
+ * (NULL); otherwise NULL and env_error says so. */
+static const char *one_of(const char *name, const char *const *values) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return NULL;
+    for (int i = 0; values[i]; i++)
+        if (!strcmp(v, values[i]))
+            return values[i];
+    if (!env_error[0]) {
+        size_t k = (size_t)snprintf(env_error, sizeof env_error, "%s='%.64s': expected ", name, v);
+        for (int i = 0; values[i] && k < sizeof env_error; i++)
+            k += (size_t)snprintf(env_error + k, sizeof env_error - k, "%s%s",
+                                  i == 0          ? ""
+                                  : values[i + 1] ? ", "
+                                                  : " or ",
+                                  values[i]);
+        if (k < sizeof env_error)
+            snprintf(env_error + k, sizeof env_error - k, " (or unset)");
+    }
+    return NULL;
+}
 
 static void read_env(void) {
-    const char *m = getenv("LOOM_METRICS");
-    env.metrics = m && *m && strcmp(m, "0") != 0;
-    const char *pr = getenv("LOOM_PROFILE");
-    env.profile = pr && *pr && strcmp(pr, "0") != 0;
-    const char *ck = getenv("LOOM_CHECK");
-    env.check = ck && *ck && strcmp(ck, "0") != 0;
+    static const char *const flag[] = {"0", "1", NULL}, *const backends[] = {"cpu", "interp", NULL},
+                             *const matmuls[] = {"loom", "blas", NULL};
+    const char *m = one_of("LOOM_METRICS", flag);
+    env.metrics = m && !strcmp(m, "1");
+    const char *pr = one_of("LOOM_PROFILE", flag);
+    env.profile = pr && !strcmp(pr, "1");
+    const char *ck = one_of("LOOM_CHECK", flag);
+    env.check = ck && !strcmp(ck, "1");
     const char *d = getenv("LOOM_DATA");
     env.data = d && *d ? d : NULL;
-    const char *b = getenv("LOOM_BACKEND");
-    env.backend = b && *b ? b : NULL;
+    env.backend = one_of("LOOM_BACKEND", backends);
     const char *dump = getenv("LOOM_DUMP");
     env.dump = dump && *dump ? dump : NULL;
-    const char *mm = getenv("LOOM_MATMUL");
-    env.matmul = mm && *mm ? mm : NULL;
+    env.matmul = one_of("LOOM_MATMUL", matmuls);
     const char *dc = getenv("LOOM_DATA_CACHE");
     env.data_cache = dc && *dc ? dc : NULL;
 }
@@ -122,4 +156,9 @@ const loom__env *loom__getenv(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, read_env);
     return &env;
+}
+
+loom_status loom_env_check(void) {
+    loom__getenv();
+    return env_error[0] ? loom__error(LOOM_EINVAL, "%s", env_error) : LOOM_OK;
 }

@@ -5,64 +5,136 @@
  * is `batch` windows of context + 1 tokens (inputs, and the next tokens as targets) at offsets
  * drawn from Philox stream (3, step) of the seed, or in file order; validation windows do not
  * overlap, so that every validation token is counted once.
+ *
+ * Loading costs the file's bytes and one byte a character (two past 256 distinct characters,
+ * four past 65536): the vocabulary comes from one pass marking a bitmap over the code points (no
+ * sort), the tokens from a second. A gzip'd file is inflated here, member by member, so that a
+ * stream cut short or followed by other bytes is an error naming the byte, never half the text.
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
-#define MAX_TEXT_BYTES ((int64_t)1 << 31)
+#define NCODES 0x110000 /* Unicode code points */
 
 struct loom_text {
-    int32_t *tokens; /* the whole file */
+    void *tokens; /* the whole file, tsize bytes a token: the least that holds the vocabulary */
+    int tsize;
     int64_t n, ntrain;
     int32_t *chars; /* token -> code point, sorted */
     int64_t vocab;
 };
 
-/* The file's bytes (gzip'd or plain), NUL-terminated; *n the count. */
-static loom_status read_all(const char *path, unsigned char **out, int64_t *n) {
-    int64_t fsize;
-    gzFile f;
-    loom_status s = loom__gz_open(path, &f, &fsize);
+/* The whole of a plain file, its size checked against the limit before anything is read. */
+static loom_status read_plain(int fd, const char *path, int64_t size, unsigned char **out) {
+    if (size > LOOM_TEXT_MAX_BYTES)
+        return loom__error(LOOM_ERANGE, "%s: %lld bytes, expected at most %lld (1 GiB) of text",
+                           path, (long long)size, (long long)LOOM_TEXT_MAX_BYTES);
+    unsigned char *buf = loom__malloc((size_t)size + 1);
+    if (!buf)
+        return loom__error(LOOM_ENOMEM, "%s: out of memory for %lld bytes", path, (long long)size);
+    loom_status s = size ? loom__read_at(fd, path, buf, (size_t)size, 0, "the text") : LOOM_OK;
     if (s)
-        return s;
-    unsigned char *buf = NULL;
-    int64_t cap = 0, len = 0;
-    for (;;) {
-        if (len + 65536 + 1 > cap) {
-            if (loom__grow((void **)&buf, &cap, len + 65536 + 1, 1)) {
-                s = LOOM_ENOMEM;
+        loom__free(buf);
+    else
+        *out = buf;
+    return s;
+}
+
+/* The decompressed bytes of a gzip file (one member or several, concatenated), at most
+ * LOOM_TEXT_MAX_BYTES: a stream that ends early, is corrupt, or is followed by bytes that are not
+ * another member is EFORMAT naming the compressed byte where it went wrong. */
+static loom_status read_gzip(int fd, const char *path, int64_t size, unsigned char **out,
+                             int64_t *n) {
+    enum { CHUNK = 1 << 16 };
+    unsigned char *in = loom__malloc(CHUNK), *buf = NULL;
+    int64_t cap = 0, len = 0, at = 0; /* at: compressed bytes read */
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    loom_status s = in && inflateInit2(&z, 16 + MAX_WBITS) == Z_OK ? LOOM_OK : LOOM_ENOMEM;
+    int zr = Z_OK;
+    bool member_ended = false;
+    while (!s) {
+        if (z.avail_in == 0 && at < size) {
+            size_t want = size - at < CHUNK ? (size_t)(size - at) : CHUNK;
+            if ((s = loom__read_at(fd, path, in, want, (uint64_t)at, "the gzip stream")))
+                break;
+            z.next_in = in, z.avail_in = (uInt)want, at += (int64_t)want;
+        }
+        int64_t consumed = at - z.avail_in;
+        if (member_ended) { /* what follows a member: the end, or another member */
+            if (z.avail_in == 0)
+                break;
+            if (z.next_in[0] != 0x1f) { /* (a bad second byte: inflate finds the header bad) */
+                s = loom__error(LOOM_EFORMAT,
+                                "%s: trailing data at byte %lld after the gzip stream, expected "
+                                "the file to end there",
+                                path, (long long)consumed);
                 break;
             }
+            inflateReset(&z), member_ended = false;
         }
-        int r = gzread(f, buf + len, 65536);
-        if (r < 0) {
-            int errnum;
-            s = loom__error(LOOM_EIO, "%s: read failed at byte %lld: %s", path, (long long)len,
-                            gzerror(f, &errnum));
+        if (len + CHUNK + 1 > cap && loom__grow((void **)&buf, &cap, len + CHUNK + 1, 1)) {
+            s = loom__error(LOOM_ENOMEM, "%s: out of memory at %lld bytes of text", path,
+                            (long long)len);
             break;
         }
-        if (r == 0)
-            break;
-        len += r;
-        if (len > MAX_TEXT_BYTES) {
-            s = loom__error(LOOM_ERANGE, "%s: more than 2 GiB of text", path);
-            break;
-        }
+        z.next_out = buf + len, z.avail_out = CHUNK;
+        zr = inflate(&z, Z_NO_FLUSH);
+        len += CHUNK - (int64_t)z.avail_out;
+        if (len > LOOM_TEXT_MAX_BYTES)
+            s = loom__error(LOOM_ERANGE,
+                            "%s: more than %lld bytes (1 GiB) of text once "
+                            "decompressed",
+                            path, (long long)LOOM_TEXT_MAX_BYTES);
+        else if (zr == Z_STREAM_END)
+            member_ended = true;
+        else if (zr == Z_BUF_ERROR && z.avail_in == 0 && at == size)
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: the gzip stream ends early at byte %lld (the file's end), after "
+                            "%lld bytes of text: truncated",
+                            path, (long long)size, (long long)len);
+        else if (zr != Z_OK && zr != Z_BUF_ERROR)
+            s = loom__error(LOOM_EFORMAT, "%s: corrupt gzip stream near byte %lld: %s", path,
+                            (long long)(at - z.avail_in), z.msg ? z.msg : "inflate failed");
     }
-    gzclose(f);
+    inflateEnd(&z);
+    loom__free(in);
     if (s) {
         loom__free(buf);
         return s;
     }
-    buf[len] = 0;
+    if (!buf && !(buf = loom__malloc(1)))
+        return LOOM_ENOMEM;
     *out = buf, *n = len;
     return LOOM_OK;
 }
 
+/* The file's bytes (gzip'd or plain), NUL-terminated; *n the count. */
+static loom_status read_all(const char *path, unsigned char **out, int64_t *n) {
+    int fd;
+    int64_t size;
+    loom_status s = loom__open_regular(path, &fd, &size);
+    if (s)
+        return s;
+    unsigned char magic[2] = {0, 0};
+    if (size >= 2)
+        s = loom__read_at(fd, path, magic, 2, 0, "the first bytes");
+    bool gz = !s && magic[0] == 0x1f && magic[1] == 0x8b;
+    if (!s)
+        s = gz ? read_gzip(fd, path, size, out, n) : read_plain(fd, path, size, out);
+    if (!s && !gz)
+        *n = size;
+    close(fd);
+    if (!s)
+        (*out)[*n] = 0;
+    return s;
+}
 /* The code point at s (UTF-8), its length in *len; -1 if the bytes are not UTF-8. */
 static int32_t utf8_next(const unsigned char *s, int64_t left, int *len) {
     unsigned c = s[0];
@@ -86,15 +158,86 @@ static int32_t utf8_next(const unsigned char *s, int64_t left, int *len) {
     return v;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The token of code point c, or -1. */
 static int32_t token_of(const loom_text *t, int32_t c) {
-    const int32_t *p = bsearch(&c, t->chars, (size_t)t->vocab, sizeof c, cmp_i32);
-    return p ? (int32_t)(p - t->chars) : -1;
+    int64_t lo = 0, hi = t->vocab;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (t->chars[mid] < c)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < t->vocab && t->chars[lo] == c ? (int32_t)lo : -1;
+}
+
+static int32_t token_at(const loom_text *t, int64_t i) {
+    return t->tsize == 1   ? ((const uint8_t *)t->tokens)[i]
+           : t->tsize == 2 ? ((const uint16_t *)t->tokens)[i]
+                           : ((const int32_t *)t->tokens)[i];
+}
+
+/* The code point at b[i] and its length: ASCII at once, else utf8_next (-1: not UTF-8). */
+static int32_t char_at(const unsigned char *b, int64_t i, int64_t nb, int *len) {
+    if (b[i] < 0x80)
+        return *len = 1, b[i];
+    return utf8_next(b + i, nb - i, len);
+}
+
+/* One pass over the bytes: checks that they are UTF-8 and marks the code points seen in `seen`
+ * (NCODES bits); the characters into *n. */
+static loom_status scan(const char *path, const unsigned char *b, int64_t nb, uint64_t *seen,
+                        int64_t *n) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < nb; k++) {
+        int len;
+        int32_t c = char_at(b, i, nb, &len);
+        if (c < 0)
+            return loom__error(LOOM_EFORMAT, "%s: byte %lld (0x%02x) is not UTF-8 text", path,
+                               (long long)i, b[i]);
+        seen[c >> 6] |= 1ull << (c & 63);
+        i += len;
+    }
+    *n = k;
+    return LOOM_OK;
+}
+
+/* The vocabulary from the marks (sorted by construction) and, in a second pass, the tokens of
+ * the bytes, t->tsize bytes each: a code point's token is the marks below it. */
+static loom_status tokenize(loom_text *t, const unsigned char *b, int64_t nb,
+                            const uint64_t *seen) {
+    int64_t v = 0;
+    for (int64_t w = 0; w < NCODES / 64; w++)
+        v += __builtin_popcountll(seen[w]);
+    t->vocab = v;
+    t->tsize = v <= 256 ? 1 : v <= 65536 ? 2 : 4;
+    t->chars = loom__malloc(sizeof(int32_t) * (size_t)(v ? v : 1));
+    int32_t *base = loom__malloc(sizeof(int32_t) * (NCODES / 64)); /* tokens before word w */
+    t->tokens = loom__malloc((size_t)t->tsize * (size_t)(t->n ? t->n : 1));
+    if (!t->chars || !base || !t->tokens) {
+        loom__free(base);
+        return LOOM_ENOMEM;
+    }
+    int32_t k = 0;
+    for (int64_t w = 0; w < NCODES / 64; w++) {
+        base[w] = k;
+        for (uint64_t m = seen[w]; m; m &= m - 1)
+            t->chars[k++] = (int32_t)(w * 64 + __builtin_ctzll(m));
+    }
+    for (int64_t i = 0, j = 0; i < nb; j++) {
+        int len;
+        int32_t c = char_at(b, i, nb, &len);
+        int32_t tok = base[c >> 6] + __builtin_popcountll(seen[c >> 6] & ((1ull << (c & 63)) - 1));
+        if (t->tsize == 1)
+            ((uint8_t *)t->tokens)[j] = (uint8_t)tok;
+        else if (t->tsize == 2)
+            ((uint16_t *)t->tokens)[j] = (uint16_t)tok;
+        else
+            ((int32_t *)t->tokens)[j] = tok;
+        i += len;
+    }
+    loom__free(base);
+    return LOOM_OK;
 }
 
 loom_status loom_text_load(const char *path, loom_text **out) {
@@ -106,51 +249,29 @@ loom_status loom_text_load(const char *path, loom_text **out) {
     if (s)
         return s;
     loom_text *t = loom__calloc(1, sizeof *t);
-    int32_t *cp = loom__malloc(sizeof(int32_t) * (size_t)(nb + 1));
-    int64_t n = 0;
-    for (int64_t i = 0; t && cp && i < nb && !s;) {
-        int len;
-        int32_t c = utf8_next(bytes + i, nb - i, &len);
-        if (c < 0)
-            s = loom__error(LOOM_EFORMAT, "%s: byte %lld (0x%02x) is not UTF-8 text", path,
-                            (long long)i, bytes[i]);
-        else
-            cp[n++] = c, i += len;
-    }
+    uint64_t *seen = loom__calloc(NCODES / 64, sizeof *seen);
+    s = t && seen ? scan(path, bytes, nb, seen, &t->n) : LOOM_ENOMEM;
+    if (!s && t->n == 0)
+        s = loom__error(LOOM_EFORMAT, "%s: empty: expected text to train on", path);
+    if (!s && (s = tokenize(t, bytes, nb, seen)))
+        loom__error(s, "%s: out of memory for %lld tokens", path, (long long)t->n);
+    if (!s && t->vocab < 2)
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: one distinct character in %lld: expected at least two to predict "
+                        "between",
+                        path, (long long)t->n);
+    if (s == LOOM_ENOMEM && !t)
+        loom__error(s, "%s: out of memory", path);
     loom__free(bytes);
-    if (!s && (!t || !cp))
-        s = LOOM_ENOMEM;
-    int32_t *sorted = s ? NULL : loom__malloc(sizeof(int32_t) * (size_t)(n + 1));
-    if (!s && !sorted)
-        s = LOOM_ENOMEM;
-    if (!s) {
-        memcpy(sorted, cp, sizeof(int32_t) * (size_t)n);
-        qsort(sorted, (size_t)n, sizeof *sorted, cmp_i32);
-        int64_t v = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (i == 0 || sorted[i] != sorted[v - 1])
-                sorted[v++] = sorted[i];
-        t->chars = sorted, t->vocab = v;
-        if (n == 0)
-            s = loom__error(LOOM_EFORMAT, "%s: empty: expected text to train on", path);
-        else if (v < 2)
-            s = loom__error(LOOM_EFORMAT,
-                            "%s: one distinct character in %lld: expected at least two to "
-                            "predict between",
-                            path, (long long)n);
-    }
-    for (int64_t i = 0; !s && i < n; i++)
-        cp[i] = token_of(t, cp[i]);
+    loom__free(seen);
     if (s) {
-        loom__free(cp);
         loom_text_free(t);
         return s;
     }
-    t->tokens = cp, t->n = n, t->ntrain = (int64_t)((double)n * 0.9); /* nanoGPT's int(n * 0.9) */
+    t->ntrain = (int64_t)((double)t->n * 0.9); /* nanoGPT's int(n * 0.9) */
     *out = t;
     return LOOM_OK;
 }
-
 void loom_text_free(loom_text *t) {
     if (!t)
         return;
@@ -163,9 +284,26 @@ int64_t loom_text_vocab(const loom_text *t) {
     return t->vocab;
 }
 
-const int32_t *loom_text_split(const loom_text *t, bool val, int64_t *n) {
-    *n = val ? t->n - t->ntrain : t->ntrain;
-    return val ? t->tokens + t->ntrain : t->tokens;
+int64_t loom_text_count(const loom_text *t, bool val) {
+    return val ? t->n - t->ntrain : t->ntrain;
+}
+
+/* Tokens [at, at + n) of the whole text as int32. */
+static void copy_tokens(const loom_text *t, int64_t at, int64_t n, int32_t *out) {
+    if (t->tsize == 4)
+        memcpy(out, (const int32_t *)t->tokens + at, sizeof(int32_t) * (size_t)n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            out[i] = token_at(t, at + i);
+}
+
+loom_status loom_text_tokens(const loom_text *t, bool val, int64_t at, int64_t n, int32_t *out) {
+    int64_t count = loom_text_count(t, val);
+    if (at < 0 || n < 0 || at > count || n > count - at)
+        return loom__error(LOOM_EINVAL, "loom_text_tokens: tokens %lld to %lld of a split of %lld",
+                           (long long)at, (long long)at + n, (long long)count);
+    copy_tokens(t, (val ? t->ntrain : 0) + at, n, out);
+    return LOOM_OK;
 }
 
 loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens, int64_t *n) {
@@ -232,8 +370,8 @@ loom_status loom_text_batch(const loom_text *t, int64_t step, int64_t batch, int
         } else {
             at = ((step * batch + r) * context) % span;
         }
-        memcpy(x + r * context, t->tokens + at, sizeof(int32_t) * (size_t)context);
-        memcpy(y + r * context, t->tokens + at + 1, sizeof(int32_t) * (size_t)context);
+        copy_tokens(t, at, context, x + r * context);
+        copy_tokens(t, at + 1, context, y + r * context);
     }
     return LOOM_OK;
 }

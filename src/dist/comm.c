@@ -39,9 +39,11 @@ static const loom__group_head *head(const loom_group *g) {
 }
 
 loom_group *loom_group_local_new(int world, double timeout_s) {
-    if (world < 1 || world > MAX_RANKS || timeout_s < 0) {
-        loom__error(LOOM_EINVAL, "loom_group_local_new: world %d (expected 1 to %d), timeout %g",
-                    world, MAX_RANKS, timeout_s);
+    if (world < 1 || world > MAX_RANKS || !(timeout_s >= 0 && timeout_s <= LOOM_MAX_TIMEOUT)) {
+        loom__error(
+            LOOM_EINVAL,
+            "loom_group_local_new: world %d (expected 1 to %d), timeout %g (expected 0 to %g s)",
+            world, MAX_RANKS, timeout_s, LOOM_MAX_TIMEOUT);
         return NULL;
     }
     loom_group *g = loom__calloc(1, sizeof *g);
@@ -188,13 +190,13 @@ static loom_status barrier(loom_comm *c) {
     loom__deadline_in(&dl, g->h.timeout);
     pthread_mutex_lock(&g->mu);
     int rc = 0;
-    while (atomic_load(&g->gen) == gen && !atomic_load(&g->aborted) && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+    while (atomic_load(&g->gen) == gen && !atomic_load(&g->aborted) && rc == 0)
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl); /* (any error ends the wait) */
     bool passed = atomic_load(&g->gen) != gen;
     pthread_mutex_unlock(&g->mu);
     if (passed)
         return LOOM_OK;
-    if (rc == ETIMEDOUT && !atomic_load(&g->aborted)) {
+    if (rc != 0 && !atomic_load(&g->aborted)) {
         char msg[512];
         name_missing(c, msg, sizeof msg);
         fail_group(g, LOOM_ETIMEDOUT, msg);

@@ -337,8 +337,8 @@ static bool wait_done(loom_devices *D, double seconds) {
     struct timespec dl;
     loom__deadline_in(&dl, seconds);
     int rc = 0;
-    while (D->ndone < (uint64_t)D->n && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&D->done, &D->mu, &dl);
+    while (D->ndone < (uint64_t)D->n && rc == 0)
+        rc = pthread_cond_timedwait(&D->done, &D->mu, &dl); /* (any error ends the wait) */
     return D->ndone == (uint64_t)D->n;
 }
 
@@ -669,16 +669,26 @@ static int available_cpus(int *cpus, int max) {
     return n;
 }
 
-static void parse_fault(loom_devices *D) {
+/* LOOM_FAULT=D:S or D:S:hang (unset or empty: none), D one of the world's devices, S >= 1;
+ * EINVAL naming the variable and what it takes otherwise. */
+static loom_status parse_fault(loom_devices *D) {
     D->fault_dev = -1;
     const char *f = getenv("LOOM_FAULT");
-    int dev;
-    long long step;
-    if (f && sscanf(f, "%d:%lld", &dev, &step) == 2) {
-        D->fault_dev = dev;
-        D->fault_step = step;
-        D->fault_hang = strstr(f, ":hang") != NULL;
-    }
+    if (!f || !*f)
+        return LOOM_OK;
+    int dev = -1, used = 0;
+    long long step = 0;
+    bool ok = sscanf(f, "%d:%lld%n", &dev, &step, &used) == 2 &&
+              (!f[used] || !strcmp(f + used, ":hang")) && dev >= 0 && dev < D->world && step >= 1;
+    if (!ok)
+        return loom__error(LOOM_EINVAL,
+                           "LOOM_FAULT='%.64s': expected D:S or D:S:hang, D a device from 0 to %d "
+                           "and S a step >= 1 (or unset)",
+                           f, D->world - 1);
+    D->fault_dev = dev;
+    D->fault_step = step;
+    D->fault_hang = f[used] != 0;
+    return LOOM_OK;
 }
 
 /* Starts device d's thread pinned to its CPU, which it then holds: the library's helper threads
@@ -737,9 +747,16 @@ static loom_status same_counts(loom_devices *D) {
 }
 
 loom_devices *loom_devices_new(const loom_devices_config *c) {
+    if (loom_env_check())
+        return NULL;
     loom_devices_config cfg = c ? *c : (loom_devices_config){0};
     int cpus[1024], ncpu = available_cpus(cpus, 1024);
     cfg.timeout_s = cfg.timeout_s > 0 ? cfg.timeout_s : 60.0;
+    if (!(cfg.timeout_s <= LOOM_MAX_TIMEOUT)) {
+        loom__error(LOOM_EINVAL, "loom_devices_new: timeout %g s (expected at most %g)",
+                    cfg.timeout_s, LOOM_MAX_TIMEOUT);
+        return NULL;
+    }
     if (cfg.count < 0 || cfg.count > 256 || cfg.bucket_bytes < 0) {
         loom__error(LOOM_EINVAL, "loom_devices_new: %d devices (expected 1 to 256)", cfg.count);
         return NULL;
@@ -750,7 +767,7 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     D->c = cfg;
     D->runner = (loom__runner){devices_submit, devices_wait, devices_data, devices_forget,
                                devices_allgather};
-    parse_fault(D);
+    D->fault_dev = -1;
     pthread_mutex_init(&D->mu, NULL);
     pthread_cond_init(&D->go, NULL);
     pthread_cond_init(&D->done, NULL);
@@ -767,7 +784,7 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     D->spare_cpu = ncpu > D->n * node_size;
     D->group = loom_group_local_new(D->n, cfg.timeout_s);
     D->dev = loom__calloc((size_t)D->n, sizeof *D->dev);
-    if (!D->group || !D->dev || same_counts(D)) {
+    if (!D->group || !D->dev || same_counts(D) || parse_fault(D)) {
         loom_devices_free(D);
         return NULL;
     }

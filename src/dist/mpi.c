@@ -174,8 +174,9 @@ static loom__shm *join_node(MPI_Comm node, int rank, int size) {
 }
 
 loom_group *loom__group_mpi(double timeout_s, bool share) {
-    if (timeout_s < 0 || init_mpi()) {
-        if (timeout_s < 0)
+    bool bad = !(timeout_s >= 0 && timeout_s <= LOOM_MAX_TIMEOUT);
+    if (bad || init_mpi()) {
+        if (bad)
             loom__error(LOOM_EINVAL, "loom_group_mpi_new: timeout %g", timeout_s);
         return NULL;
     }

@@ -42,6 +42,15 @@ int64_t loom__numel(int ndim, const int64_t *shape) {
     return n;
 }
 
+/* Whether a shape of dims >= 0 has at most LOOM_MAX_NUMEL elements (checked, with no wrap). */
+static bool numel_ok(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (!loom_size_mul(n, shape[i], LOOM_MAX_NUMEL, &n))
+            return false;
+    return true;
+}
+
 void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
     if (!t) {
         snprintf(buf, size, "NULL");
@@ -55,6 +64,8 @@ void loom__shape_str(const loom_tensor *t, char *buf, size_t size) {
 }
 
 loom_graph *loom_graph_new(loom_model *m) {
+    if (loom_env_check())
+        return NULL;
     loom_graph *g = loom__calloc(1, sizeof *g);
     if (g && !(g->run = loom__steps_new())) {
         loom__free(g);
@@ -118,6 +129,15 @@ loom_tensor *loom__node(loom_graph *g, loom__op op, loom_dtype dt, int ndim, con
     if (ndim < 0 || ndim > LOOM_MAX_DIMS) {
         loom__graph_fail(g, LOOM_ESHAPE, "%s: %d dims, at most %d supported", loom__ops[op].name,
                          ndim, LOOM_MAX_DIMS);
+        return NULL;
+    }
+    if (!numel_ok(ndim, shape)) {
+        char s[256];
+        size_t k = 0;
+        for (int i = 0; i < ndim && k < sizeof s; i++)
+            k += (size_t)snprintf(s + k, sizeof s - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+        loom__graph_fail(g, LOOM_ERANGE, "%s: shape (%s) has more than 2^40 elements",
+                         loom__ops[op].name, s);
         return NULL;
     }
     if (loom__grow((void **)&g->nodes, &g->cap, g->n + 1, sizeof *g->nodes)) {

@@ -152,6 +152,16 @@ struct loom_param {
     int64_t offset; /* in elements, in both the PARAM and GRAD slabs */
 };
 
+/* String metadata, key -> value (a safetensors header's "__metadata__"): copies, in the order
+ * set. */
+typedef struct {
+    char **key, **val;
+    int64_t n, cap;
+} loom__meta;
+loom_status loom__meta_set(loom__meta *md, const char *key, const char *val); /* NULL: removes */
+const char *loom__meta_get(const loom__meta *md, const char *key);
+void loom__meta_free(loom__meta *md);
+
 struct loom_model {
     loom_param **params;
     int64_t n, cap;
@@ -169,6 +179,7 @@ struct loom_model {
     int64_t *tie_of, nties;
     void *lender;
     void (*lent_end)(void *lender, loom_model *m);
+    loom__meta meta; /* written by loom_model_save, replaced by loom_model_load */
 };
 
 /* Ends the step running on m, if any, and brings back slabs away, before the host reads or

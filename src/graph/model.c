@@ -25,6 +25,63 @@ loom_model *loom_model_new(void) {
     return loom__calloc(1, sizeof(loom_model));
 }
 
+loom_status loom__meta_set(loom__meta *md, const char *key, const char *val) {
+    int64_t i = 0;
+    while (i < md->n && strcmp(md->key[i], key) != 0)
+        i++;
+    if (!val) { /* removes key, keeping the order of the rest */
+        if (i == md->n)
+            return LOOM_OK;
+        loom__free(md->key[i]), loom__free(md->val[i]);
+        memmove(md->key + i, md->key + i + 1, sizeof *md->key * (size_t)(md->n - i - 1));
+        memmove(md->val + i, md->val + i + 1, sizeof *md->val * (size_t)(md->n - i - 1));
+        md->n--;
+        return LOOM_OK;
+    }
+    char *v = loom__strdup(val), *k = i < md->n ? NULL : loom__strdup(key);
+    int64_t cap = md->cap;
+    bool room = i < md->n || (!loom__grow((void **)&md->key, &cap, md->n + 1, sizeof *md->key) &&
+                              !loom__grow((void **)&md->val, &md->cap, md->n + 1, sizeof *md->val));
+    if (!v || (i == md->n && (!k || !room))) {
+        loom__free(v), loom__free(k);
+        return loom__error(LOOM_ENOMEM, "metadata '%s': out of memory", key);
+    }
+    if (i < md->n) {
+        loom__free(md->val[i]);
+        md->val[i] = v;
+    } else {
+        md->key[md->n] = k, md->val[md->n++] = v;
+    }
+    return LOOM_OK;
+}
+
+const char *loom__meta_get(const loom__meta *md, const char *key) {
+    for (int64_t i = 0; i < md->n; i++)
+        if (!strcmp(md->key[i], key))
+            return md->val[i];
+    return NULL;
+}
+
+void loom__meta_free(loom__meta *md) {
+    for (int64_t i = 0; i < md->n; i++)
+        loom__free(md->key[i]), loom__free(md->val[i]);
+    loom__free(md->key), loom__free(md->val);
+    memset(md, 0, sizeof *md);
+}
+
+loom_status loom_model_set_meta(loom_model *m, const char *key, const char *value) {
+    if (!m || !key || !*key || !strcmp(key, "format") || !strcmp(key, "producer"))
+        return loom__error(LOOM_EINVAL,
+                           "loom_model_set_meta: key '%s' (expected a name other "
+                           "than format and producer)",
+                           key ? key : "");
+    return loom__meta_set(&m->meta, key, value);
+}
+
+const char *loom_model_meta(const loom_model *m, const char *key) {
+    return m && key ? loom__meta_get(&m->meta, key) : NULL;
+}
+
 void loom_model_free(loom_model *m) {
     if (!m)
         return;
@@ -42,6 +99,7 @@ void loom_model_free(loom_model *m) {
     loom__free(m->params);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
         loom__free(m->slab[s]);
+    loom__meta_free(&m->meta);
     loom__free(m);
 }
 
@@ -77,13 +135,21 @@ loom_param *loom_model_add(loom_model *m, const char *name, int ndim, const int6
             return NULL;
         }
     }
+    int64_t numel = 1, total;
+    for (int i = 0; i < ndim; i++)
+        if (!loom_size_mul(numel, shape[i], LOOM_MAX_NUMEL, &numel) ||
+            !loom_size_mul(1, m->len[LOOM_SLAB_PARAM] + numel, LOOM_MAX_NUMEL, &total)) {
+            loom__error(LOOM_ERANGE, "loom_model_add: '%s' would take the model past 2^40 elements",
+                        name);
+            return NULL;
+        }
     if (loom__grow((void **)&m->params, &m->cap, m->n + 1, sizeof *m->params))
         return NULL;
     loom_param *p = loom__calloc(1, sizeof *p);
     if (!p)
         return NULL;
     p->name = loom__strdup(name);
-    p->numel = loom__numel(ndim, shape);
+    p->numel = numel;
     int64_t off = p->name ? slab_append(m, LOOM_SLAB_PARAM, p->numel) : -1;
     int64_t goff = off >= 0 ? slab_append(m, LOOM_SLAB_GRAD, p->numel) : -1;
     if (goff < 0) {

@@ -37,11 +37,15 @@ static loom_param *add(loom_model *m, const char *name, int ndim, int64_t d0, in
 }
 
 loom_gpt *loom_gpt_new(loom_model *m, const loom_gpt_config *c) {
+    const int64_t most = (int64_t)1 << 24; /* each size: no product of two of them wraps */
     if (!m || !c || c->vocab < 1 || c->context < 1 || c->layers < 1 || c->heads < 1 ||
-        c->width < 1 || c->width % c->heads != 0 || !(c->dropout >= 0 && c->dropout < 1)) {
+        c->width < 1 || c->vocab > most || c->context > most || c->layers > most ||
+        c->heads > most || c->width > most || c->width % c->heads != 0 ||
+        !(c->dropout >= 0 && c->dropout < 1)) {
         loom__error(LOOM_EINVAL,
                     "loom_gpt_new: vocabulary %lld, context %lld, %lld layers, %lld heads, width "
-                    "%lld: expected sizes >= 1, a width that the heads divide, 0 <= dropout < 1",
+                    "%lld: expected sizes from 1 to 2^24, a width that the heads divide, 0 <= "
+                    "dropout < 1",
                     c ? (long long)c->vocab : 0, c ? (long long)c->context : 0,
                     c ? (long long)c->layers : 0, c ? (long long)c->heads : 0,
                     c ? (long long)c->width : 0);

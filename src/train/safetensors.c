@@ -25,6 +25,7 @@ typedef struct {
 struct loom_tensor_file {
     entry *e;
     int64_t n, cap;
+    loom__meta meta; /* "__metadata__": string values only */
 };
 
 /* ---- a small JSON reader for the header --------------------------------------------------- */
@@ -69,31 +70,123 @@ static bool jexpect(json *j, char c) {
     return true;
 }
 
-static bool jstring(json *j, char *out, size_t cap) {
+/* Four hex digits at j->i into *v. */
+static bool jhex4(json *j, unsigned *v) {
+    *v = 0;
+    for (int d = 0; d < 4; d++, j->i++) {
+        char c = j->i < j->n ? j->s[j->i] : 0;
+        int x = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (x < 0)
+            return jfail(j, "four hex digits");
+        *v = *v << 4 | (unsigned)x;
+    }
+    return true;
+}
+
+/* The escape after a backslash (at j->i) as UTF-8 into b (4 bytes); its length, 0 on failure. */
+static int junescape(json *j, char *b) {
+    char c = j->i < j->n ? j->s[j->i++] : 0;
+    const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
+    const char *at = c ? strchr(from, c) : NULL;
+    if (at)
+        return b[0] = to[at - from], 1;
+    unsigned u, lo;
+    if (c != 'u' || !jhex4(j, &u))
+        return c == 'u' ? 0 : (jfail(j, "an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u)"), 0);
+    if (u >= 0xD800 && u < 0xDC00) { /* a surrogate pair */
+        if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u')
+            return jfail(j, "the low half of a surrogate pair"), 0;
+        j->i += 2;
+        if (!jhex4(j, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+            return jfail(j, "the low half of a surrogate pair"), 0;
+        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (u >= 0xDC00 && u <= 0xDFFF) {
+        return jfail(j, "no lone low surrogate"), 0;
+    }
+    if (u < 0x80)
+        return b[0] = (char)u, 1;
+    if (u < 0x800)
+        return b[0] = (char)(0xC0 | u >> 6), b[1] = (char)(0x80 | (u & 0x3F)), 2;
+    if (u < 0x10000)
+        return b[0] = (char)(0xE0 | u >> 12), b[1] = (char)(0x80 | (u >> 6 & 0x3F)),
+               b[2] = (char)(0x80 | (u & 0x3F)), 3;
+    return b[0] = (char)(0xF0 | u >> 18), b[1] = (char)(0x80 | (u >> 12 & 0x3F)),
+           b[2] = (char)(0x80 | (u >> 6 & 0x3F)), b[3] = (char)(0x80 | (u & 0x3F)), 4;
+}
+
+/* A string, escapes decoded, into out (cap bytes) or, with dyn, a new buffer in *dyn. */
+static bool jstr(json *j, char *out, size_t cap, char **dyn) {
     if (!jexpect(j, '"'))
         return false;
     size_t k = 0;
+    int64_t dcap = 0;
+    if (dyn)
+        *dyn = NULL;
     while (j->i < j->n && j->s[j->i] != '"') {
-        char c = j->s[j->i++];
-        if (c == '\\') {
-            if (j->i >= j->n)
-                return jfail(j, "an escaped character");
-            c = j->s[j->i++];
-            if (c == 'u') { /* keep \uXXXX as is: names here are ASCII */
-                if (j->i + 4 > j->n)
-                    return jfail(j, "four hex digits");
-                j->i += 4;
-                c = '?';
-            }
+        char b[4];
+        int len = 1;
+        b[0] = j->s[j->i++];
+        if (b[0] == '\\' && !(len = junescape(j, b)))
+            return dyn ? (loom__free(*dyn), *dyn = NULL, false) : false;
+        if (dyn && loom__grow((void **)dyn, &dcap, (int64_t)(k + 5), 1)) {
+            j->err = LOOM_ENOMEM;
+            return false;
         }
-        if (k + 1 >= cap)
+        char *to = dyn ? *dyn : out;
+        if (!dyn && k + (size_t)len >= cap)
             return jfail(j, "a shorter string");
-        out[k++] = c;
+        memcpy(to + k, b, (size_t)len);
+        k += (size_t)len;
     }
-    if (j->i >= j->n)
+    if (j->i >= j->n) {
+        if (dyn)
+            loom__free(*dyn), *dyn = NULL;
         return jfail(j, "'\"' closing the string");
+    }
     j->i++;
-    out[k] = 0;
+    if (dyn && !*dyn && !(*dyn = loom__malloc(1))) {
+        j->err = LOOM_ENOMEM;
+        return false;
+    }
+    (dyn ? *dyn : out)[k] = 0;
+    return true;
+}
+
+static bool jstring(json *j, char *out, size_t cap) {
+    return jstr(j, out, cap, NULL);
+}
+
+static bool jskip(json *j);
+
+/* "__metadata__": an object of strings (other values are skipped) into f's metadata. */
+static bool jmeta(json *j, loom__meta *md) {
+    if (jpeek(j, 'n')) /* null */
+        return jskip(j);
+    if (!jexpect(j, '{'))
+        return false;
+    while (!jpeek(j, '}')) {
+        char key[256], *val = NULL;
+        if (!jstring(j, key, sizeof key) || !jexpect(j, ':'))
+            return false;
+        if (jpeek(j, '"')) {
+            if (!jstr(j, NULL, 0, &val))
+                return false;
+            loom_status s = loom__meta_set(md, key, val);
+            loom__free(val);
+            if (s)
+                return j->err = s, false;
+        } else if (!jskip(j)) {
+            return false;
+        }
+        if (!jpeek(j, ',') && !jpeek(j, '}'))
+            return jfail(j, "',' or '}'");
+        if (jpeek(j, ','))
+            j->i++;
+    }
+    j->i++;
     return true;
 }
 
@@ -120,9 +213,10 @@ static bool jskip(json *j) {
             return jfail(j, "a value");
         char c = j->s[j->i];
         if (c == '"') {
-            char tmp[4096];
-            if (!jstring(j, tmp, sizeof tmp))
+            char *tmp;
+            if (!jstr(j, NULL, 0, &tmp))
                 return false;
+            loom__free(tmp);
         } else if (c == '{' || c == '[') {
             depth++, j->i++;
             continue;
@@ -229,7 +323,7 @@ static bool parse_header(json *j, loom_tensor_file *f) {
         if (!jstring(j, name, sizeof name) || !jexpect(j, ':'))
             return false;
         if (strcmp(name, "__metadata__") == 0) {
-            if (!jskip(j))
+            if (!jmeta(j, &f->meta))
                 return false;
         } else {
             if (loom__grow((void **)&f->e, &f->cap, f->n + 1, sizeof *f->e)) {
@@ -369,7 +463,12 @@ void loom_tensor_file_free(loom_tensor_file *f) {
     for (int64_t i = 0; i < f->n; i++)
         loom__free(f->e[i].data);
     loom__free(f->e);
+    loom__meta_free(&f->meta);
     loom__free(f);
+}
+
+const char *loom_tensor_file_meta(const loom_tensor_file *f, const char *key) {
+    return f && key ? loom__meta_get(&f->meta, key) : NULL;
 }
 
 int loom_tensor_file_count(const loom_tensor_file *f) {
@@ -448,8 +547,14 @@ loom_status loom_model_load(loom_model *m, const char *path) {
     for (int64_t i = 0; i < m->n && !s; i++)
         memcpy(loom_param_data(m->params[i]), find(f, m->params[i]->name)->data,
                sizeof(float) * (size_t)m->params[i]->numel);
-    if (!s)
+    if (!s) {
         loom_model_touch(m);
+        loom__meta_free(&m->meta); /* the file's metadata, but for the two every writer sets */
+        m->meta = f->meta;
+        memset(&f->meta, 0, sizeof f->meta);
+        loom__meta_set(&m->meta, "format", NULL);
+        loom__meta_set(&m->meta, "producer", NULL);
+    }
     loom_tensor_file_free(f);
     return s;
 }
@@ -457,15 +562,40 @@ loom_status loom_model_load(loom_model *m, const char *path) {
 /* ---- writing ----------------------------------------------------------------------------------
  */
 
+/* s as a JSON string (quoted, escaped; UTF-8 passed through) at h + k; the new k. h has room:
+ * 6 bytes a byte of s and 2 more. */
+static size_t jwrite(char *h, size_t k, const char *s) {
+    h[k++] = '"';
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            h[k++] = '\\', h[k++] = (char)*c;
+        else if (*c < 0x20)
+            k += (size_t)sprintf(h + k, "\\u%04x", *c);
+        else
+            h[k++] = (char)*c;
+    }
+    h[k++] = '"';
+    return k;
+}
+
 static loom_status build_header(const loom_model *m, char **out, size_t *len) {
     size_t cap = 256 + (size_t)(m->n + m->nties) * (64 + 300), k = 0;
+    for (int64_t i = 0; i < m->meta.n; i++)
+        cap += 6 * (strlen(m->meta.key[i]) + strlen(m->meta.val[i])) + 8;
     char *h = loom__malloc(cap);
     if (!h)
         return LOOM_ENOMEM;
     k += (size_t)snprintf(h + k, cap - k,
                           "{\"__metadata__\":{\"format\":\"pt\",\"producer\":"
-                          "\"loom %s\"}",
+                          "\"loom %s\"",
                           LOOM_VERSION);
+    for (int64_t i = 0; i < m->meta.n; i++) {
+        h[k++] = ',';
+        k = jwrite(h, k, m->meta.key[i]);
+        h[k++] = ':';
+        k = jwrite(h, k, m->meta.val[i]);
+    }
+    h[k++] = '}';
     uint64_t off = 0;
     for (int64_t i = 0; i < m->n + m->nties; i++) { /* the parameters, then the tied names */
         const loom_param *p = m->params[i < m->n ? i : m->tie_of[i - m->n]];

@@ -19,6 +19,23 @@ void cli_set_errors(FILE *f) {
     errors = f;
 }
 
+/* This process's rank as an MPI launcher's environment gives it (-1: none). */
+static int launcher_rank(void) {
+    const char *vars[3] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(vars[i]))
+            return atoi(getenv(vars[i]));
+    return -1;
+}
+
+void cli_quiet_others(bool on) {
+    static FILE *quiet;
+    if (on && launcher_rank() > 0 && (quiet = fopen("/dev/null", "w")))
+        cli_set_errors(quiet);
+    if (!on && quiet)
+        cli_set_errors(NULL), fclose(quiet), quiet = NULL;
+}
+
 void cli_hold_errors(void) {
     held = true;
 }
@@ -43,28 +60,37 @@ int cli_fail(const char *fmt, ...) {
     return 1;
 }
 
-bool cli_int(const char *flag, const char *v, int64_t min, int64_t *out) {
+bool cli_int(const char *flag, const char *v, int64_t min, int64_t max, int64_t *out) {
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || x < min) {
-        cli_fail("%s: expected an integer >= %lld, got '%s'", flag, (long long)min, v ? v : "");
+    if (!v || !*v || *end || errno || x < min || x > max) {
+        cli_fail("%s: expected an integer from %lld to %lld, got '%s'", flag, (long long)min,
+                 (long long)max, v ? v : "");
         return false;
     }
     *out = x;
     return true;
 }
 
-bool cli_num(const char *flag, const char *v, double min, double *out) {
+bool cli_num(const char *flag, const char *v, double min, double max, double *out) {
     char *end;
     errno = 0;
     double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || errno || !(x >= min) || x != x || x > 1e30) {
-        cli_fail("%s: expected a number >= %g, got '%s'", flag, min, v ? v : "");
+    if (!v || !*v || *end || errno || !(x >= min && x <= max)) {
+        cli_fail("%s: expected a number from %g to %g, got '%s'", flag, min, max, v ? v : "");
         return false;
     }
     *out = x;
     return true;
+}
+
+bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (loom_size_mul(a, b, limit, out))
+        return true;
+    cli_fail("%s: %lld x %lld is more than %lld", what, (long long)a, (long long)b,
+             (long long)limit);
+    return false;
 }
 
 /* Parses one option at argv[*i]; false (after printing the reason) on a bad one. */
@@ -74,17 +100,15 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
     int64_t n;
     bool ok = true, takes = true;
     if (!strcmp(f, "--epochs"))
-        ok = cli_int(f, v, 1, &o->epochs);
+        ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->epochs);
     else if (!strcmp(f, "--steps"))
-        ok = cli_int(f, v, 1, &o->steps);
+        ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->steps);
     else if (!strcmp(f, "--batch"))
-        ok = cli_int(f, v, 1, &o->batch);
+        ok = cli_int(f, v, 1, CLI_MAX_SIZE, &o->batch);
     else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
         o->devices = 0;
     else if (!strcmp(f, "--devices"))
-        ok = cli_int(f, v, 1, &o->devices) && (o->devices <= 256 || !cli_fail("--devices: at "
-                                                                              "most 256, got %s",
-                                                                              v));
+        ok = cli_int(f, v, 1, 256, &o->devices);
     else if (!strcmp(f, "--dist")) {
         ok = v && (!strcmp(v, "auto") || !strcmp(v, "local") || !strcmp(v, "mpi"));
         if (!ok)
@@ -93,29 +117,34 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
             o->dist = !strcmp(v, "local") ? LOOM_DIST_LOCAL
                       : !strcmp(v, "mpi") ? LOOM_DIST_MPI
                                           : LOOM_DIST_AUTO;
+    } else if (!strcmp(f, "--log-errors")) {
+        ok = v && (!strcmp(v, "stop") || !strcmp(v, "warn"));
+        if (!ok)
+            cli_fail("--log-errors: expected stop or warn, got '%s'", v ? v : "");
+        o->log_warn = ok && !strcmp(v, "warn");
     } else if (!strcmp(f, "--timeout"))
-        ok = cli_num(f, v, 1e-3, &o->timeout);
+        ok = cli_num(f, v, 1e-3, LOOM_MAX_TIMEOUT, &o->timeout);
     else if (!strcmp(f, "--seed")) {
-        if ((ok = cli_int(f, v, 0, &n)))
+        if ((ok = cli_int(f, v, 0, INT64_MAX, &n)))
             o->seed = (uint64_t)n;
     } else if (!strcmp(f, "--lr"))
-        ok = cli_num(f, v, 1e-30, &o->lr), o->lr_set = true;
+        ok = cli_num(f, v, 1e-30, 1e30, &o->lr), o->lr_set = true;
     else if (!strcmp(f, "--momentum"))
-        ok = cli_num(f, v, 0, &o->momentum);
+        ok = cli_num(f, v, 0, 1e30, &o->momentum);
     else if (!strcmp(f, "--weight-decay"))
-        ok = cli_num(f, v, 0, &o->weight_decay);
+        ok = cli_num(f, v, 0, 1e30, &o->weight_decay);
     else if (!strcmp(f, "--beta1") || !strcmp(f, "--beta2")) {
         double *b = !strcmp(f, "--beta1") ? &o->beta1 : &o->beta2;
-        ok = cli_num(f, v, 1e-30, b) &&
+        ok = cli_num(f, v, 1e-30, 1e30, b) &&
              (*b < 1 || !cli_fail("%s: expected a number < 1, got %s", f, v));
     } else if (!strcmp(f, "--min-lr"))
-        ok = cli_num(f, v, 0, &o->min_lr);
+        ok = cli_num(f, v, 0, 1e30, &o->min_lr);
     else if (!strcmp(f, "--clip-norm"))
-        ok = cli_num(f, v, 1e-30, &o->clip_norm);
+        ok = cli_num(f, v, 0, 1e30, &o->clip_norm);
     else if (!strcmp(f, "--warmup-steps"))
-        ok = cli_int(f, v, 0, &o->warmup_steps);
+        ok = cli_int(f, v, 0, CLI_MAX_COUNT, &o->warmup_steps);
     else if (!strcmp(f, "--decay-steps"))
-        ok = cli_int(f, v, 1, &o->decay_steps);
+        ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->decay_steps);
     else if (!strcmp(f, "--optimizer")) {
         ok = v && (!strcmp(v, "sgd") || !strcmp(v, "adamw"));
         if (!ok)
@@ -179,6 +208,10 @@ int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *out) {
     }
     if (!strcmp(o.optimizer, "adamw") && !o.lr_set)
         o.lr = 0.001;
+    if (o.min_lr > o.lr) {
+        cli_fail("--min-lr: expected at most --lr (%g), got %g", o.lr, o.min_lr);
+        return 2;
+    }
     if (o.decay_steps > 0 && o.decay_steps <= o.warmup_steps) {
         cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
                  (long long)o.warmup_steps, (long long)o.decay_steps);

@@ -24,6 +24,7 @@ typedef struct {
     bool decay_matrices_only;               /* weight decay on parameters of >= 2 dims only */
     bool lr_set, nesterov, no_shuffle, drop_last;
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */
+    bool log_warn;         /* --log-errors warn: a log that cannot be written warns, trains on */
     const char *optimizer; /* "sgd" or "adamw" */
     uint64_t seed;
     const char *data, *init, *save, *log_dir;
@@ -32,19 +33,46 @@ typedef struct {
 /* Parses `loom train|eval RECIPE [options]` (argv[0] the program, argv[1] the subcommand) into
  * *o; 0, or 2 after one line on stderr naming the bad argument. */
 int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *o);
-/* `flag`'s value v as an integer >= min or a number >= min into *out; false after one line. */
-bool cli_int(const char *flag, const char *v, int64_t min, int64_t *out);
-bool cli_num(const char *flag, const char *v, double min, double *out);
+/* `flag`'s value v as an integer or a number in [min, max] into *out; false after one line. */
+bool cli_int(const char *flag, const char *v, int64_t min, int64_t max, int64_t *out);
+bool cli_num(const char *flag, const char *v, double min, double max, double *out);
+/* a * b into *out when it is at most limit (loom_size_mul); false after one line naming what
+ * the two are ("--batch x --context") and the limit. */
+bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out);
+/* The largest count an option takes (steps, epochs, tokens: 2^40), and batch or context (2^24). */
+#define CLI_MAX_COUNT       ((int64_t)1 << 40)
+#define CLI_MAX_SIZE        ((int64_t)1 << 24)
+/* The most tokens (or samples) of one step's batch, all devices together: 2^28. */
+#define CLI_MAX_BATCH_ELEMS ((int64_t)1 << 28)
 /* Whether --save's path can be written, before any training: 0, or 1 after one line. */
 int cli_check_save(const char *path);
 /* `loom train|sample shakespeare-gpt [options]` (tools/loom/gpt.c); the process exit code. */
 int cli_gpt(int argc, char **argv);
 /* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */
 int cli_train(const train_opts *o);
+/* stop.c: catches the first SIGINT or SIGTERM (cli_stopping() is then true at the next step
+ * boundary: the command ends that step and exits 128 + cli_stop_signal()); with devices set by
+ * cli_stop_agree (NULL: none), the processes of an MPI job decide together, at the same step
+ * (each calls cli_stopping the same number of times). */
+void cli_catch_stop(void);
+void cli_stop_agree(loom_devices *d);
+bool cli_stopping(void);
+int cli_stop_signal(void);       /* 0: none */
+const char *cli_stop_name(void); /* "SIGINT" or "SIGTERM" */
+/* csvlog.c: DIR/metrics.csv with `header` (NULL after one line); rows written whole and checked:
+ * a row that cannot be written is cut off (the file ends on a whole row) and the row's call
+ * returns 1 after one line, or, with warn_only, 0 after a warning once (no rows after it). */
+typedef struct cli_log cli_log;
+cli_log *cli_log_open(const char *dir, const char *header, bool warn_only);
+int cli_log_row(cli_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_log_close(cli_log *l); /* 0, or 1 after one line; frees l (NULL: nothing) */
 /* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1
  * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_set_errors(FILE *f);
+/* Under an MPI launcher every process parses the same arguments: between cli_quiet_others(true)
+ * and (false), only process 0 writes what is wrong with them (one line for the job). */
+void cli_quiet_others(bool on);
 /* From now on cli_fail keeps its first message instead of writing it (an MPI job's process
  * reports it once, naming itself, as it ends the job: loom_devices_abort); cli_held_error gives
  * it, or NULL. */

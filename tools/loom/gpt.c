@@ -22,6 +22,9 @@ typedef struct {
     const char *data, *init, *save, *start;
 } gpt_opts;
 
+/* Validation batches: 64 windows (the short last one on a graph of its own: its own program). */
+#define VAL_ROWS 64
+
 static const char *default_text(void) {
     return LOOM_TEXT_DIR "/tinyshakespeare.txt.gz";
 }
@@ -47,30 +50,30 @@ static int parse(int argc, char **argv, gpt_opts *o) {
     /* the options with a value: integers and numbers, each with its least value */
     const struct {
         const char *flag;
-        int64_t min, *dst;
-    } ints[] = {{"--layers", 1, &o->shape.layers},
-                {"--heads", 1, &o->shape.heads},
-                {"--width", 1, &o->shape.width},
-                {"--context", 1, &o->shape.context},
-                {"--steps", 1, &o->steps},
-                {"--batch", 1, &o->batch},
-                {"--warmup-steps", 0, &o->warmup},
-                {"--decay-steps", 1, &o->decay},
-                {"--eval-interval", 1, &o->eval_interval},
-                {"--tokens", 1, &o->tokens},
-                {"--top-k", 1, &o->top_k},
-                {"--devices", 1, &o->devices}};
+        int64_t min, max, *dst;
+    } ints[] = {{"--layers", 1, 1024, &o->shape.layers},
+                {"--heads", 1, 4096, &o->shape.heads},
+                {"--width", 1, 65536, &o->shape.width},
+                {"--context", 1, 65536, &o->shape.context},
+                {"--steps", 1, CLI_MAX_COUNT, &o->steps},
+                {"--batch", 1, CLI_MAX_SIZE, &o->batch},
+                {"--warmup-steps", 0, CLI_MAX_COUNT, &o->warmup},
+                {"--decay-steps", 1, CLI_MAX_COUNT, &o->decay},
+                {"--eval-interval", 1, CLI_MAX_COUNT, &o->eval_interval},
+                {"--tokens", 1, (int64_t)1 << 30, &o->tokens},
+                {"--top-k", 1, (int64_t)1 << 30, &o->top_k},
+                {"--devices", 1, 256, &o->devices}};
     const struct {
         const char *flag;
-        double min, *dst;
-    } nums[] = {{"--lr", 1e-30, &o->lr},
-                {"--min-lr", 0, &o->min_lr},
-                {"--weight-decay", 0, &o->weight_decay},
-                {"--clip-norm", 0, &o->clip},
-                {"--beta2", 0, &o->beta2},
-                {"--dropout", 0, &o->dropout},
-                {"--temperature", 1e-6, &o->temperature},
-                {"--timeout", 1e-3, &o->timeout}};
+        double min, max, *dst;
+    } nums[] = {{"--lr", 1e-30, 1e30, &o->lr},
+                {"--min-lr", 0, 1e30, &o->min_lr},
+                {"--weight-decay", 0, 1e30, &o->weight_decay},
+                {"--clip-norm", 0, 1e30, &o->clip},
+                {"--beta2", 0, 1e30, &o->beta2},
+                {"--dropout", 0, 1e30, &o->dropout},
+                {"--temperature", 1e-6, 1e30, &o->temperature},
+                {"--timeout", 1e-3, LOOM_MAX_TIMEOUT, &o->timeout}};
     const struct {
         const char *flag, **dst;
     } strs[] = {
@@ -86,10 +89,10 @@ static int parse(int argc, char **argv, gpt_opts *o) {
             known = ok = true, o->devices = 0;
         for (size_t k = 0; !known && k < sizeof ints / sizeof *ints; k++)
             if ((known = !strcmp(f, ints[k].flag)))
-                ok = cli_int(f, v, ints[k].min, ints[k].dst);
+                ok = cli_int(f, v, ints[k].min, ints[k].max, ints[k].dst);
         for (size_t k = 0; !known && k < sizeof nums / sizeof *nums; k++)
             if ((known = !strcmp(f, nums[k].flag)))
-                ok = cli_num(f, v, nums[k].min, nums[k].dst);
+                ok = cli_num(f, v, nums[k].min, nums[k].max, nums[k].dst);
         for (size_t k = 0; !known && k < sizeof strs / sizeof *strs; k++)
             if ((known = !strcmp(f, strs[k].flag))) {
                 bool text = strs[k].dst == &o->start; /* (may be empty: then refused later) */
@@ -100,7 +103,7 @@ static int parse(int argc, char **argv, gpt_opts *o) {
         if (!known && !strcmp(f, "--seed")) {
             int64_t n = 0;
             known = true;
-            if ((ok = cli_int(f, v, 0, &n)))
+            if ((ok = cli_int(f, v, 0, INT64_MAX, &n)))
                 o->seed = (uint64_t)n;
         }
         if (!known)
@@ -109,6 +112,19 @@ static int parse(int argc, char **argv, gpt_opts *o) {
             return 2;
         i++;
     }
+    int64_t rows = o->batch > VAL_ROWS ? o->batch : VAL_ROWS, elems;
+    if (!cli_mul("--batch x --context", rows, o->shape.context, CLI_MAX_BATCH_ELEMS, &elems))
+        return 2;
+    /* the blocks' weights, 12 width^2 a layer (the embeddings are bounded once the vocabulary is
+     * known, by loom_gpt_new): at most 2^31 parameters */
+    int64_t w2, layer, params;
+    if (!cli_mul("--width x --width", o->shape.width, o->shape.width, INT64_MAX, &w2) ||
+        !cli_mul("12 x --width^2", 12, w2, INT64_MAX, &layer) ||
+        !cli_mul("--layers x 12 --width^2 (parameters)", o->shape.layers, layer, (int64_t)1 << 31,
+                 &params))
+        return 2;
+    if (o->min_lr > o->lr)
+        return cli_fail("--min-lr: expected at most --lr (%g), got %g", o->lr, o->min_lr), 2;
     if (o->beta2 >= 1)
         return cli_fail("--beta2: expected a number < 1, got %g", o->beta2), 2;
     if (o->dropout >= 1)
@@ -127,9 +143,6 @@ static int parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("%s: expected --init FILE with trained weights", argv[1]), 2;
     return 0;
 }
-
-/* Validation batches: 64 windows (the short last one on a graph of its own: its own program). */
-#define VAL_ROWS 64
 
 typedef struct {
     loom_text *text;
@@ -166,6 +179,67 @@ static int run_devices(const gpt_opts *o, gpt_run *r) {
     return 0;
 }
 
+/* The text's vocabulary, its characters in token order as UTF-8 (malloc'd; NULL: no memory). */
+static char *vocabulary(const loom_text *t) {
+    int64_t v = loom_text_vocab(t);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)v);
+    char *s = malloc(4 * (size_t)v + 1);
+    for (int64_t i = 0; tok && i < v; i++)
+        tok[i] = (int32_t)i;
+    if (tok && s)
+        loom_text_decode(t, tok, v, s, 4 * (size_t)v + 1);
+    free(tok);
+    if (!tok)
+        free(s), s = NULL;
+    return s;
+}
+
+/* The length of the UTF-8 character at s (1 for a byte that starts none). */
+static int char_len(const char *s) {
+    unsigned c = (unsigned char)*s;
+    int n = c < 0x80             ? 1
+            : (c & 0xE0) == 0xC0 ? 2
+            : (c & 0xF0) == 0xE0 ? 3
+            : (c & 0xF8) == 0xF0 ? 4
+                                 : 1;
+    for (int i = 1; i < n; i++)
+        if (!s[i])
+            return i;
+    return n;
+}
+
+/* Whether --init's weights were trained on the data's vocabulary: loom's weights carry theirs
+ * ("vocabulary" in the safetensors metadata), compared character by character; weights without
+ * it (PyTorch's) are taken with a warning. 0, or 1 after one line naming the first difference. */
+static int check_vocabulary(const gpt_run *r, const char *init) {
+    const char *theirs = loom_model_meta(r->m, "vocabulary");
+    char *ours = vocabulary(r->text);
+    if (!ours)
+        return cli_fail("--init: out of memory");
+    int rc = 0;
+    if (!theirs) {
+        fprintf(stderr,
+                "loom: --init: %s records no vocabulary (not loom's weights?): taken to be "
+                "the %lld characters of the data\n",
+                init, (long long)loom_text_vocab(r->text));
+    } else if (strcmp(theirs, ours) != 0) {
+        const char *a = theirs, *b = ours;
+        int64_t k = 0;
+        while (*a && *b && char_len(a) == char_len(b) && !memcmp(a, b, (size_t)char_len(a)))
+            a += char_len(a), b += char_len(b), k++;
+        char wa[8] = "(none)", wb[8] = "(none)";
+        if (*a)
+            snprintf(wa, sizeof wa, "'%.*s'", char_len(a), a);
+        if (*b)
+            snprintf(wb, sizeof wb, "'%.*s'", char_len(b), b);
+        rc = cli_fail("--init: %s was trained on another vocabulary: token %lld is %s there, %s in "
+                      "the data",
+                      init, (long long)k, wa, wb);
+    }
+    free(ours);
+    return rc;
+}
+
 /* The text, the model of the options' shape, and --init's weights. */
 static int run_new(const gpt_opts *o, gpt_run *r) {
     memset(r, 0, sizeof *r);
@@ -174,9 +248,7 @@ static int run_new(const gpt_opts *o, gpt_run *r) {
         return cli_fail("--data: %s", loom_last_error());
     loom_gpt_config c = o->shape;
     c.vocab = loom_text_vocab(r->text), c.dropout = o->dropout;
-    int64_t ntrain, nval;
-    loom_text_split(r->text, false, &ntrain);
-    loom_text_split(r->text, true, &nval);
+    int64_t ntrain = loom_text_count(r->text, false), nval = loom_text_count(r->text, true);
     if (!o->sample && (c.context >= ntrain || c.context >= nval))
         return cli_fail("--context: %lld tokens, longer than the text's training split (%lld) or "
                         "validation split (%lld)",
@@ -187,14 +259,15 @@ static int run_new(const gpt_opts *o, gpt_run *r) {
     loom_gpt_init(r->gpt, o->seed);
     if (o->init && loom_model_load(r->m, o->init))
         return cli_fail("--init: %s", loom_last_error());
+    if (o->init && check_vocabulary(r, o->init))
+        return 1;
     return 0;
 }
 
 /* The mean loss over the whole validation split, in non-overlapping windows of the context (every
  * token counted once, whatever the devices). */
 static double val_loss(gpt_run *r, int64_t T) {
-    int64_t n;
-    const int32_t *val = loom_text_split(r->text, true, &n);
+    int64_t n = loom_text_count(r->text, true);
     int64_t windows = (n - 1) / T, per = VAL_ROWS;
     int32_t *x = r->x, *y = r->y;
     double total = 0;
@@ -202,8 +275,8 @@ static double val_loss(gpt_run *r, int64_t T) {
     for (int64_t w0 = 0; w0 < windows; w0 += per) {
         int64_t rows = windows - w0 < per ? windows - w0 : per, shape[2] = {rows, T};
         for (int64_t k = 0; k < rows; k++) {
-            memcpy(x + k * T, val + (w0 + k) * T, sizeof(int32_t) * (size_t)T);
-            memcpy(y + k * T, val + (w0 + k) * T + 1, sizeof(int32_t) * (size_t)T);
+            loom_text_tokens(r->text, true, (w0 + k) * T, T, x + k * T);
+            loom_text_tokens(r->text, true, (w0 + k) * T + 1, T, y + k * T);
         }
         loom_graph *g = rows == per ? r->full : r->tail;
         loom_graph_reset(g);
@@ -249,6 +322,8 @@ static int train(const gpt_opts *o) {
             rc = cli_fail("%s", loom_last_error());
     }
     bool talk = !rc && loom_devices_process(d) == 0;
+    cli_catch_stop();
+    cli_stop_agree(rc ? NULL : d);
     if (talk)
         printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
                "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
@@ -259,7 +334,8 @@ static int train(const gpt_opts *o) {
         loom_optim_decay_matrices_only(opt, o->weight_decay);
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, last_val = NAN;
     int64_t counted = 0;
-    for (int64_t s = 0; !rc && s < o->steps; s++) {
+    int64_t s = 0;
+    for (; !rc && s < o->steps && !cli_stopping(); s++) {
         int64_t shape[2] = {B, T};
         if (loom_text_batch(r.text, s, B, T, o->seed, !o->no_shuffle, x, y)) {
             rc = cli_fail("%s", loom_last_error());
@@ -293,13 +369,23 @@ static int train(const gpt_opts *o) {
             sum = 0, counted = 0, t_interval = now();
         }
     }
+    if (!rc && cli_stop_signal()) { /* (across processes: they all stopped after step s) */
+        if (talk)
+            fprintf(stderr, "loom: stopped by %s after step %lld: %s\n", cli_stop_name(),
+                    (long long)s, o->save ? "no weights saved" : "nothing else written");
+        rc = 128 + cli_stop_signal();
+    }
+    cli_stop_agree(NULL);
     if (!rc && talk) {
         printf("val loss: %.4f\n", last_val);
         printf("%lld steps in %.1f s (evaluation %.1f s of it)\n", (long long)o->steps, now() - t0,
                eval_s);
     }
-    if (!rc && o->save && talk && loom_model_save(r.m, o->save))
-        rc = cli_fail("--save: %s", loom_last_error());
+    char *vocab = !rc && o->save && talk ? vocabulary(r.text) : NULL;
+    if (!rc && o->save && talk &&
+        (!vocab || loom_model_set_meta(r.m, "vocabulary", vocab) || loom_model_save(r.m, o->save)))
+        rc = cli_fail("--save: %s", vocab ? loom_last_error() : "out of memory");
+    free(vocab);
     loom_graph_free(g);
     loom_optim_free(opt);
     run_free(&r);
@@ -335,20 +421,36 @@ static int32_t pick(const float *logits, int64_t vocab, double temperature, int6
     return (int32_t)(vocab - 1);
 }
 
+/* The text of n tokens on stdout, as they come. */
+static void put_tokens(const loom_text *t, const int32_t *toks, int64_t n) {
+    char buf[4 * 64 + 1];
+    for (int64_t i = 0; i < n; i += 64) {
+        loom_text_decode(t, toks + i, n - i < 64 ? n - i : 64, buf, sizeof buf);
+        fputs(buf, stdout);
+    }
+    fflush(stdout);
+}
+
 static int sample(const gpt_opts *o) {
     gpt_run r;
     int rc = run_new(o, &r);
-    int64_t T = o->shape.context, V = rc ? 0 : loom_text_vocab(r.text);
-    int64_t cap = (int64_t)strlen(o->start) + o->tokens + 1, n = 0;
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)cap),
-            *win = malloc(sizeof(int32_t) * (size_t)T);
-    double *p = malloc(sizeof(double) * (size_t)(V + 1));
+    int64_t T = o->shape.context, V = rc ? 0 : loom_text_vocab(r.text), n = 0, bytes = 0;
+    int32_t *toks = NULL, *win = NULL;
+    double *p = NULL;
+    if (!rc && !cli_mul("--tokens + --start", (int64_t)strlen(o->start) + o->tokens + 1,
+                        sizeof(int32_t), INT64_MAX / 2, &bytes))
+        rc = 2;
+    if (!rc && (!(toks = malloc((size_t)bytes)) || !(win = malloc(sizeof(int32_t) * (size_t)T)) ||
+                !(p = malloc(sizeof(double) * (size_t)(V + 1)))))
+        rc = cli_fail("--tokens: out of memory for %lld tokens", (long long)o->tokens);
     if (!rc && loom_text_encode(r.text, o->start, toks, &n))
         rc = cli_fail("--start: %s", loom_last_error());
     if (!rc && n == 0)
         rc = cli_fail("--start: expected at least one character to start from");
     loom_graph *g = rc ? NULL : loom_graph_new(r.m);
-    for (int64_t i = 0; !rc && i < o->tokens; i++) {
+    if (!rc)
+        cli_catch_stop(), put_tokens(r.text, toks, n);
+    for (int64_t i = 0; !rc && i < o->tokens && !cli_stopping(); i++) {
         /* the last T tokens (fewer at first: then padded after, which causal attention ignores) */
         int64_t len = n < T ? n : T, shape[2] = {1, T};
         memset(win, 0, sizeof(int32_t) * (size_t)T);
@@ -363,15 +465,12 @@ static int sample(const gpt_opts *o) {
         const float *l = (const float *)loom_tensor_data(logits) + (len - 1) * V;
         toks[n++] = pick(l, V, o->temperature, o->top_k,
                          loom_rand_uniform(o->seed, 4ull << 32, (uint64_t)i), p);
+        put_tokens(r.text, toks + n - 1, 1);
     }
-    if (!rc) {
-        size_t size = (size_t)(4 * n + 1);
-        char *text = malloc(size);
-        loom_text_decode(r.text, toks, n, text, size);
-        fputs(text, stdout);
+    if (!rc)
         fputc('\n', stdout);
-        free(text);
-    }
+    if (!rc && cli_stop_signal())
+        rc = 128 + cli_stop_signal();
     loom_graph_free(g);
     run_free(&r);
     free(toks), free(win), free(p);
@@ -395,7 +494,9 @@ static int eval(const gpt_opts *o) {
 
 int cli_gpt(int argc, char **argv) {
     gpt_opts o;
+    cli_quiet_others(true);
     int rc = parse(argc, argv, &o);
+    cli_quiet_others(false);
     if (rc)
         return rc;
     return o.sample ? sample(&o) : o.eval ? eval(&o) : train(&o);

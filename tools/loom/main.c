@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] =
+static const char commands[] =
     "usage: loom train RECIPE [options]   train a built-in recipe (fmnist-mlp, fmnist-cnn)\n"
     "       loom train shakespeare-gpt [options]   a character-level GPT on a text (nanoGPT's\n"
     "                                     shakespeare-char run; options below)\n"
@@ -17,8 +17,10 @@ static const char usage[] =
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
-    "\n"
-    "train options:\n"
+    "       loom COMMAND --help           that command's options\n";
+
+static const char train_options[] =
+    "train options (loom train RECIPE, loom eval RECIPE):\n"
     "  --epochs N          passes over the training set (default 1)\n"
     "  --steps N           stop after N optimizer steps (default: all)\n"
     "  --batch N           batch size (default 128)\n"
@@ -31,47 +33,83 @@ static const char usage[] =
     "  --beta1 X, --beta2 X  AdamW's moment decays (default 0.9, 0.999)\n"
     "  --warmup-steps N    linear learning-rate warm-up over the first N steps (default 0)\n"
     "  --decay-steps N     cosine learning-rate decay down to --min-lr at step N (default: none)\n"
-    "  --min-lr X          the learning rate after --decay-steps (default 0)\n"
-    "  --clip-norm X       clip the gradients' global norm to X (default: no clipping)\n"
+    "  --min-lr X          the learning rate after --decay-steps, at most --lr (default 0)\n"
+    "  --clip-norm X       clip the gradients' global norm to X (default and 0: no clipping)\n"
     "  --seed N            seed of initialisation and shuffling (default 0)\n"
     "  --data DIR          Fashion-MNIST directory (default $LOOM_DATA or the Debian path)\n"
     "  --no-shuffle        take batches in file order\n"
     "  --drop-last         drop the final short batch of each epoch\n"
     "  --init FILE         initial weights (safetensors, PyTorch state_dict names)\n"
     "  --save FILE         write the trained weights (safetensors) after training\n"
-    "  --log-dir DIR       write DIR/metrics.csv\n"
-    "  --devices N|auto    data-parallel devices of this process, one per core it may run on\n"
-    "                      by default (auto; under mpirun, per process: give each the same)\n"
+    "  --log-dir DIR       write DIR/metrics.csv, a whole row at a time\n"
+    "  --log-errors stop|warn  a log write that fails stops the run (stop, the default) or\n"
+    "                      warns once and trains on without the log (warn)\n"
+    "  --devices N|auto    data-parallel devices of this process (1 to 256), one per core it may\n"
+    "                      run on by default (auto; under mpirun, per process: give each the "
+    "same)\n"
     "  --dist auto|local|mpi  across the processes of an MPI job (auto: when started by\n"
     "                      mpirun or mpiexec), or this process alone\n"
-    "  --timeout S         seconds before a stuck step fails every device (default 60)\n"
+    "  --timeout S         seconds before a stuck step fails every device (default 60, at most\n"
+    "                      1e6)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
-    "                      or infinite (without it training stops after that step)\n"
-    "\n"
-    "shakespeare-gpt options (defaults: nanoGPT's CPU run of shakespeare-char):\n"
-    "  --data FILE         UTF-8 text, plain or gzip'd (default: the project's Tiny Shakespeare)\n"
+    "                      or infinite (without it training stops after that step)\n";
+
+static const char gpt_options[] =
+    "shakespeare-gpt options (loom train|eval|sample shakespeare-gpt; defaults: nanoGPT's CPU\n"
+    "run of shakespeare-char):\n"
+    "  --data FILE         UTF-8 text, plain or gzip'd, at most 1 GiB (default: the project's\n"
+    "                      Tiny Shakespeare)\n"
     "  --layers N --heads N --width N --context N   the model (4, 4, 128, 64)\n"
     "  --steps N --batch N (2000, 12)   --lr X (1e-3)   --warmup-steps N (100)\n"
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
-    "  --clip-norm X (1.0)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N (250)\n"
-    "  --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE   --save FILE\n"
+    "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
+    "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE\n"
+    "  --save FILE\n"
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
-/* This process's rank as an MPI launcher's environment gives it (-1: none). */
-static int launcher_rank(void) {
-    const char *vars[3] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
-    for (int i = 0; i < 3; i++)
-        if (getenv(vars[i]))
-            return atoi(getenv(vars[i]));
-    return -1;
+static const char cache_help[] =
+    "usage: loom cache clear   remove the compiled kernels and decompressed datasets of\n"
+    "                          $XDG_CACHE_HOME/loom (or ~/.cache/loom); a compile in progress\n"
+    "                          keeps its files\n";
+
+static const char info_help[] =
+    "usage: loom info   version, backends, BLAS, the C compiler and dataset location\n";
+
+/* `loom COMMAND ... --help`: that command's options on stdout; false if argv asks no help. */
+static bool help(int argc, char **argv) {
+    bool asked = false;
+    for (int i = 2; i < argc && !asked; i++)
+        asked = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+    if (!asked)
+        return false;
+    const char *c = argv[1];
+    bool gpt = argc > 2 && !strcmp(argv[2], "shakespeare-gpt");
+    if (!strcmp(c, "cache"))
+        fputs(cache_help, stdout);
+    else if (!strcmp(c, "info"))
+        fputs(info_help, stdout);
+    else if (!strcmp(c, "sample") || gpt)
+        printf("usage: loom %s shakespeare-gpt [options]\n\n%s", c, gpt_options);
+    else if (!strcmp(c, "train") || !strcmp(c, "eval"))
+        printf("usage: loom %s RECIPE [options]   (RECIPE: fmnist-mlp, fmnist-cnn; see `loom %s "
+               "shakespeare-gpt --help` for the GPT)\n\n%s",
+               c, c, train_options);
+    else
+        return false;
+    return true;
 }
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
-        fputs(usage, argc < 2 ? stderr : stdout);
+        FILE *out = argc < 2 ? stderr : stdout;
+        fprintf(out, "%s\n%s\n%s", commands, train_options, gpt_options);
         return argc < 2 ? 2 : 0;
     }
+    if (help(argc, argv))
+        return 0;
+    if (loom_env_check()) /* (LOOM_FAULT: by the devices, which know how many there are) */
+        return cli_fail("%s", loom_last_error()), 2;
     if (!strcmp(argv[1], "cache") && argc == 3 && !strcmp(argv[2], "clear")) {
         int64_t files, bytes;
         if (loom_cache_clear(&files, &bytes))
@@ -91,14 +129,9 @@ int main(int argc, char **argv) {
         return cli_gpt(argc, argv);
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) {
         train_opts o;
-        /* under an MPI launcher every process parses the same arguments: process 0 alone says
-         * what is wrong with them (one line for the job) */
-        FILE *quiet = launcher_rank() > 0 ? fopen("/dev/null", "w") : NULL;
-        if (quiet)
-            cli_set_errors(quiet);
+        cli_quiet_others(true);
         int rc = cli_parse_train(argc, argv, !strcmp(argv[1], "eval"), &o);
-        if (quiet)
-            cli_set_errors(NULL), fclose(quiet);
+        cli_quiet_others(false);
         return rc ? rc : cli_train(&o);
     }
     cli_fail("unknown command '%s' (expected train, eval, info or cache clear; see loom --help)",

@@ -9,43 +9,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-/* SIGINT or SIGTERM received (0: none). The training loop stops at the next step boundary, the
- * step running ends, every file is left whole, and the command exits 128 + the signal. */
-static volatile sig_atomic_t stop_signal;
-static loom_devices *agreeing; /* across processes: they stop together (loom_devices_any) */
-
-/* Whether to stop at this step boundary: a signal here or, across processes, in any of them
- * (each stops at the same step; the signal that stops one is reported by it). */
-static bool stopping(void) {
-    bool stop = stop_signal != 0;
-    if (agreeing && loom_devices_world(agreeing) > loom_devices_count(agreeing) &&
-        loom_devices_any(agreeing, stop) && !stop)
-        stop_signal = SIGTERM;
-    return stop_signal != 0;
-}
-
-static void on_stop(int sig) {
-    stop_signal = sig;
-}
-
-/* Catches the first SIGINT or SIGTERM (a second one, the default: the process ends at once). */
-static void catch_stop_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
 
 static double now(void) {
     struct timespec ts;
@@ -83,7 +52,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
         return cli_fail("evaluation: %s", loom_last_error());
     loom_batch b;
     int64_t correct = 0, seen = 0;
-    while (!stopping() && loom_loader_next(l, &b)) {
+    while (!cli_stopping() && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
         loom_tensor *y, *logits = forward(m, &b, &y);
         loom_output(logits);
@@ -100,30 +69,13 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
     return 0;
 }
 
-static FILE *open_log(const char *dir) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        cli_fail("--log-dir: cannot create '%s': %s", dir, strerror(errno));
-        return NULL;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.csv", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        cli_fail("--log-dir: cannot write '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    setvbuf(f, NULL, _IOLBF, 0); /* a row at a time: a killed run leaves whole rows */
-    fputs("step,epoch,loss,lr,samples_per_s,test_accuracy\n", f);
-    return f;
-}
-
 typedef struct {
     const train_opts *o;
     model_ctx m;
     loom_optim *opt;
     loom_loader *loader;
     const loom_dataset *test;
-    FILE *log;
+    cli_log *log;
     int64_t step;
     double train_seconds, warm_seconds; /* every step's, and those after WARMUP_STEPS */
     int64_t samples, warm_samples;
@@ -146,7 +98,7 @@ typedef struct {
 
 /* Accounts for a step that has ended: n samples, its loss, dt seconds since the step before it
  * ended (the steps overlap: the next one was recorded while it ran). */
-static void step_ended(run_state *r, epoch_state *e, int64_t n, double loss, double dt) {
+static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, double dt) {
     const train_opts *o = r->o;
     e->last = loss;
     r->train_seconds += dt;
@@ -161,15 +113,16 @@ static void step_ended(run_state *r, epoch_state *e, int64_t n, double loss, dou
         r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
     }
     double rate = e->tick_samples / (now() - e->tick + 1e-12);
-    if (r->log)
-        fprintf(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step, (long long)e->epoch + 1,
-                loss, o->lr, rate);
+    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step,
+                    (long long)e->epoch + 1, loss, o->lr, rate))
+        return 1;
     if (e->i % 100 == 0 || e->i == e->nb || (o->steps && r->step >= o->steps)) {
         printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)e->epoch + 1,
                (long long)e->i, (long long)e->nb, loss, rate);
         fflush(stdout);
         e->tick = now(), e->tick_samples = 0;
     }
+    return 0;
 }
 
 /* A step that failed (its wait or submit), named by its training step. */
@@ -187,7 +140,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     epoch_state e = {epoch, 0, loom_loader_batches(r->loader), 0, t0, 0};
     int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
     loom_loader_start_epoch(r->loader, epoch);
-    while (!*done && !stopping() && loom_loader_next(r->loader, &b)) {
+    while (!*done && !cli_stopping() && loom_loader_next(r->loader, &b)) {
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
@@ -198,7 +151,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
             if (loom_graph_wait(r->m.g, &value))
                 return step_failed(r);
             double at = now();
-            step_ended(r, &e, running, value, at - ended_at);
+            if (step_ended(r, &e, running, value, at - ended_at))
+                return 1;
             ended_at = at;
         }
         if (loom_graph_submit(r->m.g))
@@ -210,27 +164,29 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         double value;
         if (loom_graph_wait(r->m.g, &value))
             return step_failed(r);
-        step_ended(r, &e, running, value, now() - ended_at);
+        if (step_ended(r, &e, running, value, now() - ended_at))
+            return 1;
     }
-    if (stop_signal) /* the step that ran has ended and is logged: no evaluation */
+    if (cli_stop_signal()) /* the step that ran has ended and is logged: no evaluation */
         return 0;
     double last = e.last;
     double acc = 0;
     if (evaluate(&r->m, r->test, &acc))
         return 1;
-    if (stop_signal) /* the evaluation was cut short: no accuracy of part of the test set */
+    if (cli_stop_signal()) /* the evaluation was cut short: no accuracy of part of the test set */
         return 0;
     printf("epoch %lld done: last loss %.4f, test accuracy %.4f, %.1f s\n", (long long)epoch + 1,
            last, acc, now() - t0);
-    if (r->log)
-        fprintf(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1, last,
-                o->lr, acc);
+    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1,
+                    last, o->lr, acc))
+        return 1;
     r->last_acc = acc;
     return 0;
 }
 
 /* Whether the weights can be written where --save says, before any training: a temporary file
- * beside the target is created and removed. */
+ * beside the target is created, a block written to it and synced (so that a full disk is found
+ * now), and removed. */
 int cli_check_save(const char *path) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
@@ -240,8 +196,13 @@ int cli_check_save(const char *path) {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0)
         return cli_fail("--save: cannot write '%s': %s", path, strerror(errno));
-    close(fd);
+    static const char block[4096];
+    ssize_t w = write(fd, block, sizeof block);
+    int err = w < 0 ? errno : w < (ssize_t)sizeof block ? ENOSPC : fsync(fd) ? errno : 0;
+    err = close(fd) && !err ? errno : err;
     unlink(tmp);
+    if (err)
+        return cli_fail("--save: cannot write '%s': %s", path, strerror(err));
     return 0;
 }
 
@@ -259,14 +220,16 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     if (!r->devs)
         return cli_fail("%s", loom_last_error());
     r->writer = loom_devices_process(r->devs) == 0;
-    agreeing = r->devs;
+    cli_stop_agree(r->devs);
     if (loom_devices_world(r->devs) > loom_devices_count(r->devs))
         cli_hold_errors(); /* one line for the job, from the process that failed, as it ends it */
     if (!r->writer && !freopen("/dev/null", "w", stdout)) /* progress: process 0's */
         return cli_fail("cannot quiet the output of process %d", loom_devices_process(r->devs));
     if (r->writer && !o->eval_only && o->save && cli_check_save(o->save))
         return 1;
-    if (r->writer && !o->eval_only && o->log_dir && !(r->log = open_log(o->log_dir)))
+    if (r->writer && !o->eval_only && o->log_dir &&
+        !(r->log = cli_log_open(o->log_dir, "step,epoch,loss,lr,samples_per_s,test_accuracy\n",
+                                o->log_warn)))
         return 1;
     loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
@@ -333,12 +296,12 @@ static double process_start(void) {
 
 int cli_train(const train_opts *o) {
     run_state r = {.o = o, .started = process_start()};
-    catch_stop_signals();
+    cli_catch_stop();
     loom_model *model = loom_model_new();
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
-    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)) && !stop_signal)
+    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)) && !cli_stop_signal())
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only) {
         int world = loom_devices_world(r.devs), here = loom_devices_count(r.devs);
@@ -350,15 +313,15 @@ int cli_train(const train_opts *o) {
                (long long)o->batch, o->optimizer, o->lr);
     }
     bool done = false;
-    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !stop_signal; e++)
+    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !cli_stop_signal(); e++)
         rc = train_epoch(&r, e, &done);
-    if (!rc && stop_signal) { /* (process 0's line, across processes: they all stopped here) */
+    if (!rc &&
+        cli_stop_signal()) { /* (process 0's line, across processes: they all stopped here) */
         if (r.writer)
-            fprintf(stderr, "loom: stopped by %s after step %lld: %s%s\n",
-                    stop_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)r.step,
-                    r.log ? "metrics.csv ends with that step; " : "",
+            fprintf(stderr, "loom: stopped by %s after step %lld: %s%s\n", cli_stop_name(),
+                    (long long)r.step, r.log ? "metrics.csv ends with that step; " : "",
                     o->save ? "no weights saved" : "nothing else written");
-        rc = 128 + stop_signal;
+        rc = 128 + cli_stop_signal();
     }
     if (!rc && !o->eval_only) {
         printf("test accuracy: %.4f\n", r.last_acc);
@@ -386,12 +349,12 @@ int cli_train(const train_opts *o) {
         else
             printf("saved %s\n", o->save);
     }
-    if (r.log)
-        fclose(r.log);
+    if (cli_log_close(r.log) && !rc)
+        rc = 1;
     if (rc && cli_held_error()) /* across processes: this one failed, the job ends with it */
         loom_devices_abort(r.devs, cli_held_error());
     loom_graph_free(r.m.g);
-    agreeing = NULL;
+    cli_stop_agree(NULL);
     loom_devices_free(r.devs);
     loom_loader_free(r.loader);
     loom_optim_free(r.opt);

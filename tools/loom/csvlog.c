@@ -1,0 +1,105 @@
+/*
+ * csvlog.c - `--log-dir DIR`: DIR/metrics.csv, a row at a time. Every row is formatted whole and
+ * written with write(2), and every write and the close are checked: a row that cannot be written
+ * (a full disk, a quota, an I/O error) is cut off again, so the file always ends on a whole row,
+ * and the run stops with one line naming the file and the reason; with --log-errors warn it says
+ * so once and trains on without the log.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct cli_log {
+    int fd;         /* -1 once given up (warn_only) */
+    off_t good;     /* bytes of whole rows written */
+    bool warn_only; /* a failed write warns once and logging stops; else the run stops */
+    char path[4200];
+};
+
+/* Gives up on the log after a failed write or close (why): 1 after one line, or 0 after a
+ * warning when warn_only. */
+static int give_up(cli_log *l, const char *why) {
+    if (l->fd >= 0) {
+        int cut = ftruncate(l->fd, l->good); /* the file ends on a whole row */
+        (void)cut;
+        close(l->fd);
+    }
+    l->fd = -1;
+    if (!l->warn_only)
+        return cli_fail("--log-dir: cannot write '%s': %s", l->path, why);
+    fprintf(stderr, "loom: --log-dir: cannot write '%s': %s; training on without it\n", l->path,
+            why);
+    return 0;
+}
+
+static int write_all(cli_log *l, const char *buf, size_t n) {
+    for (size_t k = 0; k < n;) {
+        ssize_t w = write(l->fd, buf + k, n - k);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return give_up(l, w < 0 ? strerror(errno) : "nothing written");
+        k += (size_t)w;
+    }
+    l->good += (off_t)n;
+    return 0;
+}
+
+cli_log *cli_log_open(const char *dir, const char *header, bool warn_only) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        cli_fail("--log-dir: cannot create '%s': %s", dir, strerror(errno));
+        return NULL;
+    }
+    cli_log *l = calloc(1, sizeof *l);
+    if (!l) {
+        cli_fail("--log-dir: out of memory");
+        return NULL;
+    }
+    snprintf(l->path, sizeof l->path, "%s/metrics.csv", dir);
+    l->warn_only = warn_only;
+    l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (l->fd < 0) {
+        cli_fail("--log-dir: cannot write '%s': %s", l->path, strerror(errno));
+        free(l);
+        return NULL;
+    }
+    l->warn_only = false; /* the header must be there: a log that cannot start stops the run */
+    if (write_all(l, header, strlen(header))) {
+        free(l);
+        return NULL;
+    }
+    l->warn_only = warn_only;
+    return l;
+}
+
+int cli_log_row(cli_log *l, const char *fmt, ...) {
+    if (!l || l->fd < 0)
+        return 0;
+    char row[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(row, sizeof row, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof row)
+        return give_up(l, "a row longer than 511 bytes");
+    return write_all(l, row, (size_t)n);
+}
+
+int cli_log_close(cli_log *l) {
+    if (!l)
+        return 0;
+    int rc = 0;
+    if (l->fd >= 0 && (fsync(l->fd) != 0 || close(l->fd) != 0)) {
+        l->fd = -1;
+        rc = l->warn_only ? 0
+                          : cli_fail("--log-dir: cannot write '%s': %s", l->path, strerror(errno));
+    }
+    free(l);
+    return rc;
+}

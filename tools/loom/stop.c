@@ -1,0 +1,48 @@
+/*
+ * stop.c - SIGINT and SIGTERM for every training command (`loom train` of the recipes and of
+ * shakespeare-gpt): the first one is caught and the loop stops at the next step boundary, the
+ * step running ends, every file is left whole, and the command exits 128 + the signal; a second
+ * one ends the process at once (the default action). Across the processes of an MPI job they
+ * stop together, at the same step (loom_devices_any).
+ */
+#include "cli.h"
+
+#include <signal.h>
+#include <string.h>
+
+static volatile sig_atomic_t stop_signal;
+static loom_devices *agreeing; /* across processes: they stop together */
+
+static void on_stop(int sig) {
+    stop_signal = sig;
+}
+
+void cli_catch_stop(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+void cli_stop_agree(loom_devices *d) {
+    agreeing = d;
+}
+
+bool cli_stopping(void) {
+    bool stop = stop_signal != 0;
+    if (agreeing && loom_devices_world(agreeing) > loom_devices_count(agreeing) &&
+        loom_devices_any(agreeing, stop) && !stop)
+        stop_signal = SIGTERM;
+    return stop_signal != 0;
+}
+
+int cli_stop_signal(void) {
+    return stop_signal;
+}
+
+const char *cli_stop_name(void) {
+    return stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+}
