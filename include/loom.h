@@ -734,6 +734,14 @@ LOOM_API int loom_devices_process(const loom_devices *d);
  * process calls it, in the same order), `mine` itself alone. For decisions every process must
  * take at the same step, such as stopping on a signal one of them received. */
 LOOM_API bool loom_devices_any(loom_devices *d, bool mine);
+/* Whether every process of an MPI job runs the same configuration: items are its n "name=value"
+ * strings (at most 128), in the same order in every process. Process 0 broadcasts their hashes,
+ * each process compares its own, and all learn the first process that differs (in rank order)
+ * and the first item it differs at: EINVAL on every process, the message naming that process
+ * and the item's name and this process's value ("the processes disagree: process 2's --seed
+ * differs from process 0's (--seed=0 here, on process 0)"). A collective (every process calls
+ * it, at the same point); OK at once on one process. */
+LOOM_API loom_status loom_devices_agree(loom_devices *d, const char *const *items, int n);
 /* Fails the devices for `reason`: every device waiting in or entering a step stops (EABORTED);
  * across the processes of an MPI job the whole job ends (MPI_Abort) after one line naming this
  * process (rank, host, pid) and the reason, and this call does not return. */

@@ -249,6 +249,32 @@ TEST(a_fault_in_one_process_ends_the_job_naming_it) {
         fclose(f);
     ASSERT_EQ(said, 1);
 
+    /* processes that disagree (MPMD): one line from process 0 naming the first process and the
+     * first option that differ, before any step (a seed, a learning rate, a recipe, a text) */
+    rc = sh("seed.log", "timeout 60 '%s' -np 1 %s --seed 0 : -np 1 %s --seed 1", mpiexec, base,
+            base);
+    ASSERT(rc != 0 && rc != 124);
+    ASSERT(log_has("seed.log", "loom: the processes disagree: process 1's --seed differs from "
+                               "process 0's (--seed=0 here, on process 0)"));
+    rc = sh("recipe.log", "timeout 60 '%s' -np 1 %s : -np 1 '%s' train fmnist-cnn --devices 1",
+            mpiexec, base, loom_bin);
+    ASSERT(rc != 0 && rc != 124);
+    ASSERT(log_has("recipe.log", "process 1's recipe differs from process 0's (recipe=fmnist-mlp"));
+    char gpt[1024];
+    snprintf(gpt, sizeof gpt,
+             "'%s' train shakespeare-gpt --devices 1 --steps 2 --layers 1 --heads 1 "
+             "--width 8 --context 8",
+             loom_bin);
+    rc = sh("lr.log", "timeout 60 '%s' -np 1 %s : -np 1 %s --lr 0.01", mpiexec, gpt, gpt);
+    ASSERT(rc != 0 && rc != 124);
+    ASSERT(log_has("lr.log", "process 1's --lr differs from process 0's (--lr=0.001 here"));
+    rc = sh("text.log",
+            "head -c 50000 /dev/urandom | base64 > '%s/t.txt' && "
+            "timeout 60 '%s' -np 1 %s : -np 1 %s --data '%s/t.txt'",
+            tmp, mpiexec, gpt, gpt, tmp);
+    ASSERT(rc != 0 && rc != 124);
+    ASSERT(log_has("text.log", "process 1's --data differs from process 0's"));
+
     t0 = now(); /* MPMD: process 1 gets a bad --init and fails before training */
     rc = sh("init.log", "timeout 60 '%s' -np 1 %s : -np 1 %s --init /nonexistent.safetensors",
             mpiexec, base, base);

@@ -866,6 +866,53 @@ bool loom_devices_any(loom_devices *D, bool mine) {
     return v > 0;
 }
 
+/* The 64-bit hash of item as four floats of 16 bits each (exact in any collective). */
+static void item_hash(const char *item, float *out) {
+    loom__hash h;
+    loom__hash_init(&h);
+    loom__hash_bytes(&h, item, strlen(item));
+    uint64_t v = loom__hash_final(&h);
+    for (int k = 0; k < 4; k++)
+        out[k] = (float)(v >> (16 * k) & 0xFFFF);
+}
+
+loom_status loom_devices_agree(loom_devices *D, const char *const *items, int n) {
+    enum { MAX = 128 };
+    if (!D || n < 0 || n > MAX || (n && !items))
+        return loom__error(LOOM_EINVAL, "loom_devices_agree: %d items (expected 0 to %d)", n, MAX);
+    if (D->nproc == 1)
+        return LOOM_OK;
+    float theirs[1 + 4 * MAX] = {(float)n}, mine[4], *diff = loom__calloc((size_t)D->nproc, 4);
+    if (!diff)
+        return loom__error(LOOM_ENOMEM, "loom_devices_agree: out of memory");
+    for (int i = 0; i < n && D->prank == 0; i++)
+        item_hash(items[i], theirs + 1 + 4 * i);
+    loom_status st = loom_comm_broadcast(D->hcomm, theirs, 1 + 4 * MAX, 0);
+    int first = -1, n0 = (int)theirs[0];
+    for (int i = 0; !st && first < 0 && i < (n > n0 ? n : n0); i++) {
+        if (i < n)
+            item_hash(items[i], mine);
+        if (i >= n || i >= n0 || memcmp(mine, theirs + 1 + 4 * i, sizeof mine) != 0)
+            first = i;
+    }
+    float f = (float)first;
+    if (!st)
+        st = loom_comm_allgather(D->hcomm, &f, 1, diff);
+    int rank = -1, at = -1;
+    for (int r = 0; !st && r < D->nproc && rank < 0; r++)
+        if (diff[r] >= 0)
+            rank = r, at = (int)diff[r];
+    loom__free(diff);
+    if (st || rank < 0)
+        return st;
+    const char *item = at < n ? items[at] : "(none)";
+    int len = (int)strcspn(item, "=");
+    return loom__error(LOOM_EINVAL,
+                       "the processes disagree: process %d's %.*s differs from process 0's "
+                       "(%s here, on process %d)",
+                       rank, len, item, item, D->prank);
+}
+
 void loom_devices_abort(loom_devices *D, const char *reason) {
     if (D && D->nproc > 1)
         loom_comm_abort(D->pcomm, reason);

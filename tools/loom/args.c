@@ -85,6 +85,27 @@ bool cli_num(const char *flag, const char *v, double min, double max, double *ou
     return true;
 }
 
+void cli_item(cli_items *it, const char *name, const char *fmt, ...) {
+    if (it->n >= (int)(sizeof it->s / sizeof *it->s))
+        return;
+    char *s = it->s[it->n];
+    int k = snprintf(s, sizeof it->s[0], "%s=", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s + k, sizeof it->s[0] - (size_t)k, fmt, ap);
+    va_end(ap);
+    it->p[it->n] = s;
+    it->n++;
+}
+
+int cli_agree(loom_devices *d, cli_items *it) {
+    if (!loom_devices_agree(d, it->p, it->n))
+        return 0;
+    if (loom_devices_process(d) == 0)
+        fprintf(errors ? errors : stderr, "loom: %s\n", loom_last_error());
+    return 2;
+}
+
 bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out) {
     if (loom_size_mul(a, b, limit, out))
         return true;

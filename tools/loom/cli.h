@@ -66,6 +66,18 @@ typedef struct cli_log cli_log;
 cli_log *cli_log_open(const char *dir, const char *header, bool warn_only);
 int cli_log_row(cli_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_log_close(cli_log *l); /* 0, or 1 after one line; frees l (NULL: nothing) */
+/* A run's configuration as "name=value" items, for the processes of an MPI job to compare
+ * (loom_devices_agree) before the first step. */
+typedef struct {
+    char s[40][200];
+    const char *p[40];
+    int n;
+} cli_items;
+void cli_item(cli_items *it, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* 0 when every process has the same items; else 2, after one line from process 0 naming the
+ * first process and option that differ (every process returns, none aborts the job). */
+int cli_agree(loom_devices *d, cli_items *it);
 /* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1
  * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -165,6 +165,44 @@ static void run_free(gpt_run *r) {
     loom_text_free(r->text);
 }
 
+static char *vocabulary(const loom_text *t);
+
+/* Whether every process of an MPI job runs this configuration (the text compared by its size and
+ * vocabulary, paths may differ between machines). 0, or 2 after process 0's line. */
+static int agree(const gpt_opts *o, const gpt_run *r) {
+    cli_items it = {.n = 0};
+    const loom_gpt_config *c = &o->shape;
+    cli_item(&it, "command", "%s", o->sample ? "sample" : o->eval ? "eval" : "train");
+    cli_item(&it, "--layers", "%lld", (long long)c->layers);
+    cli_item(&it, "--heads", "%lld", (long long)c->heads);
+    cli_item(&it, "--width", "%lld", (long long)c->width);
+    cli_item(&it, "--context", "%lld", (long long)c->context);
+    cli_item(&it, "--steps", "%lld", (long long)o->steps);
+    cli_item(&it, "--batch", "%lld", (long long)o->batch);
+    cli_item(&it, "--warmup-steps", "%lld", (long long)o->warmup);
+    cli_item(&it, "--decay-steps", "%lld", (long long)o->decay);
+    cli_item(&it, "--eval-interval", "%lld", (long long)o->eval_interval);
+    cli_item(&it, "--lr", "%.17g", o->lr);
+    cli_item(&it, "--min-lr", "%.17g", o->min_lr);
+    cli_item(&it, "--weight-decay", "%.17g", o->weight_decay);
+    cli_item(&it, "--clip-norm", "%.17g", o->clip);
+    cli_item(&it, "--beta2", "%.17g", o->beta2);
+    cli_item(&it, "--dropout", "%.17g", o->dropout);
+    cli_item(&it, "--seed", "%llu", (unsigned long long)o->seed);
+    cli_item(&it, "--no-shuffle", "%d", o->no_shuffle);
+    cli_item(&it, "--timeout", "%.17g", o->timeout);
+    cli_item(&it, "--init", "%s", o->init ? "given" : "none");
+    char *vocab = vocabulary(r->text);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the vocabulary */
+    for (const char *s = vocab ? vocab : ""; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    free(vocab);
+    cli_item(&it, "--data", "%lld characters, vocabulary of %lld (hash %016llx)",
+             (long long)(loom_text_count(r->text, false) + loom_text_count(r->text, true)),
+             (long long)loom_text_vocab(r->text), (unsigned long long)h);
+    return cli_agree(r->d, &it);
+}
+
 /* The devices (--devices, --timeout), the validation graphs on them, the batch buffers. */
 static int run_devices(const gpt_opts *o, gpt_run *r) {
     size_t rows = (size_t)(o->batch > VAL_ROWS ? o->batch : VAL_ROWS);
@@ -176,7 +214,7 @@ static int run_devices(const gpt_opts *o, gpt_run *r) {
     if (!r->x || !r->y || !r->d || !r->full || !r->tail || loom_graph_set_devices(r->full, r->d) ||
         loom_graph_set_devices(r->tail, r->d))
         return cli_fail("%s", *loom_last_error() ? loom_last_error() : "out of memory");
-    return 0;
+    return agree(o, r);
 }
 
 /* The text's vocabulary, its characters in token order as UTF-8 (malloc'd; NULL: no memory). */

@@ -206,6 +206,39 @@ int cli_check_save(const char *path) {
     return 0;
 }
 
+/* Whether every process of an MPI job runs this configuration (paths may differ between
+ * machines: the data are compared by their sizes instead). 0, or 2 after process 0's line. */
+static int agree(const run_state *r, const loom_dataset *train, const loom_dataset *test) {
+    const train_opts *o = r->o;
+    cli_items it = {.n = 0};
+    cli_item(&it, "recipe", "%s", o->recipe);
+    cli_item(&it, "--epochs", "%lld", (long long)o->epochs);
+    cli_item(&it, "--steps", "%lld", (long long)o->steps);
+    cli_item(&it, "--batch", "%lld", (long long)o->batch);
+    cli_item(&it, "--optimizer", "%s", o->optimizer);
+    cli_item(&it, "--lr", "%.17g", o->lr);
+    cli_item(&it, "--momentum", "%.17g", o->momentum);
+    cli_item(&it, "--nesterov", "%d", o->nesterov);
+    cli_item(&it, "--weight-decay", "%.17g", o->weight_decay);
+    cli_item(&it, "--decay-matrices-only", "%d", o->decay_matrices_only);
+    cli_item(&it, "--beta1", "%.17g", o->beta1);
+    cli_item(&it, "--beta2", "%.17g", o->beta2);
+    cli_item(&it, "--warmup-steps", "%lld", (long long)o->warmup_steps);
+    cli_item(&it, "--decay-steps", "%lld", (long long)o->decay_steps);
+    cli_item(&it, "--min-lr", "%.17g", o->min_lr);
+    cli_item(&it, "--clip-norm", "%.17g", o->clip_norm);
+    cli_item(&it, "--seed", "%llu", (unsigned long long)o->seed);
+    cli_item(&it, "--no-shuffle", "%d", o->no_shuffle);
+    cli_item(&it, "--drop-last", "%d", o->drop_last);
+    cli_item(&it, "--detect-anomaly", "%d", o->detect_anomaly);
+    cli_item(&it, "--timeout", "%.17g", o->timeout);
+    cli_item(&it, "--init", "%s", o->init ? "given" : "none");
+    cli_item(&it, "--data", "%lld training and %lld test samples",
+             train ? (long long)loom_dataset_count(train) : 0LL,
+             test ? (long long)loom_dataset_count(test) : 0LL);
+    return cli_agree(r->devs, &it);
+}
+
 static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dataset **test) {
     const train_opts *o = r->o;
     const loom_layer *layers = loom_recipe(o->recipe, &r->m.flatten);
@@ -242,6 +275,9 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     loom_sequential_init(r->m.net, o->seed);
     if (o->init && loom_model_load(model, o->init))
         return cli_fail("--init: %s", loom_last_error());
+    int disagree = agree(r, *train, *test);
+    if (disagree)
+        return disagree;
     r->test = *test;
     r->m.g = loom_graph_new(model);
     if (!r->m.g || loom_graph_set_devices(r->m.g, r->devs))
