@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors idx kernel_cache args)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors idx kernel_cache args gpt_args text)
 build=${FUZZ_BUILD:-build-fuzz}
 cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DLOOM_SANITIZE=address -DLOOM_FUZZ=ON >/dev/null

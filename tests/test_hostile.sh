@@ -54,6 +54,29 @@ else
     fail "CC='cc -O2': $(grep -i 'compil' "$tmp/out" | head -3)"
 fi
 
+# 10. `loom cache clear` while a compile runs leaves its files alone; a build whose files went
+# anyway is tried once more
+printf '#!/bin/sh\ncase "$*" in *--version*) ;; *) sleep 3;; esac\nexec cc "$@"\n' >"$tmp/slowcc"
+printf '#!/bin/sh\ncase "$*" in *--version*) ;; *) [ -e "%s/lost" ] || { touch "%s/lost"; for a; do case "$a" in *.c) rm -f "$a";; esac; done; };; esac\nexec cc "$@"\n' "$tmp" "$tmp" >"$tmp/losecc"
+chmod +x "$tmp/slowcc" "$tmp/losecc"
+XDG_CACHE_HOME="$tmp/cc3" CC="$tmp/slowcc" LOOM_METRICS=1 "$loom" train fmnist-mlp --steps 1 >"$tmp/out" 2>&1 &
+pid=$!
+sleep 1.5
+XDG_CACHE_HOME="$tmp/cc3" LOOM_DATA_CACHE=off "$loom" cache clear >"$tmp/clear" 2>&1
+wait $pid
+rc=$?
+if [ $rc = 0 ] && ! grep -q "interpreted" "$tmp/out" && grep -q "compiles [1-9]" "$tmp/out"; then
+    ok "cache clear during a compile: the compile went on ($(cat "$tmp/clear"))"
+else
+    fail "cache clear during a compile: exit $rc, $(grep -i 'compil\|interp' "$tmp/out" | head -3)"
+fi
+if XDG_CACHE_HOME="$tmp/cc4" CC="$tmp/losecc" LOOM_METRICS=1 "$loom" train fmnist-mlp --steps 1 >"$tmp/out" 2>&1 &&
+    grep -q "went while it ran: building again" "$tmp/out" && ! grep -q "interpreted" "$tmp/out"; then
+    ok "a build whose source went is built again"
+else
+    fail "a build whose source went: $(grep -i 'compil\|interp\|went' "$tmp/out" | head -3)"
+fi
+
 # 4. gzip'd text cut short, followed by garbage, or corrupt: an error naming the byte
 head -c 300000 "$gz" >"$tmp/cut.gz"
 { cat "$gz"; echo garbage; } >"$tmp/trailing.gz"

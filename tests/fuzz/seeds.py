@@ -64,3 +64,22 @@ for i, line in enumerate([
         "fmnist-mlp\0--init\0w.st\0--save\0x.st\0--log-dir\0logs\0--no-shuffle\0--drop-last",
         "\0--epochs\0999999999999999999999\0--batch"]):
     put("args", "line%d" % i, bytes([i % 2]) + line.encode())
+
+for i, line in enumerate([
+        "--layers\0002\0--heads\0002\0--width\00032\0--context\00016\0--batch\0008",
+        "--batch\00072057594037927936\0--context\0001024",
+        "--tokens\0004611686018427387903\0--init\0w.st\0--start\0ROMEO:",
+        "--width\0008192\0--heads\0001\0--layers\0001000\0--devices\0auto",
+        "--lr\0001e-3\0--min-lr\0001e-2\0--clip-norm\0000\0--timeout\0001e19",
+        "--warmup-steps\00010\0--decay-steps\0005\0--dropout\0000.5\0--seed\0007"]):
+    put("gpt_args", "line%d" % i, bytes([i % 3]) + line.encode())
+
+shakespeare = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+               "All:\nSpeak, speak.\n").encode()
+put("text", "plain", bytes([0]) + shakespeare)
+put("text", "to-gzip", bytes([1]) + shakespeare)
+put("text", "gzip-inside", bytes([0]) + gzip.compress(shakespeare))
+put("text", "gzip-cut", bytes([0]) + gzip.compress(shakespeare)[:40])
+put("text", "gzip-twice", bytes([0]) + gzip.compress(shakespeare) + gzip.compress(b"caf\xc3\xa9 \xe6\x97\xa5"))
+put("text", "wide", bytes([0]) + "日本語のテキスト、café\n".encode() * 3)
+put("text", "one-char", bytes([0]) + b"a" * 50)

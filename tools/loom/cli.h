@@ -46,6 +46,22 @@ bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out
 #define CLI_MAX_BATCH_ELEMS ((int64_t)1 << 28)
 /* Whether --save's path can be written, before any training: 0, or 1 after one line. */
 int cli_check_save(const char *path);
+/* The options of `loom train|eval|sample shakespeare-gpt` (tools/loom/gpt.c). */
+typedef struct {
+    bool sample, eval;
+    loom_gpt_config shape;
+    int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
+    double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
+    uint64_t seed;
+    bool no_shuffle;
+    const char *data, *init, *save, *start;
+} gpt_opts;
+/* Validation batches of the GPT: 64 windows (the short last one on a graph of its own). */
+#define VAL_ROWS 64
+/* Parses argv (argv[1] the command, argv[2] shakespeare-gpt) into *o, every size bounded and
+ * every product of sizes checked (batch rows x context, the blocks' parameters): 0, or 2 after
+ * one line. Pure but for that line (tests/fuzz/fuzz_gpt_args.c). */
+int cli_gpt_parse(int argc, char **argv, gpt_opts *o);
 /* `loom train|sample shakespeare-gpt [options]` (tools/loom/gpt.c); the process exit code. */
 int cli_gpt(int argc, char **argv);
 /* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */

@@ -3,7 +3,7 @@
  * written with write(2), and every write and the close are checked: a row that cannot be written
  * (a full disk, a quota, an I/O error) is cut off again, so the file always ends on a whole row,
  * and the run stops with one line naming the file and the reason; with --log-errors warn it says
- * so once and trains on without the log.
+ * so once and trains on without the log. Also --save's check before training.
  */
 #include "cli.h"
 
@@ -102,4 +102,26 @@ int cli_log_close(cli_log *l) {
     }
     free(l);
     return rc;
+}
+
+/* Whether the weights can be written where --save says, before any training: a temporary file
+ * beside the target is created, a block written to it and synced (so that a full disk is found
+ * now), and removed. */
+int cli_check_save(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("--save: '%s' is a directory, expected a file path", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return cli_fail("--save: cannot write '%s': %s", path, strerror(errno));
+    static const char block[4096];
+    ssize_t w = write(fd, block, sizeof block);
+    int err = w < 0 ? errno : w < (ssize_t)sizeof block ? ENOSPC : fsync(fd) ? errno : 0;
+    err = close(fd) && !err ? errno : err;
+    unlink(tmp);
+    if (err)
+        return cli_fail("--save: cannot write '%s': %s", path, strerror(err));
+    return 0;
 }

@@ -12,24 +12,11 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct {
-    bool sample, eval;
-    loom_gpt_config shape;
-    int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
-    double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
-    uint64_t seed;
-    bool no_shuffle;
-    const char *data, *init, *save, *start;
-} gpt_opts;
-
-/* Validation batches: 64 windows (the short last one on a graph of its own: its own program). */
-#define VAL_ROWS 64
-
 static const char *default_text(void) {
     return LOOM_TEXT_DIR "/tinyshakespeare.txt.gz";
 }
 
-static int parse(int argc, char **argv, gpt_opts *o) {
+int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.sample = !strcmp(argv[1], "sample"),
                     .eval = !strcmp(argv[1], "eval"),
                     .shape = {.context = 64, .layers = 4, .heads = 4, .width = 128},
@@ -533,7 +520,7 @@ static int eval(const gpt_opts *o) {
 int cli_gpt(int argc, char **argv) {
     gpt_opts o;
     cli_quiet_others(true);
-    int rc = parse(argc, argv, &o);
+    int rc = cli_gpt_parse(argc, argv, &o);
     cli_quiet_others(false);
     if (rc)
         return rc;

@@ -184,28 +184,6 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     return 0;
 }
 
-/* Whether the weights can be written where --save says, before any training: a temporary file
- * beside the target is created, a block written to it and synced (so that a full disk is found
- * now), and removed. */
-int cli_check_save(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return cli_fail("--save: '%s' is a directory, expected a file path", path);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0)
-        return cli_fail("--save: cannot write '%s': %s", path, strerror(errno));
-    static const char block[4096];
-    ssize_t w = write(fd, block, sizeof block);
-    int err = w < 0 ? errno : w < (ssize_t)sizeof block ? ENOSPC : fsync(fd) ? errno : 0;
-    err = close(fd) && !err ? errno : err;
-    unlink(tmp);
-    if (err)
-        return cli_fail("--save: cannot write '%s': %s", path, strerror(err));
-    return 0;
-}
-
 /* Whether every process of an MPI job runs this configuration (paths may differ between
  * machines: the data are compared by their sizes instead). 0, or 2 after process 0's line. */
 static int agree(const run_state *r, const loom_dataset *train, const loom_dataset *test) {
