@@ -122,12 +122,14 @@ else
     fail "cannot mount a tmpfs to fill (run as root)"
 fi
 
-# 6. text: one character is refused after one pass, in little memory; a file past 1 GiB at once
+# 6. text: one character is refused after one pass, in little memory (the address space is not
+# limited under the sanitizers, which reserve terabytes of it); a file past 1 GiB at once
 head -c 67108864 /dev/zero | tr '\0' a >"$tmp/one.txt"
-if (ulimit -v 1000000; "$loom" train shakespeare-gpt --data "$tmp/one.txt" >"$tmp/out" 2>"$tmp/err"); then
+limit=$([ -n "${LOOM_TEST_QUICK:-}" ] && echo unlimited || echo 1000000)
+if (ulimit -v $limit; "$loom" train shakespeare-gpt --data "$tmp/one.txt" >"$tmp/out" 2>"$tmp/err"); then
     fail "64 MiB of one character trained"
 elif [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "one distinct character in 67108864" "$tmp/err"; then
-    ok "64 MiB of one character refused within 1 GB of address space"
+    ok "64 MiB of one character refused (address space: $limit KB)"
 else
     fail "64 MiB of one character: $(cat "$tmp/err")"
 fi
