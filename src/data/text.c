@@ -7,9 +7,10 @@
  * overlap, so that every validation token is counted once.
  *
  * Loading costs the file's bytes and one byte a character (two past 256 distinct characters,
- * four past 65536): the vocabulary comes from one pass marking a bitmap over the code points (no
- * sort), the tokens from a second. A gzip'd file is inflated here, member by member, so that a
- * stream cut short or followed by other bytes is an error naming the byte, never half the text.
+ * four past 65536): the vocabulary comes from one pass marking a bitmap over the code points up
+ * to the largest (no sort), the tokens from another. A gzip'd file is inflated here, member by
+ * member, so that a stream cut short or followed by other bytes is an error naming the byte, never
+ * half the text.
  */
 #include "internal.h"
 
@@ -19,8 +20,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
-
-#define NCODES 0x110000 /* Unicode code points */
 
 struct loom_text {
     void *tokens; /* the whole file, tsize bytes a token: the least that holds the vocabulary */
@@ -184,42 +183,54 @@ static int32_t char_at(const unsigned char *b, int64_t i, int64_t nb, int *len) 
     return utf8_next(b + i, nb - i, len);
 }
 
-/* One pass over the bytes: checks that they are UTF-8 and marks the code points seen in `seen`
- * (NCODES bits); the characters into *n. */
-static loom_status scan(const char *path, const unsigned char *b, int64_t nb, uint64_t *seen,
-                        int64_t *n) {
+/* The first pass over the bytes: checks that they are UTF-8; the characters into *n, the
+ * largest code point into *top. */
+static loom_status scan(const char *path, const unsigned char *b, int64_t nb, int64_t *n,
+                        int32_t *top) {
     int64_t k = 0;
+    int32_t hi = 0;
     for (int64_t i = 0; i < nb; k++) {
         int len;
         int32_t c = char_at(b, i, nb, &len);
         if (c < 0)
             return loom__error(LOOM_EFORMAT, "%s: byte %lld (0x%02x) is not UTF-8 text", path,
                                (long long)i, b[i]);
-        seen[c >> 6] |= 1ull << (c & 63);
+        hi = c > hi ? c : hi;
         i += len;
     }
-    *n = k;
+    *n = k, *top = hi;
     return LOOM_OK;
 }
 
-/* The vocabulary from the marks (sorted by construction) and, in a second pass, the tokens of
- * the bytes, t->tsize bytes each: a code point's token is the marks below it. */
-static loom_status tokenize(loom_text *t, const unsigned char *b, int64_t nb,
-                            const uint64_t *seen) {
-    int64_t v = 0;
-    for (int64_t w = 0; w < NCODES / 64; w++)
+/* The vocabulary and the tokens: a second pass marks the code points seen in a bitmap up to the
+ * largest (the vocabulary is the marks, sorted by construction), a third writes each character's
+ * token (the marks below it), t->tsize bytes each. */
+static loom_status tokenize(loom_text *t, const unsigned char *b, int64_t nb, int32_t top) {
+    int64_t words = top / 64 + 1, v = 0;
+    uint64_t *seen = loom__calloc((size_t)words, sizeof *seen);
+    int32_t *base = loom__malloc(sizeof(int32_t) * (size_t)words); /* tokens before word w */
+    if (!seen || !base) {
+        loom__free(seen), loom__free(base);
+        return LOOM_ENOMEM;
+    }
+    for (int64_t i = 0; i < nb;) {
+        int len;
+        int32_t c = char_at(b, i, nb, &len);
+        seen[c >> 6] |= 1ull << (c & 63);
+        i += len;
+    }
+    for (int64_t w = 0; w < words; w++)
         v += __builtin_popcountll(seen[w]);
     t->vocab = v;
     t->tsize = v <= 256 ? 1 : v <= 65536 ? 2 : 4;
     t->chars = loom__malloc(sizeof(int32_t) * (size_t)(v ? v : 1));
-    int32_t *base = loom__malloc(sizeof(int32_t) * (NCODES / 64)); /* tokens before word w */
     t->tokens = loom__malloc((size_t)t->tsize * (size_t)(t->n ? t->n : 1));
-    if (!t->chars || !base || !t->tokens) {
-        loom__free(base);
+    if (!t->chars || !t->tokens) {
+        loom__free(seen), loom__free(base);
         return LOOM_ENOMEM;
     }
     int32_t k = 0;
-    for (int64_t w = 0; w < NCODES / 64; w++) {
+    for (int64_t w = 0; w < words; w++) {
         base[w] = k;
         for (uint64_t m = seen[w]; m; m &= m - 1)
             t->chars[k++] = (int32_t)(w * 64 + __builtin_ctzll(m));
@@ -236,7 +247,7 @@ static loom_status tokenize(loom_text *t, const unsigned char *b, int64_t nb,
             ((int32_t *)t->tokens)[j] = tok;
         i += len;
     }
-    loom__free(base);
+    loom__free(seen), loom__free(base);
     return LOOM_OK;
 }
 
@@ -249,11 +260,11 @@ loom_status loom_text_load(const char *path, loom_text **out) {
     if (s)
         return s;
     loom_text *t = loom__calloc(1, sizeof *t);
-    uint64_t *seen = loom__calloc(NCODES / 64, sizeof *seen);
-    s = t && seen ? scan(path, bytes, nb, seen, &t->n) : LOOM_ENOMEM;
+    int32_t top = 0;
+    s = t ? scan(path, bytes, nb, &t->n, &top) : LOOM_ENOMEM;
     if (!s && t->n == 0)
         s = loom__error(LOOM_EFORMAT, "%s: empty: expected text to train on", path);
-    if (!s && (s = tokenize(t, bytes, nb, seen)))
+    if (!s && (s = tokenize(t, bytes, nb, top)))
         loom__error(s, "%s: out of memory for %lld tokens", path, (long long)t->n);
     if (!s && t->vocab < 2)
         s = loom__error(LOOM_EFORMAT,
@@ -263,7 +274,6 @@ loom_status loom_text_load(const char *path, loom_text **out) {
     if (s == LOOM_ENOMEM && !t)
         loom__error(s, "%s: out of memory", path);
     loom__free(bytes);
-    loom__free(seen);
     if (s) {
         loom_text_free(t);
         return s;
