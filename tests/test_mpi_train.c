@@ -199,6 +199,19 @@ TEST(the_examples_run_unchanged_under_mpirun) {
     }
 }
 
+/* The lines of tmp/<log> that hold `want`. */
+static int lines_with(const char *log, const char *want) {
+    char path[600], line[512];
+    snprintf(path, sizeof path, "%s/%s", tmp, log);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, want) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
 /* Whether tmp/<log> holds `want` (says which, if not). */
 static bool log_has(const char *log, const char *want) {
     char line[512];
@@ -239,15 +252,11 @@ TEST(a_fault_in_one_process_ends_the_job_naming_it) {
     char line[512];
     ASSERT(first_line("args.log", "--epochs: expected an integer from 1 to 1099511627776, got '0'",
                       line, sizeof line));
-    char path[600];
-    snprintf(path, sizeof path, "%s/args.log", tmp);
-    FILE *f = fopen(path, "r");
-    int said = 0;
-    while (f && fgets(line, sizeof line, f))
-        said += strstr(line, "--epochs: expected") != NULL;
-    if (f)
-        fclose(f);
-    ASSERT_EQ(said, 1);
+    ASSERT_EQ(lines_with("args.log", "--epochs: expected"), 1);
+    rc = sh("gptargs.log", "timeout 60 '%s' -np 2 '%s' train shakespeare-gpt --batch 0", mpiexec,
+            loom_bin);
+    ASSERT(rc != 0 && rc != 124);
+    ASSERT_EQ(lines_with("gptargs.log", "--batch: expected an integer from 1 to 16777216"), 1);
 
     /* processes that disagree (MPMD): one line from process 0 naming the first process and the
      * first option that differ, before any step (a seed, a learning rate, a recipe, a text) */
