@@ -58,6 +58,47 @@ TEST(round_trip_keeps_names_shapes_values) {
     loom_model_free(m2);
 }
 
+/* Metadata: loom_model_set_meta's strings are written escaped and read back whole by
+ * loom_model_load (quotes, backslashes, control characters, UTF-8); a file written by Python's
+ * json (\\uXXXX escapes, a surrogate pair) reads as the characters; format and producer are the
+ * writer's, not the model's. */
+TEST(metadata_round_trips_and_reads_json_escapes) {
+    char path[512];
+    test_tmp(path, sizeof path, "meta.safetensors");
+    loom_model *m = small_model();
+    const char *odd = "a \"quoted\" \\ back\nslash\t\x01 caf\xc3\xa9 \xf0\x9f\x98\x80";
+    ASSERT_EQ(loom_model_set_meta(m, "vocabulary", odd), LOOM_OK);
+    ASSERT_EQ(loom_model_set_meta(m, "step", "12"), LOOM_OK);
+    ASSERT_EQ(loom_model_set_meta(m, "step", "13"), LOOM_OK); /* replaced */
+    ASSERT_EQ(loom_model_set_meta(m, "gone", "x"), LOOM_OK);
+    ASSERT_EQ(loom_model_set_meta(m, "gone", NULL), LOOM_OK);
+    ASSERT_EQ(loom_model_set_meta(m, "format", "x"), LOOM_EINVAL);
+    ASSERT_EQ(loom_model_save(m, path), LOOM_OK);
+    loom_model *m2 = small_model();
+    ASSERT_EQ(loom_model_load(m2, path), LOOM_OK);
+    ASSERT(loom_model_meta(m2, "vocabulary") && !strcmp(loom_model_meta(m2, "vocabulary"), odd));
+    ASSERT(loom_model_meta(m2, "step") && !strcmp(loom_model_meta(m2, "step"), "13"));
+    ASSERT(!loom_model_meta(m2, "gone") && !loom_model_meta(m2, "format"));
+    loom_tensor_file *f;
+    ASSERT_EQ(loom_tensor_file_read(path, &f), LOOM_OK);
+    ASSERT(!strcmp(loom_tensor_file_meta(f, "format"), "pt"));
+    loom_tensor_file_free(f);
+    write_raw(path,
+              "{\"__metadata__\":{\"v\":\"caf\\u00e9 \\ud83d\\ude00 \\\"\\n\",\"n\":null},"
+              "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+              "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}}",
+              32, 0);
+    ASSERT_EQ(loom_model_load(m2, path), LOOM_OK);
+    ASSERT(loom_model_meta(m2, "v") &&
+           !strcmp(loom_model_meta(m2, "v"), "caf\xc3\xa9 \xf0\x9f\x98\x80 \"\n"));
+    ASSERT(!loom_model_meta(m2, "n") && !loom_model_meta(m2, "step"));
+    write_raw(path, "{\"__metadata__\":{\"v\":\"\\ude00\"}}", 0, 0);
+    ASSERT_EQ(loom_tensor_file_read(path, &f), LOOM_EFORMAT);
+    ASSERT_STR_CONTAINS(loom_last_error(), "no lone low surrogate");
+    loom_model_free(m);
+    loom_model_free(m2);
+}
+
 typedef struct {
     const char *header;
     size_t data, cut;
@@ -113,5 +154,6 @@ TEST(bad_files_are_refused_with_the_reason) {
 int main(void) {
     RUN(round_trip_keeps_names_shapes_values);
     RUN(bad_files_are_refused_with_the_reason);
+    RUN(metadata_round_trips_and_reads_json_escapes);
     return HARNESS_EXIT();
 }

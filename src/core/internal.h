@@ -74,6 +74,8 @@ typedef struct {
 const loom__env *loom__getenv(void);
 
 double loom__now(void); /* monotonic seconds */
+/* The UTF-8 of code point c (0 to 0x10FFFF) into b (4 bytes at most); its length. */
+int loom__utf8_put(int32_t c, char *b);
 struct timespec;
 /* The CLOCK_REALTIME instant `seconds` from now (clamped to [0, LOOM_MAX_TIMEOUT]), as
  * pthread_cond_timedwait takes it. */

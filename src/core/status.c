@@ -84,6 +84,18 @@ void loom__assert_fail(const char *file, int line, const char *cond) {
     abort();
 }
 
+int loom__utf8_put(int32_t c, char *b) {
+    if (c < 0x80)
+        return b[0] = (char)c, 1;
+    if (c < 0x800)
+        return b[0] = (char)(0xC0 | c >> 6), b[1] = (char)(0x80 | (c & 0x3F)), 2;
+    if (c < 0x10000)
+        return b[0] = (char)(0xE0 | c >> 12), b[1] = (char)(0x80 | (c >> 6 & 0x3F)),
+               b[2] = (char)(0x80 | (c & 0x3F)), 3;
+    return b[0] = (char)(0xF0 | c >> 18), b[1] = (char)(0x80 | (c >> 12 & 0x3F)),
+           b[2] = (char)(0x80 | (c >> 6 & 0x3F)), b[3] = (char)(0x80 | (c & 0x3F)), 4;
+}
+
 bool loom_size_mul(int64_t a, int64_t b, int64_t limit, int64_t *out) {
     int64_t p;
     if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &p) || p > limit)

@@ -334,25 +334,12 @@ loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
     return LOOM_OK;
 }
 
-/* The UTF-8 of code point c into b (4 bytes at most); its length. */
-static int utf8_put(int32_t c, char *b) {
-    if (c < 0x80)
-        return b[0] = (char)c, 1;
-    if (c < 0x800)
-        return b[0] = (char)(0xC0 | c >> 6), b[1] = (char)(0x80 | (c & 0x3F)), 2;
-    if (c < 0x10000)
-        return b[0] = (char)(0xE0 | c >> 12), b[1] = (char)(0x80 | (c >> 6 & 0x3F)),
-               b[2] = (char)(0x80 | (c & 0x3F)), 3;
-    return b[0] = (char)(0xF0 | c >> 18), b[1] = (char)(0x80 | (c >> 12 & 0x3F)),
-           b[2] = (char)(0x80 | (c >> 6 & 0x3F)), b[3] = (char)(0x80 | (c & 0x3F)), 4;
-}
-
 size_t loom_text_decode(const loom_text *t, const int32_t *tokens, int64_t n, char *buf,
                         size_t size) {
     size_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         char b[4];
-        int l = tokens[i] >= 0 && tokens[i] < t->vocab ? utf8_put(t->chars[tokens[i]], b) : 0;
+        int l = tokens[i] >= 0 && tokens[i] < t->vocab ? loom__utf8_put(t->chars[tokens[i]], b) : 0;
         if (k + (size_t)l + 1 > size)
             break;
         memcpy(buf + k, b, (size_t)l);

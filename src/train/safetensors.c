@@ -106,15 +106,7 @@ static int junescape(json *j, char *b) {
     } else if (u >= 0xDC00 && u <= 0xDFFF) {
         return jfail(j, "no lone low surrogate"), 0;
     }
-    if (u < 0x80)
-        return b[0] = (char)u, 1;
-    if (u < 0x800)
-        return b[0] = (char)(0xC0 | u >> 6), b[1] = (char)(0x80 | (u & 0x3F)), 2;
-    if (u < 0x10000)
-        return b[0] = (char)(0xE0 | u >> 12), b[1] = (char)(0x80 | (u >> 6 & 0x3F)),
-               b[2] = (char)(0x80 | (u & 0x3F)), 3;
-    return b[0] = (char)(0xF0 | u >> 18), b[1] = (char)(0x80 | (u >> 12 & 0x3F)),
-           b[2] = (char)(0x80 | (u >> 6 & 0x3F)), b[3] = (char)(0x80 | (u & 0x3F)), 4;
+    return loom__utf8_put((int32_t)u, b);
 }
 
 /* A string, escapes decoded, into out (cap bytes) or, with dyn, a new buffer in *dyn. */
@@ -161,6 +153,16 @@ static bool jstring(json *j, char *out, size_t cap) {
 
 static bool jskip(json *j);
 
+/* After an object's member: past its ',' or at its closing '}'; false (a failure) at anything
+ * else. */
+static bool jafter_member(json *j) {
+    if (!jpeek(j, ',') && !jpeek(j, '}'))
+        return jfail(j, "',' or '}'");
+    if (jpeek(j, ','))
+        j->i++;
+    return true;
+}
+
 /* "__metadata__": an object of strings (other values are skipped) into f's metadata. */
 static bool jmeta(json *j, loom__meta *md) {
     if (jpeek(j, 'n')) /* null */
@@ -181,10 +183,8 @@ static bool jmeta(json *j, loom__meta *md) {
         } else if (!jskip(j)) {
             return false;
         }
-        if (!jpeek(j, ',') && !jpeek(j, '}'))
-            return jfail(j, "',' or '}'");
-        if (jpeek(j, ','))
-            j->i++;
+        if (!jafter_member(j))
+            return false;
     }
     j->i++;
     return true;
@@ -297,10 +297,8 @@ static bool parse_entry(json *j, entry *e) {
         } else if (!jskip(j)) {
             return false;
         }
-        if (!jpeek(j, ',') && !jpeek(j, '}'))
-            return jfail(j, "',' or '}'");
-        if (jpeek(j, ','))
-            j->i++;
+        if (!jafter_member(j))
+            return false;
     }
     j->i++;
     if (!*dt || !has_shape || !has_off) {
@@ -336,10 +334,8 @@ static bool parse_header(json *j, loom_tensor_file *f) {
             if (!parse_entry(j, e))
                 return false;
         }
-        if (!jpeek(j, ',') && !jpeek(j, '}'))
-            return jfail(j, "',' or '}'");
-        if (jpeek(j, ','))
-            j->i++;
+        if (!jafter_member(j))
+            return false;
     }
     j->i++;
     jws(j);
