@@ -1,15 +1,15 @@
 /*
  * test_matrix.c - every model of the benchmark's matrix (bench/matrix.h: MLPs 512 to 2048 wide and
  * 6 deep, convolutions 3x3 and 5x5 with and without padding, stride 2 without pooling, three conv
- * layers, overlapping padded pooling windows, batches 32 to 512) trains 20 steps through the
+ * layers, overlapping padded pooling windows, batches 32 to 512) trains 10 steps through the
  * low-level API (SGD with momentum, on synthetic data): compiled on 1 device against the
  * interpreter on this thread, and on 2 devices against 1 (within 1e-5; with max pooling, whose
- * argmax can flip on a rounding difference, the first step within 1e-6 and 20 steps within 1e-2, as
+ * argmax can flip on a rounding difference, the first step within 1e-6 and 10 steps within 1e-2, as
  * tests/test_dp.c holds the CNN), on data it can learn: its loss falls. LOOM_TEST_QUICK (the
  * sanitizer builds) runs 2 steps of at most 16 samples, and leaves the comparison with the
  * interpreter to the second test's check executor (which compares every kernel, bit for bit);
- * LOOM_TEST_MODEL_STRIDE=K (the thread sanitizer's run, where the devices' threads, not the
- * models' kernels, are what is checked) takes every K-th model.
+ * LOOM_TEST_MODELS=a,b,... (the thread sanitizer's run, where the devices' threads, not the
+ * models' kernels, are what is checked) runs the models named only.
  */
 #include "../bench/matrix.h"
 #include "../src/backend/internal.h"
@@ -103,11 +103,14 @@ static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, 
     return ok;
 }
 
-/* The step between the models run (LOOM_TEST_MODEL_STRIDE, default 1: all). */
-static int model_stride(void) {
-    const char *s = getenv("LOOM_TEST_MODEL_STRIDE");
-    int k = s ? atoi(s) : 1;
-    return k >= 1 ? k : 1;
+/* Whether model i runs: LOOM_TEST_MODELS names it (between commas), or is unset (all run). */
+static bool model_runs(int i) {
+    const char *s = getenv("LOOM_TEST_MODELS"), *name = matrix[i].name;
+    size_t n = strlen(name);
+    for (const char *p = s; p && *p; p += strcspn(p, ","), p += *p == ',')
+        if (strcspn(p, ",") == n && !strncmp(p, name, n))
+            return true;
+    return !s;
 }
 
 /* ||a - b|| / ||b|| over n elements. */
@@ -122,8 +125,10 @@ static double normwise(const float *a, const float *b, int64_t n) {
 
 TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
     bool quick = getenv("LOOM_TEST_QUICK") != NULL;
-    int steps = quick ? 2 : 20;
-    for (int i = 0; i < MATRIX_COUNT; i += model_stride()) {
+    int steps = quick ? 2 : 10;
+    for (int i = 0; i < MATRIX_COUNT; i++) {
+        if (!model_runs(i))
+            continue;
         const matrix_model *mm = &matrix[i];
         int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
         result ref = {0}, one = {0}, two = {0};
@@ -140,7 +145,7 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
             double dd1 = normwise(two.first, one.first, n);
             /* a max pooling's argmax can flip on a rounding difference and part the runs by a
              * jump (tests/test_dp.c): with pooling, the first step's parameters are held to 1e-6
-             * and 20 steps to 1e-2 */
+             * and 10 steps to 1e-2 */
             bool pooled = false;
             for (const loom_layer *l = mm->layers; l->kind != LOOM_LAYER_END; l++)
                 pooled = pooled || l->kind == LOOM_LAYER_MAXPOOL;
@@ -175,7 +180,9 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
 TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
     bool quick = getenv("LOOM_TEST_QUICK") != NULL;
     loom__set_executor(&loom__check_executor);
-    for (int i = 0; i < MATRIX_COUNT; i += model_stride()) {
+    for (int i = 0; i < MATRIX_COUNT; i++) {
+        if (!model_runs(i))
+            continue;
         const matrix_model *mm = &matrix[i];
         int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
         for (int devices = 1; devices <= 2; devices++) {
