@@ -51,4 +51,17 @@ static inline const char *fuzz_file(int which, const char *suffix, const uint8_t
     return path[which];
 }
 
+/* The command-line targets' arguments: the input after its first byte, split at NUL bytes into
+ * argv[argc...] (63 arguments at most in all, NULL after them), in buf (room for size bytes);
+ * the new argc. */
+static inline int fuzz_split_args(const uint8_t *data, size_t size, char *buf, char **argv,
+                                  int argc) {
+    memcpy(buf, data + 1, size - 1);
+    buf[size - 1] = 0;
+    for (size_t i = 0; i < size - 1 && argc < 63; i += strlen(buf + i) + 1)
+        argv[argc++] = buf + i;
+    argv[argc] = NULL;
+    return argc;
+}
+
 #endif

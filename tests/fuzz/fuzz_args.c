@@ -5,6 +5,7 @@
  * options or reject them with exit status 2.
  */
 #include "../../tools/loom/cli.h"
+#include "fuzz.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096)
         return 0;
     char *buf = malloc(size + 1), *argv[64];
-    memcpy(buf, data + 1, size - 1);
-    buf[size - 1] = 0;
-    int argc = 2;
     argv[0] = "loom", argv[1] = data[0] & 1 ? "eval" : "train";
-    for (size_t i = 0; i < size - 1 && argc < 63; i += strlen(buf + i) + 1)
-        argv[argc++] = buf + i;
-    argv[argc] = NULL;
+    int argc = fuzz_split_args(data, size, buf, argv, 2);
     train_opts o;
     int rc = cli_parse_train(argc, argv, data[0] & 1, &o);
     if (rc != 0 && rc != 2)

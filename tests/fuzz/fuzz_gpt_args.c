@@ -7,6 +7,7 @@
  * rejected one exit status 2. Never a crash, never a wrapped product.
  */
 #include "../../tools/loom/cli.h"
+#include "fuzz.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,14 +36,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     static const char *const commands[3] = {"train", "eval", "sample"};
     char *buf = malloc(size + 1), *argv[64];
-    memcpy(buf, data + 1, size - 1);
-    buf[size - 1] = 0;
-    int argc = 3;
     argv[0] = "loom", argv[1] = (char *)(uintptr_t)commands[data[0] % 3];
     argv[2] = "shakespeare-gpt";
-    for (size_t i = 0; i < size - 1 && argc < 63; i += strlen(buf + i) + 1)
-        argv[argc++] = buf + i;
-    argv[argc] = NULL;
+    int argc = fuzz_split_args(data, size, buf, argv, 3);
     gpt_opts o;
     int rc = cli_gpt_parse(argc, argv, &o);
     if (rc != 0 && rc != 2)
