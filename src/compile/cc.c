@@ -54,7 +54,8 @@ static const char *compiler(void) {
  * buf (room for strlen(s) + 1); false if they are more than MAX_ARGS in all. */
 static bool split_words(const char *s, char *buf, char **argv, int *n) {
     strcpy(buf, s);
-    for (char *w = strtok(buf, " \t\n"); w; w = strtok(NULL, " \t\n")) {
+    char *save = NULL; /* (strtok_r: threads may build kernels at once) */
+    for (char *w = strtok_r(buf, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) {
         if (*n >= MAX_ARGS - 1)
             return false;
         argv[(*n)++] = w;
