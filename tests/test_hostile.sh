@@ -97,6 +97,7 @@ fi
 full="$tmp/full"
 mkdir -p "$full"
 if mount -t tmpfs -o size=16k tmpfs "$full" 2>/dev/null; then
+    trap 'umount "$full" 2>/dev/null' EXIT # (a test killed midway leaves no mount behind)
     mkdir "$full/logs"
     head -c 12000 /dev/zero >"$full/fill"
     expect_fail "--log-dir: cannot write '$full/logs/metrics.csv': No space left on device" \
