@@ -173,8 +173,9 @@ LOOM_API const char *loom_tensor_file_meta(const loom_tensor_file *f, const char
  * NaN or an infinity (a diverged run is not saved); EIO on failure. */
 LOOM_API loom_status loom_model_save(const loom_model *m, const char *path);
 /* Reads parameters from a safetensors file (a regular file; header and data are read only once
- * checked against the file's size). Every parameter of the model must be present with its
- * exact shape and dtype F32, and the file must hold nothing else; otherwise
+ * checked against the file's size; where loom wrote it, each tensor against its CRC-32C). Every
+ * parameter of the model must be present with its exact shape and dtype F32, and the file must
+ * hold nothing else (but a checkpoint's optimizer state: loom_checkpoint_save); otherwise
  * EFORMAT/ENOTFOUND/ESHAPE naming the tensor, and the model is left unchanged. */
 LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
 
@@ -547,6 +548,19 @@ LOOM_API double loom_optim_lr(const loom_optim *o);
 /* Records the update of every parameter from its gradient slab into graph g, as step t+1 (t counts
  * previous calls). Must follow loom_backward() in the same step. */
 LOOM_API void loom_optim_step(loom_graph *g, loom_optim *o);
+/* The optimizer's state, as PyTorch's optimizer.state_dict() names it: "adamw" or "sgd"; the
+ * keys each parameter has (AdamW: "exp_avg", "exp_avg_sq"; SGD with momentum: "momentum_buffer";
+ * plain SGD: none), key k's name, and parameter p's values for key k (p's shape; a pointer into
+ * the model's STATE slab, valid as loom_param_data's; NULL for a bad p or k). After writing into
+ * them, loom_model_touch() the model. */
+LOOM_API const char *loom_optim_name(const loom_optim *o);
+LOOM_API int loom_optim_state_keys(const loom_optim *o);
+LOOM_API const char *loom_optim_state_key(const loom_optim *o, int k);
+LOOM_API float *loom_optim_state(loom_optim *o, const loom_param *p, int k);
+/* loom_optim_step's calls so far (the t of the schedule and of AdamW's bias corrections); set it
+ * to continue a run from a checkpoint (EINVAL for t < 0). */
+LOOM_API int64_t loom_optim_steps(const loom_optim *o);
+LOOM_API loom_status loom_optim_set_steps(loom_optim *o, int64_t t);
 
 /* ---- data -------------------------------------------------------------------------------------
  */
@@ -624,6 +638,9 @@ LOOM_API void loom_loader_free(loom_loader *l);
 /* Starts epoch e (0-based): the order is a permutation drawn from Philox stream (2, e) of the seed,
  * or file order with no_shuffle. */
 LOOM_API void loom_loader_start_epoch(loom_loader *l, int64_t epoch);
+/* loom_loader_start_epoch(l, epoch), then past its first `batch` batches (all of them when batch
+ * is the epoch's count or more): the batches a run resumed there trains on. */
+LOOM_API void loom_loader_seek(loom_loader *l, int64_t epoch, int64_t batch);
 /* The next batch of the epoch into *b (buffers owned by the loader, valid until the second call
  * after this one: a step submitted on a batch may still read it while the next one is taken);
  * false at the end of the epoch, after which the loader is at the start of the next epoch (its
@@ -753,6 +770,47 @@ LOOM_API void loom_devices_abort(loom_devices *d, const char *reason);
  * status naming the device, the step and the reason; d cannot run further steps. Setting other
  * devices ends a step still running on the old ones first. */
 LOOM_API loom_status loom_graph_set_devices(loom_graph *g, loom_devices *d);
+
+/* ---- checkpoints: the whole state of a run -----------------------------------------------------
+ */
+
+/* Writes the model's parameters (as loom_model_save) and the optimizer's state as one safetensors
+ * file, atomically (loom_model_save's way, and the directory fsync'd after the rename): each
+ * state tensor as "optimizer.<parameter name>.<key>" (loom_optim_state_key: PyTorch's keys),
+ * F32; in "__metadata__" the model's metadata (where the caller keeps the rest of its run's state:
+ * step, epoch, seed...), "optimizer" (loom_optim_name), "optimizer.step" (steps: the optimizer
+ * steps whose updates the state holds, a step recorded but not run not counted) and
+ * "loom.checkpoint". ERANGE (nothing written) for NaN or infinite values; EIO (the previous file
+ * intact) when it cannot be written. Ends a step running on m first. */
+LOOM_API loom_status loom_checkpoint_save(const char *path, const loom_model *m, loom_optim *o,
+                                          int64_t steps);
+/* Reads a checkpoint into m and o: parameters, state, the optimizer's step count (loom_optim_set_
+ * steps, and *steps when not NULL) and the metadata (replacing m's). Everything is checked before
+ * anything changes: EIO/EFORMAT for a file cut short or corrupt (every tensor's CRC-32C is
+ * compared), EFORMAT for a weights file that is no checkpoint, EINVAL for another optimizer's,
+ * ENOTFOUND/ESHAPE/EFORMAT naming the first tensor that does not match m or o. */
+LOOM_API loom_status loom_checkpoint_load(const char *path, loom_model *m, loom_optim *o,
+                                          int64_t *steps);
+/* A directory of checkpoints, as Lightning's ModelCheckpoint keeps them. */
+typedef struct {
+    const char *dir; /* created with its parents when missing */
+    int64_t keep;    /* the newest `keep` checkpoints are kept (0: all), and the best */
+    bool maximize;   /* the monitored value is better when larger (accuracy), else smaller */
+} loom_checkpoint_config;
+/* Writes DIR/step-<steps, 6 digits or more>.safetensors (loom_checkpoint_save), then the
+ * directory's index (DIR/index.tsv: file, step and monitored value of each checkpoint kept, oldest
+ * first, written atomically) with this one (`monitored`: NaN for none) and without the ones no
+ * longer kept (and any of later steps: a run resumed from before them), then removes those. The
+ * file's path into path (cap bytes). A process killed at any point leaves an index whose every
+ * checkpoint is whole. EIO/ENOMEM; EFORMAT for an index that is not loom's (nothing written). */
+LOOM_API loom_status loom_checkpoint_write(const loom_checkpoint_config *c, const loom_model *m,
+                                           loom_optim *o, int64_t steps, double monitored,
+                                           char *path, size_t cap);
+/* loom_checkpoint_load of `where`: a checkpoint file, or a directory's newest checkpoint that
+ * reads whole (one that does not is skipped with a warning through the log hook); its path into
+ * path. ENOTFOUND when nothing is at `where` or the directory has no checkpoint. */
+LOOM_API loom_status loom_checkpoint_resume(const char *where, loom_model *m, loom_optim *o,
+                                            int64_t *steps, char *path, size_t cap);
 
 /* ---- accelerator: the mid-level API (the loop is the user's) -----------------------------------
  */

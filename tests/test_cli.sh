@@ -44,7 +44,7 @@ expect_fail "truncated" train fmnist-mlp --steps 1 --init "$tmp/bad.safetensors"
 # is refused by the other recipe with the tensor named.
 if "$loom" train fmnist-mlp --steps 3 --save "$tmp/w.safetensors" --log-dir "$tmp/logs" >"$tmp/out" 2>&1 &&
    grep -q '^test accuracy: 0\.[0-9]*$' "$tmp/out" &&
-   [ "$(head -1 "$tmp/logs/metrics.csv")" = "step,epoch,loss,lr,samples_per_s,test_accuracy" ] &&
+   [ "$(head -1 "$tmp/logs/metrics.csv")" = "step,epoch,loss,lr,samples_per_s,test_accuracy,test_loss" ] &&
    [ "$(grep -c '^[0-9]' "$tmp/logs/metrics.csv")" -eq 4 ] &&
    "$loom" train fmnist-mlp --steps 1 --init "$tmp/w.safetensors" >/dev/null 2>&1; then
     echo "ok   save, log and init"

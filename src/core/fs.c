@@ -160,3 +160,83 @@ loom_status loom__read_at(int fd, const char *path, void *buf, size_t n, uint64_
     }
     return LOOM_OK;
 }
+
+/* Writes n bytes at p to fd, whole (a short write is continued); false with errno set. */
+static bool write_all(int fd, const void *p, size_t n) {
+    const char *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            errno = w < 0 ? errno : ENOSPC;
+            return false;
+        }
+        b += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+/* fsync of path's directory, so that a rename into it survives a crash. */
+static bool sync_dir_of(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = 0;
+    int fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    bool ok = fsync(fd) == 0 || errno == EINVAL; /* (some file systems cannot sync a directory) */
+    close(fd);
+    return ok;
+}
+
+/* The fault of LOOM_FAULT_WRITE: this call is the K-th. */
+static bool fault_now(void) {
+    static int64_t calls; /* (atomic writes are made by one thread of a process at a time) */
+    int64_t k = loom__getenv()->fault_write;
+    return k > 0 && __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED) == k;
+}
+
+loom_status loom__write_atomic(const char *path, const loom__part *parts, int n) {
+    loom__remove_stale_temps(path); /* left by a writer of this path that was killed */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return loom__error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    size_t total = 0, half;
+    for (int i = 0; i < n; i++)
+        total += parts[i].n;
+    half = fault_now() ? total / 2 : SIZE_MAX;
+    bool ok = true;
+    size_t done = 0;
+    for (int i = 0; i < n && ok; i++) {
+        size_t first = parts[i].n;
+        if (done + first > half) /* the fault: half the bytes on disk, then the end */
+            first = half - done;
+        ok = write_all(fd, parts[i].p, first);
+        done += first;
+        if (ok && done == half) {
+            fsync(fd);
+            raise(SIGKILL);
+        }
+        ok = ok && write_all(fd, (const char *)parts[i].p + first, parts[i].n - first);
+    }
+    int err = ok ? 0 : errno;
+    if (ok && fsync(fd) != 0)
+        ok = false, err = errno;
+    if (close(fd) != 0 && ok)
+        ok = false, err = errno;
+    if (ok && rename(tmp, path) != 0)
+        ok = false, err = errno;
+    if (!ok) {
+        unlink(tmp);
+        return loom__error(LOOM_EIO, "%s: cannot write: %s", path, strerror(err));
+    }
+    if (!sync_dir_of(path))
+        return loom__error(LOOM_EIO, "%s: written, but its directory cannot be synced: %s", path,
+                           strerror(errno));
+    return LOOM_OK;
+}

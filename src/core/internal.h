@@ -59,6 +59,8 @@ void loom__hash_bytes(loom__hash *h, const void *p, size_t n);
  * parameters took milliseconds to checksum): a different value from hash_bytes' */
 void loom__hash_large(loom__hash *h, const void *p, size_t n);
 uint64_t loom__hash_final(const loom__hash *h);
+/* CRC-32C of n bytes at p, continuing crc (0 to start): crc32c.c. */
+uint32_t loom__crc32c(uint32_t crc, const void *p, size_t n);
 
 /* The environment, read once per process. */
 typedef struct {
@@ -70,6 +72,7 @@ typedef struct {
     const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */
     const char *matmul;     /* LOOM_MATMUL: "blas" selects OpenBLAS over loom's AVX-512 sgemm */
     const char *data_cache; /* LOOM_DATA_CACHE: where decompressed datasets go, "off": nowhere */
+    int64_t fault_write;    /* LOOM_FAULT_WRITE=K: the K-th atomic write is killed halfway (0) */
 } loom__env;
 const loom__env *loom__getenv(void);
 
@@ -104,6 +107,16 @@ loom_status loom__read_at(int fd, const char *path, void *buf, size_t n, uint64_
 /* Removes the temporary files that a killed writer of `path` left (path.tmp.<pid>, or
  * path.tmp.<pid>.<anything>, with no such process); returns how many. */
 int loom__remove_stale_temps(const char *path);
+/* Writes the n parts (bytes) as path, atomically: into path.tmp.<pid>, fsync, rename over path,
+ * fsync of its directory; after a crash at any instant path holds the old file or the new one,
+ * never part of either. EIO naming the path and the reason (a full disk: ENOSPC), the temporary
+ * removed and path untouched. Under LOOM_FAULT_WRITE=K the process's K-th call kills the process
+ * (SIGKILL) once half the temporary is written and synced (for tests of a crash mid-write). */
+typedef struct {
+    const void *p;
+    size_t n;
+} loom__part;
+loom_status loom__write_atomic(const char *path, const loom__part *parts, int n);
 
 /* Growable array helper: ensures *cap >= need, elements of size `elem`. EN OMEM on failure. */
 loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);

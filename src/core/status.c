@@ -162,6 +162,13 @@ static void read_env(void) {
     env.matmul = one_of("LOOM_MATMUL", matmuls);
     const char *dc = getenv("LOOM_DATA_CACHE");
     env.data_cache = dc && *dc ? dc : NULL;
+    const char *fw = getenv("LOOM_FAULT_WRITE");
+    char *end = NULL;
+    long long k = fw && *fw ? strtoll(fw, &end, 10) : 0;
+    if (fw && *fw && (*end || k < 1) && !env_error[0])
+        snprintf(env_error, sizeof env_error,
+                 "LOOM_FAULT_WRITE='%.64s': expected a count of writes from 1 (or unset)", fw);
+    env.fault_write = fw && *fw && !*end && k >= 1 ? (int64_t)k : 0;
 }
 
 const loom__env *loom__getenv(void) {

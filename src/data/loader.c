@@ -180,6 +180,16 @@ void loom_loader_start_epoch(loom_loader *l, int64_t epoch) {
     ahead(l);
 }
 
+void loom_loader_seek(loom_loader *l, int64_t epoch, int64_t batch) {
+    loom_loader_start_epoch(l, epoch);
+    if (batch <= 0)
+        return;
+    settle(l); /* the batch at 0 was being assembled */
+    int64_t n = loom_dataset_count(l->d);
+    l->pos = batch < (n + l->c.batch_size - 1) / l->c.batch_size ? batch * l->c.batch_size : n;
+    ahead(l);
+}
+
 bool loom_loader_next(loom_loader *l, loom_batch *b) {
     int64_t take = batch_rows(l, l->pos);
     if (take == 0) {

@@ -235,3 +235,36 @@ void loom_optim_step(loom_graph *g, loom_optim *o) {
             adamw_update(g, o, p, w, grad, h);
     }
 }
+
+const char *loom_optim_name(const loom_optim *o) {
+    return o->kind == OPT_ADAMW ? "adamw" : "sgd";
+}
+
+int loom_optim_state_keys(const loom_optim *o) {
+    return o->kind == OPT_ADAMW ? 2 : o->c.momentum != 0 ? 1 : 0;
+}
+
+const char *loom_optim_state_key(const loom_optim *o, int k) {
+    if (k < 0 || k >= loom_optim_state_keys(o))
+        return NULL;
+    return o->kind == OPT_SGD ? "momentum_buffer" : k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+float *loom_optim_state(loom_optim *o, const loom_param *p, int k) {
+    if (!p || p->m != o->m || p->index >= o->n || k < 0 || k >= loom_optim_state_keys(o))
+        return NULL;
+    loom__model_settle(o->m);
+    return o->m->slab[LOOM_SLAB_STATE] + o->state[2 * p->index + k];
+}
+
+int64_t loom_optim_steps(const loom_optim *o) {
+    return o->t;
+}
+
+loom_status loom_optim_set_steps(loom_optim *o, int64_t t) {
+    if (t < 0)
+        return loom__error(LOOM_EINVAL, "loom_optim_set_steps: %lld steps", (long long)t);
+    o->t = t;
+    o->lr = t > 0 ? scheduled_lr(&o->c, t - 1) : o->c.lr;
+    return LOOM_OK;
+}

@@ -5,7 +5,7 @@
  * row-major, little-endian. Reading validates everything before anything is used; writing is atomic
  * (temporary file, fsync, rename), so a crash never leaves a half-written file under the name.
  */
-#include "../graph/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <math.h>
@@ -390,6 +390,44 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
     return s;
 }
 
+/* The tensors against the CRC-32C list loom writes in the metadata ("loom.crc32c", one a tensor
+ * in data order), where the file has one: EFORMAT naming the first tensor whose bytes differ. */
+static loom_status check_crcs(const char *path, const loom_tensor_file *f, uint64_t data_at) {
+    const char *list = loom__meta_get(&f->meta, "loom.crc32c");
+    if (!list)
+        return LOOM_OK;
+    entry **sorted = loom__malloc(sizeof(entry *) * (size_t)(f->n + 1));
+    if (!sorted)
+        return LOOM_ENOMEM;
+    for (int64_t i = 0; i < f->n; i++)
+        sorted[i] = &f->e[i];
+    qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
+    loom_status s = LOOM_OK;
+    const char *c = list;
+    for (int64_t i = 0; i < f->n && !s; i++) {
+        char *end;
+        unsigned long want = strtoul(c, &end, 16);
+        const entry *e = sorted[i];
+        if (end != c + 8 || (*end != ',' && *end != 0) || (*end == 0) != (i == f->n - 1))
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: the metadata's loom.crc32c does not list one checksum for each "
+                            "of the %lld tensors",
+                            path, (long long)f->n);
+        else if (loom__crc32c(0, e->data, e->end - e->begin) != (uint32_t)want)
+            s = loom__error(LOOM_EFORMAT,
+                            "%s: tensor '%s' (bytes %llu to %llu of the file) fails its checksum: "
+                            "the file is corrupt",
+                            path, e->name, (unsigned long long)(data_at + e->begin),
+                            (unsigned long long)(data_at + e->end));
+        c = end + (*end == ',');
+    }
+    if (!s && f->n == 0 && *list)
+        s = loom__error(LOOM_EFORMAT, "%s: the metadata's loom.crc32c lists checksums of no tensor",
+                        path);
+    loom__free(sorted);
+    return s;
+}
+
 /* safetensors' own bound on the header (MAX_HEADER_SIZE in the reference reader). */
 #define MAX_HEADER 100000000u
 
@@ -446,6 +484,8 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     }
     close(fd);
     loom__free(hdr);
+    if (!s)
+        s = check_crcs(path, f, 8 + hlen);
     if (s)
         loom_tensor_file_free(f);
     else
@@ -502,11 +542,12 @@ static void shape_str(int nd, const int64_t *s, char *buf, size_t size) {
     loom__shape_str(&t, buf, size);
 }
 
-loom_status loom_model_load(loom_model *m, const char *path) {
-    loom_tensor_file *f;
-    loom_status s = loom_tensor_file_read(path, &f);
-    if (s)
-        return s;
+/* Whether f holds m's parameters (present, F32, their shapes), its tied names equal to their
+ * parameters (or absent), and nothing else but tensors named with `other` in front (NULL: none).
+ * ENOTFOUND/ESHAPE/EFORMAT naming the first tensor that does not match. */
+loom_status loom__model_check_file(const loom_model *m, const loom_tensor_file *f, const char *path,
+                                   const char *other) {
+    loom_status s = LOOM_OK;
     for (int64_t i = 0; i < m->n && !s; i++) {
         const loom_param *p = m->params[i];
         const entry *e = find(f, p->name);
@@ -535,22 +576,39 @@ loom_status loom_model_load(loom_model *m, const char *path) {
                 s = loom__error(LOOM_EFORMAT,
                                 "%s: tensor '%s' differs from '%s', the parameter it is tied to",
                                 path, e->name, p->name);
-        } else if (!loom_model_find(m, f->e[i].name)) {
+        } else if (!loom_model_find(m, f->e[i].name) &&
+                   !(other && !strncmp(f->e[i].name, other, strlen(other)))) {
             s = loom__error(LOOM_EFORMAT, "%s: tensor '%s' is not a parameter of the model", path,
                             f->e[i].name);
         }
     }
-    for (int64_t i = 0; i < m->n && !s; i++)
+    return s;
+}
+
+void loom__model_take_file(loom_model *m, loom_tensor_file *f) {
+    for (int64_t i = 0; i < m->n; i++)
         memcpy(loom_param_data(m->params[i]), find(f, m->params[i]->name)->data,
                sizeof(float) * (size_t)m->params[i]->numel);
-    if (!s) {
-        loom_model_touch(m);
-        loom__meta_free(&m->meta); /* the file's metadata, but for the two every writer sets */
-        m->meta = f->meta;
-        memset(&f->meta, 0, sizeof f->meta);
-        loom__meta_set(&m->meta, "format", NULL);
-        loom__meta_set(&m->meta, "producer", NULL);
-    }
+    loom_model_touch(m);
+    loom__meta_free(&m->meta); /* the file's metadata, but for what every writer sets */
+    m->meta = f->meta;
+    memset(&f->meta, 0, sizeof f->meta);
+    static const char *const writers[] = {"format",          "producer",  "loom.crc32c",
+                                          "loom.checkpoint", "optimizer", "optimizer.step"};
+    for (int k = 0; k < 6; k++)
+        loom__meta_set(&m->meta, writers[k], NULL);
+}
+
+loom_status loom_model_load(loom_model *m, const char *path) {
+    loom_tensor_file *f;
+    loom_status s = loom_tensor_file_read(path, &f);
+    if (s)
+        return s;
+    /* a checkpoint's weights (its optimizer's state beside them is not needed here) */
+    const char *other = loom_tensor_file_meta(f, "loom.checkpoint") ? "optimizer." : NULL;
+    s = loom__model_check_file(m, f, path, other);
+    if (!s)
+        loom__model_take_file(m, f);
     loom_tensor_file_free(f);
     return s;
 }
@@ -574,32 +632,37 @@ static size_t jwrite(char *h, size_t k, const char *s) {
     return k;
 }
 
-static loom_status build_header(const loom_model *m, char **out, size_t *len) {
-    size_t cap = 256 + (size_t)(m->n + m->nties) * (64 + 300), k = 0;
-    for (int64_t i = 0; i < m->meta.n; i++)
-        cap += 6 * (strlen(m->meta.key[i]) + strlen(m->meta.val[i])) + 8;
+/* The header of the n tensors, their data in this order, with the metadata and each tensor's
+ * CRC-32C ("loom.crc32c": 8 hex digits a tensor, in data order, comma-separated). */
+static loom_status build_header(const loom__st_tensor *t, int64_t n, const loom__meta *md,
+                                const char *crcs, char **out, size_t *len) {
+    size_t cap = 256 + strlen(crcs), k = 0;
+    for (int64_t i = 0; i < n; i++)
+        cap += 6 * strlen(t[i].name) + 64 + 24 * (size_t)t[i].ndim;
+    for (int64_t i = 0; i < md->n; i++)
+        cap += 6 * (strlen(md->key[i]) + strlen(md->val[i])) + 8;
     char *h = loom__malloc(cap);
     if (!h)
         return LOOM_ENOMEM;
     k += (size_t)snprintf(h + k, cap - k,
-                          "{\"__metadata__\":{\"format\":\"pt\",\"producer\":"
-                          "\"loom %s\"",
-                          LOOM_VERSION);
-    for (int64_t i = 0; i < m->meta.n; i++) {
+                          "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"loom %s\","
+                          "\"loom.crc32c\":\"%s\"",
+                          LOOM_VERSION, crcs);
+    for (int64_t i = 0; i < md->n; i++) {
         h[k++] = ',';
-        k = jwrite(h, k, m->meta.key[i]);
+        k = jwrite(h, k, md->key[i]);
         h[k++] = ':';
-        k = jwrite(h, k, m->meta.val[i]);
+        k = jwrite(h, k, md->val[i]);
     }
     h[k++] = '}';
     uint64_t off = 0;
-    for (int64_t i = 0; i < m->n + m->nties; i++) { /* the parameters, then the tied names */
-        const loom_param *p = m->params[i < m->n ? i : m->tie_of[i - m->n]];
-        k += (size_t)snprintf(h + k, cap - k, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[",
-                              i < m->n ? p->name : m->tie_name[i - m->n]);
-        for (int d = 0; d < p->ndim; d++)
-            k += (size_t)snprintf(h + k, cap - k, "%s%lld", d ? "," : "", (long long)p->shape[d]);
-        uint64_t end = off + 4 * (uint64_t)p->numel;
+    for (int64_t i = 0; i < n; i++) {
+        h[k++] = ',';
+        k = jwrite(h, k, t[i].name);
+        k += (size_t)snprintf(h + k, cap - k, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (int d = 0; d < t[i].ndim; d++)
+            k += (size_t)snprintf(h + k, cap - k, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        uint64_t end = off + 4 * (uint64_t)t[i].numel;
         k += (size_t)snprintf(h + k, cap - k, "],\"data_offsets\":[%llu,%llu]}",
                               (unsigned long long)off, (unsigned long long)end);
         off = end;
@@ -613,58 +676,70 @@ static loom_status build_header(const loom_model *m, char **out, size_t *len) {
     return LOOM_OK;
 }
 
-/* ERANGE naming the first parameter element that is NaN or infinite. */
-static loom_status check_finite(const loom_model *m, const char *path) {
-    for (int64_t i = 0; i < m->n; i++) {
-        const loom_param *p = m->params[i];
-        const float *v = m->slab[LOOM_SLAB_PARAM] + p->offset;
+/* ERANGE naming the first element of the tensors that is NaN or infinite. */
+static loom_status check_finite(const loom__st_tensor *t, int64_t n, const char *path) {
+    for (int64_t i = 0; i < n; i++) {
         int64_t bad = 0, first = -1;
-        for (int64_t k = 0; k < p->numel; k++)
-            if (!isfinite(v[k]))
+        for (int64_t k = 0; k < t[i].numel; k++)
+            if (!isfinite(t[i].data[k]))
                 bad++, first = first < 0 ? k : first;
         if (bad)
             return loom__error(LOOM_ERANGE,
-                               "%s: not written: parameter '%s' holds %lld NaN or infinite values "
-                               "of %lld (the first at element %lld: %g); the training diverged",
-                               path, p->name, (long long)bad, (long long)p->numel, (long long)first,
-                               (double)v[first]);
+                               "%s: not written: '%s' holds %lld NaN or infinite values of %lld "
+                               "(the first at element %lld: %g); the training diverged",
+                               path, t[i].name, (long long)bad, (long long)t[i].numel,
+                               (long long)first, (double)t[i].data[first]);
     }
     return LOOM_OK;
 }
 
-loom_status loom_model_save(const loom_model *m, const char *path) {
-    loom__model_settle(m); /* a step running on m ends first */
-    loom_status fin = check_finite(m, path);
-    if (fin)
-        return fin;
-    loom__remove_stale_temps(path); /* left by a writer of this path that was killed */
-    char *h;
-    size_t hlen;
-    loom_status s = build_header(m, &h, &hlen);
-    if (s)
-        return s;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        loom__free(h);
-        return loom__error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    }
+loom_status loom__safetensors_write(const char *path, const loom__st_tensor *t, int64_t n,
+                                    const loom__meta *md) {
+    loom_status s = check_finite(t, n, path);
+    char *crcs = s ? NULL : loom__malloc(9 * (size_t)n + 1);
+    loom__part *parts = s ? NULL : loom__malloc(sizeof *parts * (size_t)(n + 2));
+    if (!s && (!crcs || !parts))
+        s = LOOM_ENOMEM;
+    size_t k = 0;
+    if (crcs)
+        crcs[0] = 0;
+    for (int64_t i = 0; !s && i < n; i++) /* x86-64, aarch64: little-endian as written */
+        k += (size_t)snprintf(crcs + k, 10, "%s%08x", i ? "," : "",
+                              loom__crc32c(0, t[i].data, sizeof(float) * (size_t)t[i].numel));
+    char *h = NULL;
+    size_t hlen = 0;
+    if (!s)
+        s = build_header(t, n, md, crcs, &h, &hlen);
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    bool ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(h, 1, hlen, fp) == hlen;
-    for (int64_t i = 0; i < m->n + m->nties && ok; i++) { /* x86-64, aarch64: little-endian */
+    if (!s) {
+        parts[0] = (loom__part){len8, 8}, parts[1] = (loom__part){h, hlen};
+        for (int64_t i = 0; i < n; i++)
+            parts[2 + i] = (loom__part){t[i].data, sizeof(float) * (size_t)t[i].numel};
+        s = loom__write_atomic(path, parts, (int)(n + 2));
+    }
+    loom__free(h), loom__free(crcs), loom__free(parts);
+    return s;
+}
+
+/* The model's tensors as written: the parameters, then the tied names (+ room for `more`). */
+loom__st_tensor *loom__model_tensors(const loom_model *m, int64_t more, int64_t *n) {
+    loom__st_tensor *t = loom__malloc(sizeof *t * (size_t)(m->n + m->nties + more + 1));
+    *n = m->n + m->nties;
+    for (int64_t i = 0; t && i < *n; i++) {
         const loom_param *p = m->params[i < m->n ? i : m->tie_of[i - m->n]];
-        ok = fwrite(m->slab[LOOM_SLAB_PARAM] + p->offset, sizeof(float), (size_t)p->numel, fp) ==
-             (size_t)p->numel;
+        t[i] = (loom__st_tensor){i < m->n ? p->name : m->tie_name[i - m->n], p->ndim, p->shape,
+                                 m->slab[LOOM_SLAB_PARAM] + p->offset, p->numel};
     }
-    ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-    ok = (fclose(fp) == 0) && ok;
-    loom__free(h);
-    if (!ok || rename(tmp, path) != 0) {
-        s = loom__error(LOOM_EIO, "%s: cannot write: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+    return t;
+}
+
+loom_status loom_model_save(const loom_model *m, const char *path) {
+    loom__model_settle(m); /* a step running on m ends first */
+    int64_t n;
+    loom__st_tensor *t = loom__model_tensors(m, 0, &n);
+    loom_status s = t ? loom__safetensors_write(path, t, n, &m->meta) : LOOM_ENOMEM;
+    loom__free(t);
     return s;
 }

@@ -114,13 +114,47 @@ bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out
     return false;
 }
 
+int cli_ckpt_opt(const char *f, const char *v, ckpt_opts *c) {
+    if (!strcmp(f, "--checkpoint-every"))
+        return cli_int(f, v, 1, CLI_MAX_COUNT, &c->every) ? 1 : -1;
+    if (!strcmp(f, "--keep"))
+        return cli_int(f, v, 1, CLI_MAX_COUNT, &c->keep) ? 1 : -1;
+    if (!strcmp(f, "--monitor")) {
+        if (!v || (strcmp(v, "val_loss") != 0 && strcmp(v, "val_acc") != 0))
+            return cli_fail("--monitor: expected val_loss or val_acc, got '%s'", v ? v : ""), -1;
+        c->monitor_acc = !strcmp(v, "val_acc");
+        return 1;
+    }
+    if (strcmp(f, "--checkpoint-dir") != 0 && strcmp(f, "--resume") != 0)
+        return 0;
+    if (!v || !*v)
+        return cli_fail("%s: expected a %s", f, f[2] == 'c' ? "directory" : "directory or file"),
+               -1;
+    *(f[2] == 'c' ? &c->dir : &c->resume) = v;
+    return 1;
+}
+
+int cli_ckpt_check(const ckpt_opts *c, const char *init) {
+    if (!c->dir && (c->every || c->keep))
+        return cli_fail("%s: expected --checkpoint-dir DIR as well",
+                        c->every ? "--checkpoint-every" : "--keep"),
+               2;
+    if (c->resume && init)
+        return cli_fail("--resume: a resumed run has its weights from the checkpoint: drop --init"),
+               2;
+    return 0;
+}
+
 /* Parses one option at argv[*i]; false (after printing the reason) on a bad one. */
 static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
     const char *f = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     int64_t n;
     bool ok = true, takes = true;
-    if (!strcmp(f, "--epochs"))
+    int ck = cli_ckpt_opt(f, v, &o->ck);
+    if (ck)
+        ok = ck > 0;
+    else if (!strcmp(f, "--epochs"))
         ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->epochs);
     else if (!strcmp(f, "--steps"))
         ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->steps);
@@ -225,6 +259,12 @@ int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *out) {
     }
     if (eval_only && !o.init) {
         cli_fail("eval: expected --init FILE with the weights to evaluate");
+        return 2;
+    }
+    if (cli_ckpt_check(&o.ck, o.init))
+        return 2;
+    if (eval_only && (o.ck.dir || o.ck.resume)) {
+        cli_fail("eval: takes --init FILE, not checkpoint options");
         return 2;
     }
     if (!strcmp(o.optimizer, "adamw") && !o.lr_set)

@@ -11,6 +11,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The checkpoint options of every training command (tools/loom/ckpt.c). */
+typedef struct {
+    const char *dir;    /* --checkpoint-dir: where checkpoints go (NULL: none) */
+    int64_t every;      /* --checkpoint-every N steps (0: at each evaluation) and at the end */
+    int64_t keep;       /* --keep K: the newest K and the best (0: all) */
+    bool monitor_acc;   /* --monitor val_acc (larger is better), else val_loss */
+    const char *resume; /* --resume DIR|FILE: continue the run that wrote it */
+} ckpt_opts;
+
 typedef struct {
     const char *recipe;
     int64_t epochs, steps, batch;
@@ -28,6 +37,7 @@ typedef struct {
     const char *optimizer; /* "sgd" or "adamw" */
     uint64_t seed;
     const char *data, *init, *save, *log_dir;
+    ckpt_opts ck;
 } train_opts;
 
 /* Parses `loom train|eval RECIPE [options]` (argv[0] the program, argv[1] the subcommand) into
@@ -44,6 +54,11 @@ bool cli_mul(const char *what, int64_t a, int64_t b, int64_t limit, int64_t *out
 #define CLI_MAX_SIZE        ((int64_t)1 << 24)
 /* The most tokens (or samples) of one step's batch, all devices together: 2^28. */
 #define CLI_MAX_BATCH_ELEMS ((int64_t)1 << 28)
+/* Flag f with value v, when it is a checkpoint option: 1 (taken, v used), 0 (not one of them),
+ * -1 (a bad value, after one line). cli_ckpt_check: the options together (0, or 2 after a line:
+ * --keep or --checkpoint-every without --checkpoint-dir, --resume with --init). */
+int cli_ckpt_opt(const char *f, const char *v, ckpt_opts *c);
+int cli_ckpt_check(const ckpt_opts *c, const char *init);
 /* Whether --save's path can be written, before any training: 0, or 1 after one line. */
 int cli_check_save(const char *path);
 /* The options of `loom train|eval|sample shakespeare-gpt` (tools/loom/gpt.c). */
@@ -55,6 +70,7 @@ typedef struct {
     uint64_t seed;
     bool no_shuffle;
     const char *data, *init, *save, *start;
+    ckpt_opts ck;
 } gpt_opts;
 /* Validation batches of the GPT: 64 windows (the short last one on a graph of its own). */
 #define VAL_ROWS 64
@@ -77,9 +93,10 @@ int cli_stop_signal(void);       /* 0: none */
 const char *cli_stop_name(void); /* "SIGINT" or "SIGTERM" */
 /* csvlog.c: DIR/metrics.csv with `header` (NULL after one line); rows written whole and checked:
  * a row that cannot be written is cut off (the file ends on a whole row) and the row's call
- * returns 1 after one line, or, with warn_only, 0 after a warning once (no rows after it). */
+ * returns 1 after one line, or, with warn_only, 0 after a warning once (no rows after it). A run
+ * resumed after step `resumed` (-1: a new run) keeps the file's rows up to that step. */
 typedef struct cli_log cli_log;
-cli_log *cli_log_open(const char *dir, const char *header, bool warn_only);
+cli_log *cli_log_open(const char *dir, const char *header, bool warn_only, int64_t resumed);
 int cli_log_row(cli_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_log_close(cli_log *l); /* 0, or 1 after one line; frees l (NULL: nothing) */
 /* A run's configuration as "name=value" items, for the processes of an MPI job to compare
@@ -94,6 +111,22 @@ void cli_item(cli_items *it, const char *name, const char *fmt, ...)
 /* 0 when every process has the same items; else 2, after one line from process 0 naming the
  * first process and option that differ (every process returns, none aborts the job). */
 int cli_agree(loom_devices *d, cli_items *it);
+/* ckpt.c: a run's state in its model's metadata, written with every checkpoint and weights file.
+ * cli_config_meta: the configuration items as "config.<name>" (0, or 1 after a line);
+ * cli_resume_check: a resumed checkpoint's (at path) against this run's: every item but those in
+ * may_change (NULL-terminated) must be the same, or 2 after one line naming the first that is
+ * not; cli_meta_int: an integer the metadata holds (false: none); cli_meta_put: one into it. */
+int cli_config_meta(loom_model *m, const cli_items *it);
+int cli_resume_check(const loom_model *m, const cli_items *it, const char *path,
+                     const char *const *may_change);
+bool cli_meta_int(const loom_model *m, const char *key, int64_t *v);
+int cli_meta_put(loom_model *m, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A checkpoint of the run after `steps` steps into --checkpoint-dir, by process 0 of the job
+ * (writer; the others return 0 at once), with the monitored value (NaN: none); its path into
+ * path. 0, or 1 after one line. */
+int cli_ckpt_write(const ckpt_opts *c, loom_model *m, loom_optim *o, int64_t steps,
+                   double monitored, bool writer, char *path, size_t cap);
 /* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1
  * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

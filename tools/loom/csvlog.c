@@ -51,7 +51,31 @@ static int write_all(cli_log *l, const char *buf, size_t n) {
     return 0;
 }
 
-cli_log *cli_log_open(const char *dir, const char *header, bool warn_only) {
+/* A resumed run's log: the rows of metrics.csv up to step `upto` (its first column) are kept,
+ * those after it (the resumed run makes them again) cut off; a file of another header is started
+ * anew. Returns the bytes kept (0: none). */
+static off_t kept_rows(int fd, const char *header, int64_t upto) {
+    struct stat st;
+    if (upto < 0 || fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size > ((off_t)1 << 30))
+        return 0;
+    char *text = malloc((size_t)st.st_size + 1);
+    ssize_t got = text ? pread(fd, text, (size_t)st.st_size, 0) : -1;
+    off_t keep = 0;
+    size_t hl = strlen(header);
+    if (got == st.st_size && (size_t)got >= hl && !memcmp(text, header, hl)) {
+        text[got] = 0;
+        keep = (off_t)hl;
+        for (char *row = text + hl, *nl; (nl = strchr(row, '\n')); row = nl + 1) {
+            if (strtoll(row, NULL, 10) > upto)
+                break;
+            keep = (off_t)(nl + 1 - text);
+        }
+    }
+    free(text);
+    return keep;
+}
+
+cli_log *cli_log_open(const char *dir, const char *header, bool warn_only, int64_t resumed) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         cli_fail("--log-dir: cannot create '%s': %s", dir, strerror(errno));
         return NULL;
@@ -63,14 +87,18 @@ cli_log *cli_log_open(const char *dir, const char *header, bool warn_only) {
     }
     snprintf(l->path, sizeof l->path, "%s/metrics.csv", dir);
     l->warn_only = warn_only;
-    l->fd = open(l->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (l->fd < 0) {
+    l->fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    off_t keep = l->fd >= 0 ? kept_rows(l->fd, header, resumed) : 0;
+    if (l->fd < 0 || ftruncate(l->fd, keep) != 0 || lseek(l->fd, keep, SEEK_SET) != keep) {
         cli_fail("--log-dir: cannot write '%s': %s", l->path, strerror(errno));
+        if (l->fd >= 0)
+            close(l->fd);
         free(l);
         return NULL;
     }
+    l->good = keep;
     l->warn_only = false; /* the header must be there: a log that cannot start stops the run */
-    if (write_all(l, header, strlen(header))) {
+    if (!keep && write_all(l, header, strlen(header))) {
         free(l);
         return NULL;
     }

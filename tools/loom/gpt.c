@@ -87,6 +87,9 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                     cli_fail("%s: expected %s", f, text ? "text" : "a path");
                 *strs[k].dst = v;
             }
+        int ck = known ? 0 : cli_ckpt_opt(f, v, &o->ck);
+        if (ck)
+            known = true, ok = ck > 0;
         if (!known && !strcmp(f, "--seed")) {
             int64_t n = 0;
             known = true;
@@ -126,6 +129,12 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
                         (long long)o->warmup, (long long)o->decay),
                2;
+    if (cli_ckpt_check(&o->ck, o->init))
+        return 2;
+    if ((o->sample || o->eval) && (o->ck.dir || o->ck.resume))
+        return cli_fail("%s: takes --init FILE, not checkpoint options", argv[1]), 2;
+    if (o->ck.monitor_acc)
+        return cli_fail("--monitor: shakespeare-gpt's evaluation measures val_loss only"), 2;
     if ((o->sample || o->eval) && !o->init)
         return cli_fail("%s: expected --init FILE with trained weights", argv[1]), 2;
     return 0;
@@ -140,6 +149,7 @@ typedef struct {
     loom_devices *d;
     loom_graph *full, *tail;
     int32_t *x, *y;
+    cli_items it; /* the configuration: compared across processes, kept in checkpoints */
 } gpt_run;
 
 static void run_free(gpt_run *r) {
@@ -156,38 +166,39 @@ static char *vocabulary(const loom_text *t);
 
 /* Whether every process of an MPI job runs this configuration (the text compared by its size and
  * vocabulary, paths may differ between machines). 0, or 2 after process 0's line. */
-static int agree(const gpt_opts *o, const gpt_run *r) {
-    cli_items it = {.n = 0};
+static int agree(const gpt_opts *o, gpt_run *r) {
+    cli_items *it = &r->it;
+    it->n = 0;
     const loom_gpt_config *c = &o->shape;
-    cli_item(&it, "command", "%s", o->sample ? "sample" : o->eval ? "eval" : "train");
-    cli_item(&it, "--layers", "%lld", (long long)c->layers);
-    cli_item(&it, "--heads", "%lld", (long long)c->heads);
-    cli_item(&it, "--width", "%lld", (long long)c->width);
-    cli_item(&it, "--context", "%lld", (long long)c->context);
-    cli_item(&it, "--steps", "%lld", (long long)o->steps);
-    cli_item(&it, "--batch", "%lld", (long long)o->batch);
-    cli_item(&it, "--warmup-steps", "%lld", (long long)o->warmup);
-    cli_item(&it, "--decay-steps", "%lld", (long long)o->decay);
-    cli_item(&it, "--eval-interval", "%lld", (long long)o->eval_interval);
-    cli_item(&it, "--lr", "%.17g", o->lr);
-    cli_item(&it, "--min-lr", "%.17g", o->min_lr);
-    cli_item(&it, "--weight-decay", "%.17g", o->weight_decay);
-    cli_item(&it, "--clip-norm", "%.17g", o->clip);
-    cli_item(&it, "--beta2", "%.17g", o->beta2);
-    cli_item(&it, "--dropout", "%.17g", o->dropout);
-    cli_item(&it, "--seed", "%llu", (unsigned long long)o->seed);
-    cli_item(&it, "--no-shuffle", "%d", o->no_shuffle);
-    cli_item(&it, "--timeout", "%.17g", o->timeout);
-    cli_item(&it, "--init", "%s", o->init ? "given" : "none");
+    cli_item(it, "command", "%s", o->sample ? "sample" : o->eval ? "eval" : "train");
+    cli_item(it, "--layers", "%lld", (long long)c->layers);
+    cli_item(it, "--heads", "%lld", (long long)c->heads);
+    cli_item(it, "--width", "%lld", (long long)c->width);
+    cli_item(it, "--context", "%lld", (long long)c->context);
+    cli_item(it, "--steps", "%lld", (long long)o->steps);
+    cli_item(it, "--batch", "%lld", (long long)o->batch);
+    cli_item(it, "--warmup-steps", "%lld", (long long)o->warmup);
+    cli_item(it, "--decay-steps", "%lld", (long long)o->decay);
+    cli_item(it, "--eval-interval", "%lld", (long long)o->eval_interval);
+    cli_item(it, "--lr", "%.17g", o->lr);
+    cli_item(it, "--min-lr", "%.17g", o->min_lr);
+    cli_item(it, "--weight-decay", "%.17g", o->weight_decay);
+    cli_item(it, "--clip-norm", "%.17g", o->clip);
+    cli_item(it, "--beta2", "%.17g", o->beta2);
+    cli_item(it, "--dropout", "%.17g", o->dropout);
+    cli_item(it, "--seed", "%llu", (unsigned long long)o->seed);
+    cli_item(it, "--no-shuffle", "%d", o->no_shuffle);
+    cli_item(it, "--timeout", "%.17g", o->timeout);
+    cli_item(it, "--init", "%s", o->init ? "given" : "none");
     char *vocab = vocabulary(r->text);
     uint64_t h = 1469598103934665603ull; /* FNV-1a of the vocabulary */
     for (const char *s = vocab ? vocab : ""; *s; s++)
         h = (h ^ (unsigned char)*s) * 1099511628211ull;
     free(vocab);
-    cli_item(&it, "--data", "%lld characters, vocabulary of %lld (hash %016llx)",
+    cli_item(it, "--data", "%lld characters, vocabulary of %lld (hash %016llx)",
              (long long)(loom_text_count(r->text, false) + loom_text_count(r->text, true)),
              (long long)loom_text_vocab(r->text), (unsigned long long)h);
-    return cli_agree(r->d, &it);
+    return cli_agree(r->d, it);
 }
 
 /* The devices (--devices, --timeout), the validation graphs on them, the batch buffers. */
@@ -322,97 +333,169 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int train(const gpt_opts *o) {
-    gpt_run r;
-    int rc = run_new(o, &r);
-    loom_optim *opt = NULL;
-    loom_graph *g = NULL;
-    int64_t T = o->shape.context, B = o->batch;
+/* A training run's state beside gpt_run: its optimizer and step graph, the steps done, the
+ * validation losses (the last and the best), and the newest checkpoint (step and path). */
+typedef struct {
+    loom_optim *opt;
+    loom_graph *g;
+    bool talk; /* process 0 of the job: prints, saves, checkpoints */
+    int64_t step, ckpt_step;
+    double last_val, best;
+    char ckpt[4200];
+} gpt_train;
+
+/* What may differ when a run is resumed: the rest shapes it. */
+static const char *const may_change[] = {"--steps", "--eval-interval", "--timeout", "--init",
+                                         NULL};
+
+/* A checkpoint after t->step steps (none when one is there), with the validation loss just
+ * measured (NaN: none). */
+static int checkpoint(const gpt_opts *o, gpt_run *r, gpt_train *t, double monitored) {
+    if (!o->ck.dir || t->ckpt_step == t->step)
+        return 0;
+    if (cli_meta_put(r->m, "loom.step", "%lld", (long long)t->step) ||
+        cli_meta_put(r->m, "loom.monitor", "val_loss") ||
+        cli_meta_put(r->m, "loom.best", "%.17g", t->best) ||
+        cli_meta_put(r->m, "loom.val_loss", "%.17g", t->last_val) ||
+        cli_meta_put(r->m, "loom.world", "%d", loom_devices_world(r->d)) ||
+        cli_ckpt_write(&o->ck, r->m, t->opt, t->step, monitored, t->talk, t->ckpt, sizeof t->ckpt))
+        return 1;
+    t->ckpt_step = t->step;
+    return 0;
+}
+
+/* --resume: the checkpoint's weights, optimizer state and step, once its configuration is found
+ * to be this run's. */
+static int resume(const gpt_opts *o, gpt_run *r, gpt_train *t) {
+    if (loom_checkpoint_resume(o->ck.resume, r->m, t->opt, &t->step, t->ckpt, sizeof t->ckpt))
+        return cli_fail("--resume: %s", loom_last_error());
+    int bad = cli_resume_check(r->m, &r->it, t->ckpt, may_change);
+    if (bad)
+        return bad;
+    const char *best = loom_model_meta(r->m, "loom.best"), *v = loom_model_meta(r->m, "loom.val_loss");
+    t->best = best ? strtod(best, NULL) : NAN, t->last_val = v ? strtod(v, NULL) : NAN;
+    t->ckpt_step = t->step;
+    if (t->talk)
+        printf("loom: resuming from %s: step %lld of %lld\n", t->ckpt, (long long)t->step,
+               (long long)o->steps);
+    return 0;
+}
+
+/* The model, devices, optimizer and step graph of a training run; its checkpoint when resumed;
+ * the configuration and vocabulary in the model's metadata (for every file it writes). */
+static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
+    int rc = run_new(o, r);
     if (!rc && o->save)
         rc = cli_check_save(o->save);
     if (!rc)
-        rc = run_devices(o, &r);
-    loom_devices *d = r.d;
-    int32_t *x = r.x, *y = r.y;
-    if (!rc) {
-        opt = loom_adamw_new(r.m, &(loom_optim_config){.lr = o->lr,
+        rc = run_devices(o, r);
+    if (rc)
+        return rc;
+    t->opt = loom_adamw_new(r->m, &(loom_optim_config){.lr = o->lr,
                                                        .beta2 = o->beta2,
                                                        .weight_decay = o->weight_decay,
                                                        .warmup_steps = o->warmup,
                                                        .decay_steps = o->decay,
                                                        .min_lr = o->min_lr,
                                                        .clip_norm = o->clip});
-        g = loom_graph_new(r.m);
-        if (!opt || !g || loom_graph_set_devices(g, d))
-            rc = cli_fail("%s", loom_last_error());
-    }
-    bool talk = !rc && loom_devices_process(d) == 0;
+    t->g = loom_graph_new(r->m);
+    if (!t->opt || !t->g || loom_graph_set_devices(t->g, r->d))
+        return cli_fail("%s", loom_last_error());
+    loom_optim_decay_matrices_only(t->opt, o->weight_decay);
+    t->talk = loom_devices_process(r->d) == 0;
+    if (o->ck.resume && (rc = resume(o, r, t)))
+        return rc;
+    char *vocab = vocabulary(r->text);
+    if (!vocab || loom_model_set_meta(r->m, "vocabulary", vocab) || cli_config_meta(r->m, &r->it))
+        rc = cli_fail("%s", vocab ? loom_last_error() : "out of memory");
+    free(vocab);
+    return rc;
+}
+
+/* Training step s (from 0): its batch of text windows (keyed by seed and s), dropout keyed the
+ * same, the update; its loss into *loss. */
+static int train_step(const gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, double *loss) {
+    int64_t T = o->shape.context, B = o->batch, shape[2] = {B, T};
+    if (loom_text_batch(r->text, s, B, T, o->seed, !o->no_shuffle, r->x, r->y))
+        return cli_fail("%s", loom_last_error());
+    loom_graph *g = t->g;
+    loom_graph_reset(g);
+    loom_gpt_set_train(r->gpt, true, o->seed, s);
+    loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, r->x);
+    loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, r->y);
+    loom_tensor *l = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
+    loom_backward(g, l);
+    loom_optim_step(g, t->opt);
+    if (loom_graph_run(g))
+        return cli_fail("step %lld: %s", (long long)s + 1, loom_last_error());
+    *loss = loom_item(l);
+    t->step = s + 1;
+    return 0;
+}
+
+static int train(const gpt_opts *o) {
+    gpt_run r = {0};
+    gpt_train t = {.ckpt_step = -1, .last_val = NAN, .best = NAN};
+    int rc = train_setup(o, &r, &t);
+    int64_t T = o->shape.context, every = o->ck.every;
     cli_catch_stop();
-    cli_stop_agree(rc ? NULL : d);
-    if (talk)
+    cli_stop_agree(rc ? NULL : r.d);
+    if (!rc && t.talk)
         printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
                "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
                (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
                (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
-               loom_devices_world(d), (long long)B, (long long)o->steps);
-    if (!rc)
-        loom_optim_decay_matrices_only(opt, o->weight_decay);
-    double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, last_val = NAN;
+               loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
+    double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
-    int64_t s = 0;
-    for (; !rc && s < o->steps && !cli_stopping(); s++) {
-        int64_t shape[2] = {B, T};
-        if (loom_text_batch(r.text, s, B, T, o->seed, !o->no_shuffle, x, y)) {
-            rc = cli_fail("%s", loom_last_error());
+    for (int64_t s = t.step; !rc && s < o->steps && !cli_stopping(); s++) {
+        if ((rc = train_step(o, &r, &t, s, &loss)))
+            break;
+        sum += loss, counted++;
+        bool eval = t.step % o->eval_interval == 0 || t.step == o->steps;
+        bool due = every ? t.step % every == 0 : eval;
+        if (!eval) {
+            rc = due ? checkpoint(o, &r, &t, NAN) : 0;
+            continue;
+        }
+        double te = now(), ms = 1e3 * (te - t_interval) / (double)counted;
+        double v = t.last_val = val_loss(&r, T);
+        eval_s += now() - te;
+        if (isnan(v)) {
+            rc = cli_fail("validation after step %lld: %s", (long long)t.step, loom_last_error());
             break;
         }
-        loom_graph_reset(g);
-        loom_gpt_set_train(r.gpt, true, o->seed, s);
-        loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
-        loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
-        loom_tensor *loss = loom_cross_entropy(g, loom_gpt_forward(g, r.gpt, xi), yi);
-        loom_backward(g, loss);
-        loom_optim_step(g, opt);
-        if (loom_graph_run(g)) {
-            rc = cli_fail("step %lld: %s", (long long)s + 1, loom_last_error());
-            break;
-        }
-        sum += loom_item(loss), counted++;
-        if ((s + 1) % o->eval_interval == 0 || s + 1 == o->steps) {
-            double te = now(), ms = 1e3 * (te - t_interval) / (double)counted;
-            last_val = val_loss(&r, T);
-            eval_s += now() - te;
-            if (isnan(last_val)) {
-                rc =
-                    cli_fail("validation after step %lld: %s", (long long)s + 1, loom_last_error());
-                break;
-            }
-            if (talk)
-                printf("step %lld: train loss %.4f, val loss %.4f, lr %.3g, %.1f ms a step\n",
-                       (long long)s + 1, sum / (double)counted, last_val, loom_optim_lr(opt), ms);
-            fflush(stdout);
-            sum = 0, counted = 0, t_interval = now();
-        }
+        t.best = isnan(t.best) || v < t.best ? v : t.best;
+        if (t.talk)
+            printf("step %lld: train loss %.4f, val loss %.4f, lr %.3g, %.1f ms a step\n",
+                   (long long)t.step, sum / (double)counted, v, loom_optim_lr(t.opt), ms);
+        fflush(stdout);
+        sum = 0, counted = 0, t_interval = now();
+        rc = due ? checkpoint(o, &r, &t, v) : 0;
     }
-    if (!rc && cli_stop_signal()) { /* (across processes: they all stopped after step s) */
-        if (talk)
+    if (!rc) /* at the end, or where a signal stopped the run */
+        rc = checkpoint(o, &r, &t, cli_stop_signal() ? NAN : t.last_val);
+    if (!rc && cli_stop_signal()) { /* (across processes: they all stopped after this step) */
+        if (t.talk && o->ck.dir)
+            fprintf(stderr,
+                    "loom: stopped by %s after step %lld: checkpoint %s written; continue with "
+                    "--resume %s\n",
+                    cli_stop_name(), (long long)t.step, t.ckpt, o->ck.dir);
+        else if (t.talk)
             fprintf(stderr, "loom: stopped by %s after step %lld: %s\n", cli_stop_name(),
-                    (long long)s, o->save ? "no weights saved" : "nothing else written");
+                    (long long)t.step, o->save ? "no weights saved" : "nothing else written");
         rc = 128 + cli_stop_signal();
     }
     cli_stop_agree(NULL);
-    if (!rc && talk) {
-        printf("val loss: %.4f\n", last_val);
+    if (!rc && t.talk) {
+        printf("val loss: %.4f\n", t.last_val);
         printf("%lld steps in %.1f s (evaluation %.1f s of it)\n", (long long)o->steps, now() - t0,
                eval_s);
     }
-    char *vocab = !rc && o->save && talk ? vocabulary(r.text) : NULL;
-    if (!rc && o->save && talk &&
-        (!vocab || loom_model_set_meta(r.m, "vocabulary", vocab) || loom_model_save(r.m, o->save)))
-        rc = cli_fail("--save: %s", vocab ? loom_last_error() : "out of memory");
-    free(vocab);
-    loom_graph_free(g);
-    loom_optim_free(opt);
+    if (!rc && o->save && t.talk && loom_model_save(r.m, o->save))
+        rc = cli_fail("--save: %s", loom_last_error());
+    loom_graph_free(t.g);
+    loom_optim_free(t.opt);
     run_free(&r);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -41,10 +42,27 @@ static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **lab
     return loom_sequential_forward(m->g, m->net, x);
 }
 
-/* Accuracy over the whole test set: each sample counted once, whatever the device count. Batches
- * of 250 (the test set is 40 of them, no short one): 1000 made the CNN's conv1 output 86 MB,
- * twice the step's peak memory and out of cache (250: peak RSS 172 -> 90 MiB, same accuracy). */
-static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
+/* The cross-entropy of logits z (rows, classes) against labels y, summed over the rows (in double:
+ * the mean of the whole test set does not depend on the batches). */
+static double loss_sum(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
+    double sum = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *r = z + i * classes;
+        double mx = r[0], e = 0;
+        for (int64_t k = 1; k < classes; k++)
+            mx = r[k] > mx ? r[k] : mx;
+        for (int64_t k = 0; k < classes; k++)
+            e += exp((double)r[k] - mx);
+        sum += mx + log(e) - (double)r[y[i]];
+    }
+    return sum;
+}
+
+/* Accuracy and mean loss over the whole test set: each sample counted once, whatever the device
+ * count. Batches of 250 (the test set is 40 of them, no short one): 1000 made the CNN's conv1
+ * output 86 MB, twice the step's peak memory and out of cache (250: peak RSS 172 -> 90 MiB, same
+ * accuracy). */
+static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double *loss) {
     static float z[250 * 10];
     loom_loader *l =
         loom_loader_new(test, &(loom_loader_config){.batch_size = 250, .no_shuffle = true});
@@ -52,6 +70,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
         return cli_fail("evaluation: %s", loom_last_error());
     loom_batch b;
     int64_t correct = 0, seen = 0;
+    double sum = 0;
     while (!cli_stopping() && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
         loom_tensor *y, *logits = forward(m, &b, &y);
@@ -61,11 +80,14 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc) {
             loom_loader_free(l);
             return cli_fail("evaluation: %s", loom_last_error());
         }
-        correct += loom_count_correct(z, b.n, loom_tensor_shape(logits)[1], b.y);
+        int64_t classes = loom_tensor_shape(logits)[1];
+        correct += loom_count_correct(z, b.n, classes, b.y);
+        sum += loss_sum(z, b.n, classes, b.y);
         seen += b.n;
     }
     loom_loader_free(l);
     *acc = seen ? (double)correct / (double)seen : 0.0;
+    *loss = seen ? sum / (double)seen : NAN;
     return 0;
 }
 
@@ -79,8 +101,15 @@ typedef struct {
     int64_t step;
     double train_seconds, warm_seconds; /* every step's, and those after WARMUP_STEPS */
     int64_t samples, warm_samples;
-    double last_acc;
+    double last_acc, last_loss;
     loom_devices *devs;
+    loom_model *model;
+    cli_items it; /* the configuration: compared across processes, kept in checkpoints */
+    /* the position of the next batch (epoch, batches of it done), the best monitored value,
+     * the step of the newest checkpoint and its path */
+    int64_t at_epoch, at_batch, ckpt_step;
+    double best;
+    char ckpt[4200];
     bool writer;                      /* process 0 of the job: prints, logs and saves */
     double started, first_step_at;    /* process start to the end of the first step */
     int64_t step_nodes, step_kernels; /* of a training step (the graph's last run is evaluation) */
@@ -104,6 +133,7 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
     r->train_seconds += dt;
     r->samples += n, e->tick_samples += n;
     r->step++, e->i++;
+    r->at_epoch = e->epoch, r->at_batch = e->i;
     if (r->step > WARMUP_STEPS)
         r->warm_seconds += dt, r->warm_samples += n;
     if (r->step == 1) {
@@ -125,6 +155,68 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
     return 0;
 }
 
+/* The options that may differ when a run is resumed: the rest shape it. */
+static const char *const may_change[] = {"--epochs",         "--steps", "--timeout",
+                                         "--detect-anomaly", "--init",  NULL};
+
+/* An evaluation's results: the last ones, and the best of the monitored one. */
+static double note_eval(run_state *r, double acc, double loss) {
+    bool by_acc = r->o->ck.monitor_acc;
+    double v = by_acc ? acc : loss;
+    r->last_acc = acc, r->last_loss = loss;
+    if (!isnan(v) && (isnan(r->best) || (by_acc ? v > r->best : v < r->best)))
+        r->best = v;
+    return v;
+}
+
+/* A checkpoint after the step that ended last (none when one was written there), with the
+ * monitored value of an evaluation just made (NaN: none); its state in the model's metadata. */
+static int checkpoint(run_state *r, double monitored) {
+    const train_opts *o = r->o;
+    loom_model *m = r->model;
+    if (!o->ck.dir || r->ckpt_step == r->step)
+        return 0;
+    if (cli_meta_put(m, "loom.step", "%lld", (long long)r->step) ||
+        cli_meta_put(m, "loom.epoch", "%lld", (long long)r->at_epoch) ||
+        cli_meta_put(m, "loom.batch", "%lld", (long long)r->at_batch) ||
+        cli_meta_put(m, "loom.monitor", "%s", o->ck.monitor_acc ? "val_acc" : "val_loss") ||
+        cli_meta_put(m, "loom.best", "%.17g", r->best) ||
+        cli_meta_put(m, "loom.val_acc", "%.17g", r->last_acc) ||
+        cli_meta_put(m, "loom.val_loss", "%.17g", r->last_loss) ||
+        cli_meta_put(m, "loom.world", "%d", loom_devices_world(r->devs)))
+        return 1;
+    if (cli_ckpt_write(&o->ck, m, r->opt, r->step, monitored, r->writer, r->ckpt, sizeof r->ckpt))
+        return 1;
+    r->ckpt_step = r->step;
+    return 0;
+}
+
+/* --resume: the checkpoint's weights, optimizer state and position, after its configuration is
+ * found to be this run's. */
+static int resume(run_state *r) {
+    const train_opts *o = r->o;
+    loom_model *m = r->model;
+    int64_t steps, epoch, batch;
+    if (loom_checkpoint_resume(o->ck.resume, m, r->opt, &steps, r->ckpt, sizeof r->ckpt))
+        return cli_fail("--resume: %s", loom_last_error());
+    int bad = cli_resume_check(m, &r->it, r->ckpt, may_change);
+    if (bad)
+        return bad;
+    if (!cli_meta_int(m, "loom.epoch", &epoch) || !cli_meta_int(m, "loom.batch", &batch) ||
+        epoch < 0 || batch < 0 || batch > loom_loader_batches(r->loader))
+        return cli_fail("--resume: %s does not record where in its epoch the run was", r->ckpt);
+    const char *mon = loom_model_meta(m, "loom.monitor"), *best = loom_model_meta(m, "loom.best");
+    const char *acc = loom_model_meta(m, "loom.val_acc"), *loss = loom_model_meta(m, "loom.val_loss");
+    bool same = mon && !strcmp(mon, o->ck.monitor_acc ? "val_acc" : "val_loss");
+    r->best = same && best ? strtod(best, NULL) : NAN;
+    r->last_acc = acc ? strtod(acc, NULL) : 0, r->last_loss = loss ? strtod(loss, NULL) : NAN;
+    r->step = r->ckpt_step = steps, r->at_epoch = epoch, r->at_batch = batch;
+    printf("loom: resuming from %s: step %lld, epoch %lld, batch %lld of %lld\n", r->ckpt,
+           (long long)steps, (long long)epoch + 1, (long long)batch,
+           (long long)loom_loader_batches(r->loader));
+    return 0;
+}
+
 /* A step that failed (its wait or submit), named by its training step. */
 static int step_failed(const run_state *r) {
     return cli_fail("step %lld: %s", (long long)r->step + 1, loom_last_error());
@@ -137,9 +229,11 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     const train_opts *o = r->o;
     loom_batch b;
     double t0 = now(), ended_at = t0;
-    epoch_state e = {epoch, 0, loom_loader_batches(r->loader), 0, t0, 0};
+    int64_t skip = epoch == r->at_epoch ? r->at_batch : 0; /* (a resumed run's, in its epoch) */
+    epoch_state e = {epoch, skip, loom_loader_batches(r->loader), 0, t0, 0};
     int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
-    loom_loader_start_epoch(r->loader, epoch);
+    bool every = o->ck.every > 0;
+    loom_loader_seek(r->loader, epoch, skip);
     while (!*done && !cli_stopping() && loom_loader_next(r->loader, &b)) {
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, &y);
@@ -151,7 +245,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
             if (loom_graph_wait(r->m.g, &value))
                 return step_failed(r);
             double at = now();
-            if (step_ended(r, &e, running, value, at - ended_at))
+            if (step_ended(r, &e, running, value, at - ended_at) ||
+                (every && r->step % o->ck.every == 0 && checkpoint(r, NAN)))
                 return 1;
             ended_at = at;
         }
@@ -165,60 +260,64 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         if (loom_graph_wait(r->m.g, &value))
             return step_failed(r);
         if (step_ended(r, &e, running, value, now() - ended_at))
-            return 1;
+            return 1; /* (its checkpoint follows the evaluation, with the monitored value) */
     }
     if (cli_stop_signal()) /* the step that ran has ended and is logged: no evaluation */
         return 0;
     double last = e.last;
-    double acc = 0;
-    if (evaluate(&r->m, r->test, &acc))
+    double acc = 0, loss = NAN;
+    if (evaluate(&r->m, r->test, &acc, &loss))
         return 1;
     if (cli_stop_signal()) /* the evaluation was cut short: no accuracy of part of the test set */
         return 0;
-    printf("epoch %lld done: last loss %.4f, test accuracy %.4f, %.1f s\n", (long long)epoch + 1,
-           last, acc, now() - t0);
-    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,,%.6f\n", (long long)r->step, (long long)epoch + 1,
-                    last, o->lr, acc))
+    printf("epoch %lld done: last loss %.4f, test accuracy %.4f, test loss %.4f, %.1f s\n",
+           (long long)epoch + 1, last, acc, loss, now() - t0);
+    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,,%.6f,%.6f\n", (long long)r->step,
+                    (long long)epoch + 1, last, o->lr, acc, loss))
         return 1;
-    r->last_acc = acc;
-    return 0;
+    double monitored = note_eval(r, acc, loss);
+    if (e.i == e.nb) /* the epoch is whole: a run resumed from here starts the next one */
+        r->at_epoch = epoch + 1, r->at_batch = 0;
+    return every && r->step % o->ck.every != 0 ? 0 : checkpoint(r, monitored);
 }
 
 /* Whether every process of an MPI job runs this configuration (paths may differ between
  * machines: the data are compared by their sizes instead). 0, or 2 after process 0's line. */
-static int agree(const run_state *r, const loom_dataset *train, const loom_dataset *test) {
+static int agree(run_state *r, const loom_dataset *train, const loom_dataset *test) {
     const train_opts *o = r->o;
-    cli_items it = {.n = 0};
-    cli_item(&it, "recipe", "%s", o->recipe);
-    cli_item(&it, "--epochs", "%lld", (long long)o->epochs);
-    cli_item(&it, "--steps", "%lld", (long long)o->steps);
-    cli_item(&it, "--batch", "%lld", (long long)o->batch);
-    cli_item(&it, "--optimizer", "%s", o->optimizer);
-    cli_item(&it, "--lr", "%.17g", o->lr);
-    cli_item(&it, "--momentum", "%.17g", o->momentum);
-    cli_item(&it, "--nesterov", "%d", o->nesterov);
-    cli_item(&it, "--weight-decay", "%.17g", o->weight_decay);
-    cli_item(&it, "--decay-matrices-only", "%d", o->decay_matrices_only);
-    cli_item(&it, "--beta1", "%.17g", o->beta1);
-    cli_item(&it, "--beta2", "%.17g", o->beta2);
-    cli_item(&it, "--warmup-steps", "%lld", (long long)o->warmup_steps);
-    cli_item(&it, "--decay-steps", "%lld", (long long)o->decay_steps);
-    cli_item(&it, "--min-lr", "%.17g", o->min_lr);
-    cli_item(&it, "--clip-norm", "%.17g", o->clip_norm);
-    cli_item(&it, "--seed", "%llu", (unsigned long long)o->seed);
-    cli_item(&it, "--no-shuffle", "%d", o->no_shuffle);
-    cli_item(&it, "--drop-last", "%d", o->drop_last);
-    cli_item(&it, "--detect-anomaly", "%d", o->detect_anomaly);
-    cli_item(&it, "--timeout", "%.17g", o->timeout);
-    cli_item(&it, "--init", "%s", o->init ? "given" : "none");
-    cli_item(&it, "--data", "%lld training and %lld test samples",
+    cli_items *it = &r->it;
+    it->n = 0;
+    cli_item(it, "recipe", "%s", o->recipe);
+    cli_item(it, "--epochs", "%lld", (long long)o->epochs);
+    cli_item(it, "--steps", "%lld", (long long)o->steps);
+    cli_item(it, "--batch", "%lld", (long long)o->batch);
+    cli_item(it, "--optimizer", "%s", o->optimizer);
+    cli_item(it, "--lr", "%.17g", o->lr);
+    cli_item(it, "--momentum", "%.17g", o->momentum);
+    cli_item(it, "--nesterov", "%d", o->nesterov);
+    cli_item(it, "--weight-decay", "%.17g", o->weight_decay);
+    cli_item(it, "--decay-matrices-only", "%d", o->decay_matrices_only);
+    cli_item(it, "--beta1", "%.17g", o->beta1);
+    cli_item(it, "--beta2", "%.17g", o->beta2);
+    cli_item(it, "--warmup-steps", "%lld", (long long)o->warmup_steps);
+    cli_item(it, "--decay-steps", "%lld", (long long)o->decay_steps);
+    cli_item(it, "--min-lr", "%.17g", o->min_lr);
+    cli_item(it, "--clip-norm", "%.17g", o->clip_norm);
+    cli_item(it, "--seed", "%llu", (unsigned long long)o->seed);
+    cli_item(it, "--no-shuffle", "%d", o->no_shuffle);
+    cli_item(it, "--drop-last", "%d", o->drop_last);
+    cli_item(it, "--detect-anomaly", "%d", o->detect_anomaly);
+    cli_item(it, "--timeout", "%.17g", o->timeout);
+    cli_item(it, "--init", "%s", o->init ? "given" : "none");
+    cli_item(it, "--data", "%lld training and %lld test samples",
              train ? (long long)loom_dataset_count(train) : 0LL,
              test ? (long long)loom_dataset_count(test) : 0LL);
-    return cli_agree(r->devs, &it);
+    return cli_agree(r->devs, it);
 }
 
 static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dataset **test) {
     const train_opts *o = r->o;
+    r->model = model;
     const loom_layer *layers = loom_recipe(o->recipe, &r->m.flatten);
     if (!layers)
         return cli_fail("train: %s", loom_last_error());
@@ -237,10 +336,6 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     if (!r->writer && !freopen("/dev/null", "w", stdout)) /* progress: process 0's */
         return cli_fail("cannot quiet the output of process %d", loom_devices_process(r->devs));
     if (r->writer && !o->eval_only && o->save && cli_check_save(o->save))
-        return 1;
-    if (r->writer && !o->eval_only && o->log_dir &&
-        !(r->log = cli_log_open(o->log_dir, "step,epoch,loss,lr,samples_per_s,test_accuracy\n",
-                                o->log_warn)))
         return 1;
     loom_status s = o->eval_only ? LOOM_OK : loom_dataset_fmnist(o->data, "train", train);
     if (!s)
@@ -283,6 +378,14 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
                                                               .drop_last = o->drop_last});
     if (!r->loader)
         return cli_fail("%s", loom_last_error());
+    int bad = o->ck.resume ? resume(r) : 0;
+    if (bad || cli_config_meta(model, &r->it))
+        return bad ? bad : 1;
+    if (r->writer && o->log_dir &&
+        !(r->log = cli_log_open(o->log_dir,
+                                "step,epoch,loss,lr,samples_per_s,test_accuracy,test_loss\n",
+                                o->log_warn, o->ck.resume ? r->step : -1)))
+        return 1;
     return 0;
 }
 
@@ -309,13 +412,15 @@ static double process_start(void) {
 }
 
 int cli_train(const train_opts *o) {
-    run_state r = {.o = o, .started = process_start()};
+    run_state r = {.o = o, .started = process_start(), .best = NAN, .last_loss = NAN,
+                   .ckpt_step = -1};
     cli_catch_stop();
     loom_model *model = loom_model_new();
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
-    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc)) && !cli_stop_signal())
+    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc, &r.last_loss)) &&
+        !cli_stop_signal())
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only) {
         int world = loom_devices_world(r.devs), here = loom_devices_count(r.devs);
@@ -327,11 +432,20 @@ int cli_train(const train_opts *o) {
                (long long)o->batch, o->optimizer, o->lr);
     }
     bool done = false;
-    for (int64_t e = 0; !rc && !o->eval_only && e < o->epochs && !done && !cli_stop_signal(); e++)
+    for (int64_t e = r.at_epoch; !rc && !o->eval_only && e < o->epochs && !done &&
+                                 !cli_stop_signal();
+         e++)
         rc = train_epoch(&r, e, &done);
+    if (!rc && !o->eval_only && o->ck.dir) /* at the end, or where a signal stopped the run */
+        rc = checkpoint(&r, cli_stop_signal() ? NAN : o->ck.monitor_acc ? r.last_acc : r.last_loss);
     if (!rc &&
         cli_stop_signal()) { /* (process 0's line, across processes: they all stopped here) */
-        if (r.writer)
+        if (r.writer && o->ck.dir)
+            fprintf(stderr,
+                    "loom: stopped by %s after step %lld: checkpoint %s written; continue with "
+                    "--resume %s\n",
+                    cli_stop_name(), (long long)r.step, r.ckpt, o->ck.dir);
+        else if (r.writer)
             fprintf(stderr, "loom: stopped by %s after step %lld: %s%s\n", cli_stop_name(),
                     (long long)r.step, r.log ? "metrics.csv ends with that step; " : "",
                     o->save ? "no weights saved" : "nothing else written");

@@ -1,0 +1,85 @@
+/*
+ * ckpt.c - what every training command shares about checkpoints: the run's configuration and
+ * position kept in the model's metadata (so that every checkpoint and weights file says how it
+ * was made and where the run was), the comparison of a resumed checkpoint's configuration with
+ * the run's, and the write by the job's process 0 into --checkpoint-dir.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_meta_put(loom_model *m, const char *key, const char *fmt, ...) {
+    char v[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    return loom_model_set_meta(m, key, v) ? cli_fail("%s", loom_last_error()) : 0;
+}
+
+bool cli_meta_int(const loom_model *m, const char *key, int64_t *v) {
+    const char *s = loom_model_meta(m, key);
+    char *end;
+    errno = 0;
+    long long x = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno)
+        return false;
+    *v = x;
+    return true;
+}
+
+/* Item it's name (before '=') into name; its value after it. */
+static const char *split_item(const char *item, char *name, size_t cap) {
+    const char *eq = strchr(item, '=');
+    size_t n = eq ? (size_t)(eq - item) : strlen(item);
+    snprintf(name, cap, "config.%.*s", (int)n, item);
+    return eq ? eq + 1 : "";
+}
+
+int cli_config_meta(loom_model *m, const cli_items *it) {
+    for (int i = 0; i < it->n; i++) {
+        char key[128];
+        const char *v = split_item(it->p[i], key, sizeof key);
+        if (loom_model_set_meta(m, key, v))
+            return cli_fail("%s", loom_last_error());
+    }
+    return 0;
+}
+
+int cli_resume_check(const loom_model *m, const cli_items *it, const char *path,
+                     const char *const *may_change) {
+    for (int i = 0; i < it->n; i++) {
+        char key[128];
+        const char *v = split_item(it->p[i], key, sizeof key), *name = key + 7;
+        bool may = false;
+        for (int k = 0; may_change[k] && !may; k++)
+            may = !strcmp(may_change[k], name);
+        const char *theirs = loom_model_meta(m, key);
+        if (may || (theirs && !strcmp(theirs, v)))
+            continue;
+        if (!theirs)
+            return cli_fail("--resume: %s does not record %s (not a checkpoint of this command?)",
+                            path, name),
+                   2;
+        return cli_fail("--resume: %s is a run with %s %s, this one has %s: a resumed run keeps "
+                        "what shapes it (only --steps, --epochs, --timeout, --devices and the "
+                        "checkpoint and log options may change)",
+                        path, name, theirs, v),
+               2;
+    }
+    return 0;
+}
+
+int cli_ckpt_write(const ckpt_opts *c, loom_model *m, loom_optim *o, int64_t steps,
+                   double monitored, bool writer, char *path, size_t cap) {
+    if (!writer)
+        return 0;
+    loom_checkpoint_config cc = {.dir = c->dir, .keep = c->keep, .maximize = c->monitor_acc};
+    if (loom_checkpoint_write(&cc, m, o, steps, monitored, path, cap))
+        return cli_fail("checkpoint after step %" PRId64 ": %s", steps, loom_last_error());
+    return 0;
+}
