@@ -1,4 +1,5 @@
-"""Weights move between loom and the real readers, both ways, for both recipes.
+"""Weights move between loom and the real readers, both ways, for both recipes; a checkpoint of
+loom's continues its run in PyTorch.
 
     python interop.py LOOM TMPDIR
 
@@ -94,5 +95,53 @@ def check(recipe):
           f"loom evaluates torch's ({acc_l} vs {acc_t})")
 
 
+def train_set():
+    def idx(name):
+        return read_idx(os.path.join(DATA, name))
+    x = torch.from_numpy(idx("train-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
+    return x.unsqueeze(1), torch.from_numpy(idx("train-labels-idx1-ubyte.gz").astype(np.int64))
+
+
+def check_checkpoint():
+    """loom's checkpoint after step 7 (AdamW, batches in order) loaded into torch.nn and
+    torch.optim.AdamW as README.md shows; PyTorch's step 8 on the same batch must give loom's
+    step-8 parameters to float rounding."""
+    d = os.path.join(TMP, "interop-checkpoints")
+    subprocess.run([LOOM, "train", "fmnist-mlp", "--optimizer", "adamw", "--weight-decay", "0.01",
+                    "--no-shuffle", "--batch", "100", "--steps", "8", "--checkpoint-dir", d,
+                    "--checkpoint-every", "1"], check=True, capture_output=True)
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "step-000007.safetensors"), "pt") as f:  # the README's lines
+        meta, sd = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    net = model("fmnist-mlp")
+    net.load_state_dict({k: v for k, v in sd.items() if not k.startswith("optimizer.")})
+    opt = torch.optim.AdamW(net.parameters(), lr=float(meta["config.--lr"]),
+                            weight_decay=float(meta["config.--weight-decay"]))
+    for name, p in net.named_parameters():
+        opt.state[p] = {"step": torch.tensor(float(meta["optimizer.step"])),
+                        "exp_avg": sd[f"optimizer.{name}.exp_avg"],
+                        "exp_avg_sq": sd[f"optimizer.{name}.exp_avg_sq"]}
+    assert meta["optimizer"] == "adamw" and meta["loom.step"] == "7", meta
+    x, y = train_set()
+    step = int(meta["loom.step"])  # the next batch: samples 700 to 799 (in order)
+    loss = nn.functional.cross_entropy(net(x[step * 100:(step + 1) * 100].flatten(1)),
+                                       y[step * 100:(step + 1) * 100])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    want = load_file(os.path.join(d, "step-000008.safetensors"))
+    worst = 0.0
+    for name, p in net.named_parameters():
+        w = torch.from_numpy(want[name])
+        worst = max(worst, ((p.detach() - w).abs().max() / w.abs().max()).item())
+        e = torch.from_numpy(want[f"optimizer.{name}.exp_avg_sq"])
+        assert torch.allclose(opt.state[p]["exp_avg_sq"], e, rtol=1e-4, atol=1e-12), name
+    assert worst < 1e-5, worst
+    print(f"checkpoint: torch {torch.__version__} continues loom's run at step 8 (parameters "
+          f"within {worst:.2g} of loom's)")
+
+
 for r in SHAPES:
     check(r)
+if torch is not None:
+    check_checkpoint()
