@@ -41,8 +41,8 @@ loom_status loom_checkpoint_save(const char *path, const loom_model *cm, loom_op
             const loom_param *p = m->params[i];
             char *name = names + (size_t)(i * keys + k) * 300;
             snprintf(name, 300, "optimizer.%.200s.%s", p->name, loom_optim_state_key(o, k));
-            t[n++] = (loom__st_tensor){name, p->ndim, p->shape, loom_optim_state(o, p, k),
-                                       p->numel};
+            t[n++] =
+                (loom__st_tensor){name, p->ndim, p->shape, loom_optim_state(o, p, k), p->numel};
         }
     char step[32];
     snprintf(step, sizeof step, "%lld", (long long)steps);
@@ -90,8 +90,8 @@ static loom_status check(const char *path, const loom_tensor_file *f, const loom
             int nd;
             const int64_t *shape;
             if (!loom_tensor_file_get(f, name, &dt, &nd, &shape))
-                s = loom__error(LOOM_ENOTFOUND, "%s: tensor '%s' is missing (the optimizer needs it)",
-                                path, name);
+                s = loom__error(LOOM_ENOTFOUND,
+                                "%s: tensor '%s' is missing (the optimizer needs it)", path, name);
             else if (dt != LOOM_F32 || nd != p->ndim ||
                      memcmp(shape, p->shape, sizeof(int64_t) * (size_t)nd) != 0)
                 s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is not f32 of its parameter's shape",
@@ -161,8 +161,9 @@ static loom_status read_index(const char *dir, slot **out, int64_t *n) {
     *out = NULL, *n = 0;
     FILE *fp = fopen(path, "r");
     if (!fp)
-        return errno == ENOENT ? LOOM_OK
-                               : loom__error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return errno == ENOENT
+                   ? LOOM_OK
+                   : loom__error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
     int64_t cap = 0, lineno = 0;
     loom_status s = LOOM_OK;
     while (!s && fgets(line, sizeof line, fp)) {
@@ -197,8 +198,9 @@ static loom_status write_index(const char *dir, const slot *sl, int64_t n) {
     char path[4200], *text = loom__malloc(160 + (size_t)n * 112);
     if (!text)
         return LOOM_ENOMEM;
-    size_t k = (size_t)sprintf(text, "# loom checkpoints, oldest first: file, step, monitored value "
-                                     "(nan: none)\n");
+    size_t k =
+        (size_t)sprintf(text, "# loom checkpoints, oldest first: file, step, monitored value "
+                              "(nan: none)\n");
     for (int64_t i = 0; i < n; i++)
         k += (size_t)sprintf(text + k, "step-%06lld.safetensors\t%lld\t%.17g\n",
                              (long long)sl[i].step, (long long)sl[i].step, sl[i].value);
@@ -293,8 +295,9 @@ loom_status loom_checkpoint_resume(const char *where, loom_model *m, loom_optim 
     int64_t n;
     loom_status s = read_index(where, &sl, &n);
     if (!s && n == 0)
-        s = loom__error(LOOM_ENOTFOUND, "%s: no checkpoint to resume from (the directory has no "
-                                        "index.tsv, or it lists none)",
+        s = loom__error(LOOM_ENOTFOUND,
+                        "%s: no checkpoint to resume from (the directory has no "
+                        "index.tsv, or it lists none)",
                         where);
     loom_tensor_file *f = NULL;
     char why[1024] = "";
@@ -306,8 +309,9 @@ loom_status loom_checkpoint_resume(const char *where, loom_model *m, loom_optim 
         loom__log(LOOM_LOG_WARN, "skipping a checkpoint that cannot be read: %s", why);
     }
     if (!s && !f)
-        s = loom__error(LOOM_EFORMAT, "%s: none of its %lld checkpoints can be read (the oldest: %s)",
-                        where, (long long)n, why);
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: none of its %lld checkpoints can be read (the oldest: %s)", where,
+                        (long long)n, why);
     int64_t t = 0;
     if (!s && !(s = check(path, f, m, o, &t)))
         take(f, m, o, t);

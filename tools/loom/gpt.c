@@ -345,8 +345,7 @@ typedef struct {
 } gpt_train;
 
 /* What may differ when a run is resumed: the rest shapes it. */
-static const char *const may_change[] = {"--steps", "--eval-interval", "--timeout", "--init",
-                                         NULL};
+static const char *const may_change[] = {"--steps", "--eval-interval", "--timeout", "--init", NULL};
 
 /* A checkpoint after t->step steps (none when one is there), with the validation loss just
  * measured (NaN: none). */
@@ -372,7 +371,8 @@ static int resume(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     int bad = cli_resume_check(r->m, &r->it, t->ckpt, may_change);
     if (bad)
         return bad;
-    const char *best = loom_model_meta(r->m, "loom.best"), *v = loom_model_meta(r->m, "loom.val_loss");
+    const char *best = loom_model_meta(r->m, "loom.best"),
+               *v = loom_model_meta(r->m, "loom.val_loss");
     t->best = best ? strtod(best, NULL) : NAN, t->last_val = v ? strtod(v, NULL) : NAN;
     t->ckpt_step = t->step;
     if (t->talk)

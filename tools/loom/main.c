@@ -19,6 +19,15 @@ static const char commands[] =
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
     "       loom COMMAND --help           that command's options\n";
 
+/* The checkpoint options of every training command. */
+#define CHECKPOINT_OPTIONS                                                                       \
+    "  --checkpoint-dir DIR  write DIR/step-NNNNNN.safetensors (weights, optimizer state, the\n" \
+    "                      run's position) after each evaluation and at the end\n"               \
+    "  --checkpoint-every N  every N steps instead (and at the end)\n"                           \
+    "  --keep K            keep the newest K checkpoints and the best (default: all)\n"          \
+    "  --monitor M         val_loss (default) or val_acc: what the best checkpoint is best by\n" \
+    "  --resume DIR|FILE   continue the run of a checkpoint (a directory's newest) exactly\n"
+
 static const char train_options[] =
     "train options (loom train RECIPE, loom eval RECIPE):\n"
     "  --epochs N          passes over the training set (default 1)\n"
@@ -52,7 +61,8 @@ static const char train_options[] =
     "  --timeout S         seconds before a stuck step fails every device (default 60, at most\n"
     "                      1e6)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
-    "                      or infinite (without it training stops after that step)\n";
+    "                      or infinite (without it training stops after that "
+    "step)\n" CHECKPOINT_OPTIONS;
 
 static const char gpt_options[] =
     "shakespeare-gpt options (loom train|eval|sample shakespeare-gpt; defaults: nanoGPT's CPU\n"
@@ -64,7 +74,7 @@ static const char gpt_options[] =
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
     "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
     "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE\n"
-    "  --save FILE\n"
+    "  --save FILE\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
 static const char cache_help[] =

@@ -206,7 +206,8 @@ static int resume(run_state *r) {
         epoch < 0 || batch < 0 || batch > loom_loader_batches(r->loader))
         return cli_fail("--resume: %s does not record where in its epoch the run was", r->ckpt);
     const char *mon = loom_model_meta(m, "loom.monitor"), *best = loom_model_meta(m, "loom.best");
-    const char *acc = loom_model_meta(m, "loom.val_acc"), *loss = loom_model_meta(m, "loom.val_loss");
+    const char *acc = loom_model_meta(m, "loom.val_acc"),
+               *loss = loom_model_meta(m, "loom.val_loss");
     bool same = mon && !strcmp(mon, o->ck.monitor_acc ? "val_acc" : "val_loss");
     r->best = same && best ? strtod(best, NULL) : NAN;
     r->last_acc = acc ? strtod(acc, NULL) : 0, r->last_loss = loss ? strtod(loss, NULL) : NAN;
@@ -382,9 +383,9 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     if (bad || cli_config_meta(model, &r->it))
         return bad ? bad : 1;
     if (r->writer && o->log_dir &&
-        !(r->log = cli_log_open(o->log_dir,
-                                "step,epoch,loss,lr,samples_per_s,test_accuracy,test_loss\n",
-                                o->log_warn, o->ck.resume ? r->step : -1)))
+        !(r->log =
+              cli_log_open(o->log_dir, "step,epoch,loss,lr,samples_per_s,test_accuracy,test_loss\n",
+                           o->log_warn, o->ck.resume ? r->step : -1)))
         return 1;
     return 0;
 }
@@ -412,8 +413,8 @@ static double process_start(void) {
 }
 
 int cli_train(const train_opts *o) {
-    run_state r = {.o = o, .started = process_start(), .best = NAN, .last_loss = NAN,
-                   .ckpt_step = -1};
+    run_state r = {
+        .o = o, .started = process_start(), .best = NAN, .last_loss = NAN, .ckpt_step = -1};
     cli_catch_stop();
     loom_model *model = loom_model_new();
     loom_dataset *train = NULL, *test = NULL;
@@ -432,9 +433,8 @@ int cli_train(const train_opts *o) {
                (long long)o->batch, o->optimizer, o->lr);
     }
     bool done = false;
-    for (int64_t e = r.at_epoch; !rc && !o->eval_only && e < o->epochs && !done &&
-                                 !cli_stop_signal();
-         e++)
+    for (int64_t e = r.at_epoch;
+         !rc && !o->eval_only && e < o->epochs && !done && !cli_stop_signal(); e++)
         rc = train_epoch(&r, e, &done);
     if (!rc && !o->eval_only && o->ck.dir) /* at the end, or where a signal stopped the run */
         rc = checkpoint(&r, cli_stop_signal() ? NAN : o->ck.monitor_acc ? r.last_acc : r.last_loss);
