@@ -151,9 +151,181 @@ TEST(bad_files_are_refused_with_the_reason) {
     loom_model_free(m);
 }
 
+/* The bytes of file path (malloc'd, *n of them). */
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n + 1);
+    if (fread(b, 1, *n, f) != *n)
+        *n = 0;
+    fclose(f);
+    return b;
+}
+
+static void spit(const char *path, const unsigned char *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    fwrite(b, 1, n, f);
+    fclose(f);
+}
+
+/* A checkpoint holds the parameters, the optimizer's state under PyTorch's keys and its step
+ * count; loading one restores them all, and every kind of bad checkpoint is refused with the
+ * reason, the model and optimizer unchanged. */
+TEST(checkpoint_round_trip_and_refusals) {
+    char path[512], bad[512], weights[512];
+    test_tmp(path, sizeof path, "ckpt.safetensors");
+    test_tmp(bad, sizeof bad, "ckpt-bad.safetensors");
+    test_tmp(weights, sizeof weights, "ckpt-weights.safetensors");
+    loom_model *m = small_model();
+    loom_optim *o = loom_adamw_new(m, &(loom_optim_config){.lr = 0.1, .warmup_steps = 10});
+    ASSERT(o && loom_optim_state_keys(o) == 2 && !strcmp(loom_optim_name(o), "adamw"));
+    ASSERT(!strcmp(loom_optim_state_key(o, 0), "exp_avg"));
+    ASSERT(!strcmp(loom_optim_state_key(o, 1), "exp_avg_sq") && !loom_optim_state_key(o, 2));
+    for (int i = 0; i < 6; i++) {
+        loom_param_data(loom_model_at(m, 0))[i] = (float)i;
+        loom_optim_state(o, loom_model_at(m, 0), 0)[i] = 0.25f * (float)i;
+        loom_optim_state(o, loom_model_at(m, 0), 1)[i] = 1.0f + (float)i;
+    }
+    ASSERT_EQ(loom_model_set_meta(m, "loom.step", "5"), LOOM_OK);
+    ASSERT_EQ(loom_checkpoint_save(path, m, o, 5), LOOM_OK);
+    ASSERT_EQ(loom_model_save(m, weights), LOOM_OK);
+    loom_tensor_file *f;
+    ASSERT_EQ(loom_tensor_file_read(path, &f), LOOM_OK);
+    ASSERT_EQ(loom_tensor_file_count(f), 6);
+    ASSERT(loom_tensor_file_get(f, "optimizer.0.weight.exp_avg_sq", NULL, NULL, NULL));
+    ASSERT(!strcmp(loom_tensor_file_meta(f, "optimizer.step"), "5"));
+    ASSERT(!strcmp(loom_tensor_file_meta(f, "optimizer"), "adamw"));
+    ASSERT(loom_tensor_file_meta(f, "loom.crc32c"));
+    loom_tensor_file_free(f);
+
+    loom_model *m2 = small_model();
+    loom_optim *o2 = loom_adamw_new(m2, &(loom_optim_config){.lr = 0.1, .warmup_steps = 10});
+    int64_t steps = -1;
+    ASSERT_EQ(loom_checkpoint_load(path, m2, o2, &steps), LOOM_OK);
+    ASSERT_EQ(steps, 5);
+    ASSERT_EQ(loom_optim_steps(o2), 5);
+    ASSERT_NEAR(loom_optim_lr(o2), 0.1 * 5.0 / 11.0, 1e-12); /* the schedule's step 4 */
+    ASSERT(loom_param_data(loom_model_at(m2, 0))[5] == 5.0f);
+    ASSERT(loom_optim_state(o2, loom_model_at(m2, 0), 0)[3] == 0.75f);
+    ASSERT(loom_optim_state(o2, loom_model_at(m2, 0), 1)[4] == 5.0f);
+    ASSERT(!strcmp(loom_model_meta(m2, "loom.step"), "5"));
+    ASSERT(!loom_model_meta(m2, "optimizer.step") && !loom_model_meta(m2, "loom.crc32c"));
+    /* its weights alone start another run (loom_model_load takes a checkpoint) */
+    loom_model *m3 = small_model();
+    ASSERT_EQ(loom_model_load(m3, path), LOOM_OK);
+    ASSERT(loom_param_data(loom_model_at(m3, 0))[4] == 4.0f);
+
+    /* refusals: nothing changes in m2 and o2 */
+    loom_optim_state(o2, loom_model_at(m2, 0), 0)[0] = 42;
+    ASSERT_EQ(loom_checkpoint_load(weights, m2, o2, NULL), LOOM_EFORMAT);
+    ASSERT(strstr(loom_last_error(), "not a checkpoint"));
+    size_t n;
+    unsigned char *b = slurp(path, &n);
+    ASSERT(b && n > 40);
+    b[n - 3] ^= 0x40; /* a byte of the last tensor's data */
+    spit(bad, b, n);
+    ASSERT_EQ(loom_checkpoint_load(bad, m2, o2, NULL), LOOM_EFORMAT);
+    ASSERT(strstr(loom_last_error(), "fails its checksum"));
+    spit(bad, b, n - 9); /* cut short */
+    ASSERT(loom_checkpoint_load(bad, m2, o2, NULL) != LOOM_OK);
+    free(b);
+    loom_optim *sgd = loom_sgd_new(m2, &(loom_optim_config){.lr = 0.1, .momentum = 0.9});
+    ASSERT_EQ(loom_checkpoint_load(path, m2, sgd, NULL), LOOM_EINVAL);
+    ASSERT(strstr(loom_last_error(), "adamw") && strstr(loom_last_error(), "sgd"));
+    loom_model *other = loom_model_new();
+    int64_t w[2] = {3, 2}, bb[1] = {2};
+    loom_model_add(other, "0.weight", 2, w);
+    loom_model_add(other, "0.bias", 1, bb);
+    loom_optim *oo = loom_adamw_new(other, NULL);
+    ASSERT_EQ(loom_checkpoint_load(path, other, oo, NULL), LOOM_ESHAPE);
+    ASSERT(strstr(loom_last_error(), "'0.weight'"));
+    ASSERT(loom_optim_state(o2, loom_model_at(m2, 0), 0)[0] == 42);
+    ASSERT_EQ(loom_optim_steps(o2), 5);
+    loom_optim_free(oo), loom_model_free(other);
+    loom_optim_free(sgd), loom_optim_free(o2), loom_optim_free(o);
+    loom_model_free(m3), loom_model_free(m2), loom_model_free(m);
+}
+
+/* The number of lines of path that start with prefix. */
+static int lines_with(const char *path, const char *prefix) {
+    FILE *f = fopen(path, "r");
+    char line[256];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += !strncmp(line, prefix, strlen(prefix));
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A directory keeps the newest `keep` checkpoints and the best; resuming takes the newest that
+ * reads whole; a run resumed from an earlier one drops the later ones. */
+TEST(checkpoint_directory_keeps_newest_and_best) {
+    char dir[512], index[600], p[700], got[700];
+    test_tmp(dir, sizeof dir, "ckdir");
+    snprintf(index, sizeof index, "%s/index.tsv", dir);
+    unlink(index); /* (of an earlier run of the test) */
+    for (int s = 1; s <= 6; s++)
+        snprintf(p, sizeof p, "%s/step-%06d.safetensors", dir, s), unlink(p);
+    loom_model *m = small_model();
+    loom_optim *o = loom_sgd_new(m, &(loom_optim_config){.lr = 0.1, .momentum = 0.5});
+    loom_checkpoint_config c = {.dir = dir, .keep = 2};
+    const double value[5] = {3, 1, 2, NAN, 5};
+    for (int s = 1; s <= 5; s++) {
+        loom_param_data(loom_model_at(m, 1))[0] = (float)s;
+        ASSERT_EQ(loom_checkpoint_write(&c, m, o, s, value[s - 1], p, sizeof p), LOOM_OK);
+    }
+    ASSERT_EQ(lines_with(index, "step-"), 3); /* the best (step 2) and the newest two */
+    ASSERT_EQ(lines_with(index, "step-000002.safetensors\t2\t1\n"), 1);
+    ASSERT_EQ(lines_with(index, "step-000004.safetensors\t4\tnan\n"), 1);
+    ASSERT_EQ(lines_with(index, "step-000005.safetensors\t5\t5\n"), 1);
+    snprintf(p, sizeof p, "%s/step-000001.safetensors", dir);
+    ASSERT(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/step-000003.safetensors", dir);
+    ASSERT(access(p, F_OK) != 0);
+    loom_model *m2 = small_model();
+    loom_optim *o2 = loom_sgd_new(m2, &(loom_optim_config){.lr = 0.1, .momentum = 0.5});
+    int64_t steps;
+    ASSERT_EQ(loom_checkpoint_resume(dir, m2, o2, &steps, got, sizeof got), LOOM_OK);
+    ASSERT_EQ(steps, 5);
+    ASSERT(loom_param_data(loom_model_at(m2, 1))[0] == 5.0f);
+    snprintf(p, sizeof p, "%s/step-000005.safetensors", dir);
+    size_t n;
+    unsigned char *b = slurp(p, &n);
+    b[n - 1] ^= 1;
+    spit(p, b, n);
+    free(b);
+    ASSERT_EQ(loom_checkpoint_resume(dir, m2, o2, &steps, got, sizeof got), LOOM_OK);
+    ASSERT_EQ(steps, 4); /* (step 5's is skipped with a warning) */
+    ASSERT(strstr(got, "step-000004.safetensors"));
+    /* resumed from step 2 and checkpointed at 3: 4 and 5 were another future */
+    ASSERT_EQ(loom_checkpoint_write(&c, m, o, 3, 0.5, p, sizeof p), LOOM_OK);
+    ASSERT_EQ(lines_with(index, "step-"), 2);
+    ASSERT_EQ(lines_with(index, "step-000003.safetensors\t3\t0.5\n"), 1);
+    snprintf(p, sizeof p, "%s/step-000005.safetensors", dir);
+    ASSERT(access(p, F_OK) != 0);
+    /* nothing there, or an index not loom's */
+    char empty[512];
+    test_tmp(empty, sizeof empty, "ckdir-none");
+    ASSERT_EQ(loom_checkpoint_resume(empty, m2, o2, &steps, got, sizeof got), LOOM_ENOTFOUND);
+    FILE *f = fopen(index, "w");
+    fputs("step-000003.safetensors 3 x\n", f);
+    fclose(f);
+    ASSERT_EQ(loom_checkpoint_write(&c, m, o, 6, 0, p, sizeof p), LOOM_EFORMAT);
+    ASSERT(strstr(loom_last_error(), "index.tsv line 1"));
+    loom_optim_free(o2), loom_optim_free(o);
+    loom_model_free(m2), loom_model_free(m);
+}
+
 int main(void) {
     RUN(round_trip_keeps_names_shapes_values);
     RUN(bad_files_are_refused_with_the_reason);
     RUN(metadata_round_trips_and_reads_json_escapes);
+    RUN(checkpoint_round_trip_and_refusals);
+    RUN(checkpoint_directory_keeps_newest_and_best);
     return HARNESS_EXIT();
 }
