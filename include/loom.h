@@ -861,21 +861,40 @@ typedef struct {
     double timeout_s;   /* 0 means 60 */
     bool detect_anomaly;
     int64_t log_every; /* a progress line every N steps (0: 100; negative: quiet) */
+    /* Checkpoints (Lightning's ModelCheckpoint), by the job's process 0: into checkpoint_dir
+     * (NULL: none) every checkpoint_every steps (0: after each validation) and at the end,
+     * keeping the newest `keep` (0: all) and the best by validation loss (or accuracy, with
+     * monitor_accuracy); loom_checkpoint_write. */
+    const char *checkpoint_dir;
+    int64_t checkpoint_every, keep;
+    bool monitor_accuracy;
+    /* A checkpoint file or directory (its newest) to continue from: the parameters, the
+     * optimizer, the step count and the position in the epoch, so that the run ends with the
+     * parameters it would have had uninterrupted, bitwise on the same devices (NULL: none). */
+    const char *resume;
 } loom_trainer_config;
 typedef struct {
-    int64_t steps, epochs;
+    int64_t steps, epochs; /* steps: optimizer steps, those before a resume included */
     double last_loss;
-    double val_accuracy; /* after the last validation; NaN before one */
+    double val_accuracy, val_loss; /* after the last validation; NaN before one */
+    double best;                   /* the best monitored validation value; NaN before one */
     double samples_per_s;
+    bool stopped;           /* loom_trainer_stop() ended the run */
+    const char *checkpoint; /* the newest checkpoint's path (owned by the trainer), or NULL */
 } loom_trainer_metrics;
 typedef struct loom_trainer loom_trainer;
 LOOM_API loom_trainer *loom_trainer_new(const loom_trainer_config *c);
 LOOM_API void loom_trainer_free(loom_trainer *t);
+/* Ends loom_trainer_fit after the step running (no validation), with a checkpoint when it
+ * writes them (metrics: stopped). Async-signal-safe: a SIGTERM or SIGINT handler may call it. */
+LOOM_API void loom_trainer_stop(loom_trainer *t);
 /* Trains m with o over `train` for max_epochs, validating on `val` (may be NULL) after each
- * epoch. Progress goes to the log hook. Returns the first failure. */
+ * epoch. Progress goes to the log hook. Returns the first failure (a resume's refusal
+ * included: loom_checkpoint_resume's). */
 LOOM_API loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
                                       const loom_module_fns *fns, loom_loader *train,
                                       loom_loader *val);
+/* Accuracy (and the mean loss: loom_trainer_get_metrics' val_loss) over the whole of val. */
 LOOM_API loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns,
                                            loom_loader *val, double *accuracy);
 LOOM_API void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out);
@@ -884,6 +903,10 @@ LOOM_API void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metri
  * the count behind an accuracy. Pure, thread-safe. */
 LOOM_API int64_t loom_count_correct(const float *logits, int64_t rows, int64_t classes,
                                     const int32_t *labels);
+/* The cross-entropy of the rows of logits (rows x classes) against their labels, summed over the
+ * rows, in double (log-sum-exp from the row's maximum): the sum behind a validation loss. Pure. */
+LOOM_API double loom_cross_entropy_sum(const float *logits, int64_t rows, int64_t classes,
+                                       const int32_t *labels);
 
 /* ---- information ------------------------------------------------------------------------------
  */

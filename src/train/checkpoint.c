@@ -252,7 +252,8 @@ loom_status loom_checkpoint_write(const loom_checkpoint_config *c, const loom_mo
         loom__free(old);
         return LOOM_ENOMEM;
     }
-    memcpy(sl, old, sizeof *sl * (size_t)keep_from);
+    for (int64_t i = 0; i < keep_from; i++)
+        sl[i] = old[i];
     sl[keep_from] = (slot){steps, monitored};
     n = keep_from + 1;
     int64_t best = best_slot(sl, n, c->maximize);

@@ -2,11 +2,16 @@
  * trainer.c - the high-level API, after PyTorch Lightning's Trainer.fit: epochs of training steps
  * supplied by the user, run on the devices through the accelerator, validation after each epoch
  * (each sample counted once: logits are gathered across devices without padding), progress
- * through the log hook and metrics kept for the caller.
+ * through the log hook and metrics kept for the caller; checkpoints of the whole state (Lightning's
+ * ModelCheckpoint) and resuming from one exactly where the run was: the step count, the epoch and
+ * the batches of it done (the loader's order is keyed by seed and epoch), the optimizer.
  */
 #include "internal.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct loom_trainer {
     loom_trainer_config c;
@@ -14,6 +19,12 @@ struct loom_trainer {
     loom_trainer_metrics m;
     float *logits;
     int64_t logits_cap;
+    volatile sig_atomic_t stop; /* loom_trainer_stop */
+    /* the position of the next batch (epoch, batches of it done), the step of the newest
+     * checkpoint and its path */
+    int64_t at_epoch, at_batch, ckpt_step;
+    int64_t val_step; /* the step the last validation followed */
+    char ckpt[4200];
 };
 
 /* The devices of every process (the batch is split over them), and whether this process is the
@@ -33,7 +44,8 @@ loom_trainer *loom_trainer_new(const loom_trainer_config *c) {
     if (!t)
         return NULL;
     t->c = cfg;
-    t->m.val_accuracy = NAN;
+    t->m.val_accuracy = t->m.val_loss = t->m.best = NAN;
+    t->ckpt_step = t->val_step = -1;
     t->acc = loom_accelerator_new(&(loom_accelerator_config){
         .devices = cfg.devices, .timeout_s = cfg.timeout_s, .detect_anomaly = cfg.detect_anomaly});
     if (!t->acc) {
@@ -53,6 +65,11 @@ void loom_trainer_free(loom_trainer *t) {
 
 void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out) {
     *out = t->m;
+    out->checkpoint = t->ckpt[0] ? t->ckpt : NULL;
+}
+
+void loom_trainer_stop(loom_trainer *t) {
+    t->stop = 1;
 }
 
 int64_t loom_count_correct(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
@@ -66,11 +83,26 @@ int64_t loom_count_correct(const float *z, int64_t rows, int64_t classes, const 
     return correct;
 }
 
+double loom_cross_entropy_sum(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
+    double sum = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        const float *r = z + i * classes;
+        double mx = r[0], e = 0;
+        for (int64_t k = 1; k < classes; k++)
+            mx = r[k] > mx ? r[k] : mx;
+        for (int64_t k = 0; k < classes; k++)
+            e += exp((double)r[k] - mx);
+        sum += mx + log(e) - (double)r[y[i]];
+    }
+    return sum;
+}
+
 loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, loom_loader *val,
                                   double *accuracy) {
     loom_graph *g;
     loom_tensor *x, *y;
     int64_t seen = 0, correct = 0;
+    double loss = 0;
     loom_loader_start_epoch(val, 0);
     while (loom_accelerator_next(t->acc, val, &g, &x, &y)) {
         loom_tensor *z = fns->validation_step(fns->ctx, g, x, y);
@@ -83,11 +115,63 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
         if (loom__grow((void **)&t->logits, &t->logits_cap, rows * classes, sizeof(float)))
             return LOOM_ENOMEM;
         rows = loom_tensor_gather(z, t->logits);
-        correct += loom_count_correct(t->logits, rows, classes, loom__accelerator_labels(t->acc));
+        const int32_t *labels = loom__accelerator_labels(t->acc);
+        correct += loom_count_correct(t->logits, rows, classes, labels);
+        loss += loom_cross_entropy_sum(t->logits, rows, classes, labels);
         seen += rows;
     }
     *accuracy = seen ? (double)correct / (double)seen : NAN;
     t->m.val_accuracy = *accuracy;
+    t->m.val_loss = seen ? loss / (double)seen : NAN;
+    t->val_step = t->m.steps;
+    double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
+    if (!isnan(v) && (isnan(t->m.best) || (t->c.monitor_accuracy ? v > t->m.best : v < t->m.best)))
+        t->m.best = v;
+    return LOOM_OK;
+}
+
+/* A checkpoint after the steps done (none when one is there), by the job's first process, with
+ * the monitored value of a validation just made (NaN: none); the run's position in the model's
+ * metadata. */
+static loom_status checkpoint(loom_trainer *t, loom_model *m, loom_optim *o, double monitored) {
+    if (!t->c.checkpoint_dir || t->ckpt_step == t->m.steps)
+        return LOOM_OK;
+    char v[6][32];
+    const char *key[6] = {"loom.step", "loom.epoch", "loom.batch",
+                          "loom.best", "loom.world", "loom.monitor"};
+    snprintf(v[0], sizeof v[0], "%lld", (long long)t->m.steps);
+    snprintf(v[1], sizeof v[1], "%lld", (long long)t->at_epoch);
+    snprintf(v[2], sizeof v[2], "%lld", (long long)t->at_batch);
+    snprintf(v[3], sizeof v[3], "%.17g", t->m.best);
+    snprintf(v[4], sizeof v[4], "%d", world(t));
+    snprintf(v[5], sizeof v[5], "%s", t->c.monitor_accuracy ? "val_acc" : "val_loss");
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < 6 && !s; i++)
+        s = loom_model_set_meta(m, key[i], v[i]);
+    loom_checkpoint_config cc = {
+        .dir = t->c.checkpoint_dir, .keep = t->c.keep, .maximize = t->c.monitor_accuracy};
+    if (!s && first_process(t))
+        s = loom_checkpoint_write(&cc, m, o, t->m.steps, monitored, t->ckpt, sizeof t->ckpt);
+    if (!s)
+        t->ckpt_step = t->m.steps;
+    return s;
+}
+
+/* The whole state of the checkpoint at c.resume, and where in its epoch the run was. */
+static loom_status resume(loom_trainer *t, loom_model *m, loom_optim *o, loom_loader *train) {
+    int64_t steps;
+    loom_status s = loom_checkpoint_resume(t->c.resume, m, o, &steps, t->ckpt, sizeof t->ckpt);
+    if (s)
+        return s;
+    const char *e = loom_model_meta(m, "loom.epoch"), *b = loom_model_meta(m, "loom.batch");
+    const char *best = loom_model_meta(m, "loom.best"), *mon = loom_model_meta(m, "loom.monitor");
+    long long epoch = e ? atoll(e) : -1, batch = b ? atoll(b) : -1;
+    if (epoch < 0 || batch < 0 || batch > loom_loader_batches(train))
+        return loom__error(LOOM_EFORMAT, "%s: no position of its run (loom.epoch, loom.batch)",
+                           t->ckpt);
+    bool same = mon && !strcmp(mon, t->c.monitor_accuracy ? "val_acc" : "val_loss");
+    t->m.best = same && best ? strtod(best, NULL) : NAN;
+    t->m.steps = t->ckpt_step = steps, t->at_epoch = epoch, t->at_batch = batch;
     return LOOM_OK;
 }
 
@@ -106,28 +190,38 @@ static loom_status wait_step(loom_trainer *t, loom_graph *g, double *loss) {
 static void step_ended(loom_trainer *t, int64_t epoch, double loss) {
     t->m.last_loss = loss;
     t->m.steps++;
+    t->at_epoch = epoch, t->at_batch++;
     if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0 && first_process(t))
         loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
                   (long long)t->m.steps, t->m.last_loss);
 }
 
-/* One epoch; *done when max_steps is reached. Each step is submitted, the next recorded while
- * it runs, then it is waited for (the devices do not wait for the host between steps). */
-static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_loader *train,
-                             int64_t epoch, bool *done) {
+/* One epoch (from the batch the run is at: a resumed run's may be past its start); *done when
+ * max_steps is reached. Each step is submitted, the next recorded while it runs, then it is
+ * waited for (the devices do not wait for the host between steps); a checkpoint every
+ * checkpoint_every steps is written between a step's end and the next one's submit. */
+static loom_status fit_epoch(loom_trainer *t, loom_model *m, loom_optim *o,
+                             const loom_module_fns *fns, loom_loader *train, int64_t epoch,
+                             bool *done) {
     loom_graph *g = NULL;
     loom_tensor *x, *y;
-    int64_t samples = 0, submitted = t->m.steps;
+    int64_t samples = 0, submitted = t->m.steps, every = t->c.checkpoint_every;
     bool running = false;
     double t0 = loom__now(), loss;
-    loom_loader_start_epoch(train, epoch);
-    while (!*done && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
+    t->at_batch = epoch == t->at_epoch ? t->at_batch : 0;
+    t->at_epoch = epoch;
+    loom_loader_seek(train, epoch, t->at_batch);
+    while (!*done && !t->stop && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
         loom_accelerator_backward(t->acc, fns->training_step(fns->ctx, g, x, y));
         loom_status s = running ? wait_step(t, g, &loss) : LOOM_OK;
         if (s)
             return s;
         if (running)
             step_ended(t, epoch, loss);
+        if (running && every > 0 && t->m.steps % every == 0 && (s = checkpoint(t, m, o, NAN)))
+            return s;
+        if (t->stop) /* (the step recorded is not run) */
+            return LOOM_OK;
         if ((s = loom__accelerator_submit(t->acc)))
             return s;
         running = true;
@@ -140,6 +234,8 @@ static loom_status fit_epoch(loom_trainer *t, const loom_module_fns *fns, loom_l
             return s;
         step_ended(t, epoch, loss);
     }
+    if (!t->stop && t->at_batch == loom_loader_batches(train)) /* whole: the next starts there */
+        t->at_epoch = epoch + 1, t->at_batch = 0;
     t->m.samples_per_s = (double)samples / (loom__now() - t0);
     return LOOM_OK;
 }
@@ -150,18 +246,30 @@ loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
         return loom__error(LOOM_EINVAL, "loom_trainer_fit: NULL argument (model, optimizer, "
                                         "training_step and loader are required)");
     loom_status s = loom_accelerator_prepare(t->acc, m, o, train);
-    bool done = false;
-    for (int64_t e = 0; !s && e < t->c.max_epochs && !done; e++) {
-        s = fit_epoch(t, fns, train, e, &done);
+    if (!s && t->c.resume)
+        s = resume(t, m, o, train);
+    bool done = t->c.max_steps > 0 && t->m.steps >= t->c.max_steps;
+    int64_t every = t->c.checkpoint_every;
+    for (int64_t e = t->at_epoch; !s && e < t->c.max_epochs && !done && !t->stop; e++) {
+        s = fit_epoch(t, m, o, fns, train, e, &done);
         t->m.epochs = e + 1;
         double acc = NAN;
-        if (!s && val && fns->validation_step)
+        if (s || t->stop)
+            break;
+        if (val && fns->validation_step)
             s = loom_trainer_validate(t, fns, val, &acc);
         if (!s && t->c.log_every > 0 && first_process(t))
             loom__log(LOOM_LOG_INFO,
                       "epoch %lld: loss %.4f, validation accuracy %.4f, %.0f "
                       "samples/s",
                       (long long)e + 1, t->m.last_loss, acc, t->m.samples_per_s);
+        double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
+        if (!s && (every <= 0 || t->m.steps % every == 0))
+            s = checkpoint(t, m, o, val && fns->validation_step ? v : NAN);
     }
+    t->m.stopped = t->stop != 0;
+    double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
+    if (!s) /* at the end, or where loom_trainer_stop ended the run */
+        s = checkpoint(t, m, o, t->val_step == t->m.steps ? v : NAN);
     return s;
 }

@@ -42,22 +42,6 @@ static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **lab
     return loom_sequential_forward(m->g, m->net, x);
 }
 
-/* The cross-entropy of logits z (rows, classes) against labels y, summed over the rows (in double:
- * the mean of the whole test set does not depend on the batches). */
-static double loss_sum(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
-    double sum = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        const float *r = z + i * classes;
-        double mx = r[0], e = 0;
-        for (int64_t k = 1; k < classes; k++)
-            mx = r[k] > mx ? r[k] : mx;
-        for (int64_t k = 0; k < classes; k++)
-            e += exp((double)r[k] - mx);
-        sum += mx + log(e) - (double)r[y[i]];
-    }
-    return sum;
-}
-
 /* Accuracy and mean loss over the whole test set: each sample counted once, whatever the device
  * count. Batches of 250 (the test set is 40 of them, no short one): 1000 made the CNN's conv1
  * output 86 MB, twice the step's peak memory and out of cache (250: peak RSS 172 -> 90 MiB, same
@@ -82,7 +66,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double 
         }
         int64_t classes = loom_tensor_shape(logits)[1];
         correct += loom_count_correct(z, b.n, classes, b.y);
-        sum += loss_sum(z, b.n, classes, b.y);
+        sum += loom_cross_entropy_sum(z, b.n, classes, b.y);
         seen += b.n;
     }
     loom_loader_free(l);
