@@ -74,7 +74,7 @@ expect_fail "one distinct character in 20" train shakespeare-gpt --data "$tmp/on
 expect_fail "byte 2 (0xff) is not UTF-8 text" train shakespeare-gpt --data "$tmp/bad.txt"
 expect_fail "--context: 60000 tokens, longer than the text's training split" train shakespeare-gpt \
     --data "$text" --context 60000
-expect_fail "tensor 'transformer.wte.weight' is f32 (" sample \
+expect_fail "--width: 32 here, but $tmp/w1.st was trained with --width 16" sample \
     shakespeare-gpt --data "$text" --layers 1 --heads 2 --width 32 --context 16 --init "$tmp/w1.st"
 expect_fail "--start: character 2 of the text (U+00E9" sample shakespeare-gpt --data "$text" \
     --layers 1 --heads 2 --width 16 --context 16 --init "$tmp/w1.st" --start "ab$(printf '\xc3\xa9')"

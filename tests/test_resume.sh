@@ -198,6 +198,17 @@ else
     fail "loom eval of a checkpoint: $(cat "$tmp/out")"
 fi
 
+# A GPT's weights carry its shape: loom eval and loom sample take it from the file; a shape
+# option given that differs is refused naming both.
+g="$tmp/gpt-kill.ref"
+if "$loom" eval shakespeare-gpt --data "$text" --init "$g" >"$tmp/out" 2>&1 && grep -q '^val loss: [0-9.]*$' "$tmp/out" &&
+   "$loom" sample shakespeare-gpt --data "$text" --init "$g" --tokens 5 >"$tmp/out" 2>&1; then
+    ok "loom eval and sample take the model's shape from the weights file"
+else
+    fail "shape from the weights file: $(cat "$tmp/out")"
+fi
+expect_fail "--width: 64 here, but $g was trained with --width 32" eval shakespeare-gpt --data "$text" --init "$g" --width 64
+
 # A full disk while checkpointing: the run ends with one line, the previous checkpoint whole
 # and resumable, no temporary left (a 5 MiB tmpfs: one 3.2 MB checkpoint fits, not two).
 full="$tmp/full"

@@ -65,6 +65,7 @@ int cli_check_save(const char *path);
 typedef struct {
     bool sample, eval;
     loom_gpt_config shape;
+    unsigned given; /* which of --layers, --heads, --width, --context (bits 0 to 3) were given */
     int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;

@@ -16,6 +16,25 @@ static const char *default_text(void) {
     return LOOM_TEXT_DIR "/tinyshakespeare.txt.gz";
 }
 
+/* The model's shape and the batch against the bounds: the batch's rows x context, the blocks'
+ * weights (12 width^2 a layer; the embeddings are bounded once the vocabulary is known, by
+ * loom_gpt_new: at most 2^31 parameters), heads dividing width. 0, or 1 after one line. */
+static int check_shape(const gpt_opts *o) {
+    int64_t rows = o->batch > VAL_ROWS ? o->batch : VAL_ROWS, elems;
+    if (!cli_mul("--batch x --context", rows, o->shape.context, CLI_MAX_BATCH_ELEMS, &elems))
+        return 1;
+    int64_t w2, layer, params;
+    if (!cli_mul("--width x --width", o->shape.width, o->shape.width, INT64_MAX, &w2) ||
+        !cli_mul("12 x --width^2", 12, w2, INT64_MAX, &layer) ||
+        !cli_mul("--layers x 12 --width^2 (parameters)", o->shape.layers, layer, (int64_t)1 << 31,
+                 &params))
+        return 1;
+    if (o->shape.width % o->shape.heads != 0)
+        return cli_fail("--heads: %lld do not divide --width %lld", (long long)o->shape.heads,
+                        (long long)o->shape.width);
+    return 0;
+}
+
 int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.sample = !strcmp(argv[1], "sample"),
                     .eval = !strcmp(argv[1], "eval"),
@@ -75,8 +94,10 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
             known = ok = true, o->devices = 0;
         for (size_t k = 0; !known && k < sizeof ints / sizeof *ints; k++)
-            if ((known = !strcmp(f, ints[k].flag)))
+            if ((known = !strcmp(f, ints[k].flag))) {
                 ok = cli_int(f, v, ints[k].min, ints[k].max, ints[k].dst);
+                o->given |= k < 4 ? 1u << k : 0; /* (the four of the model's shape first) */
+            }
         for (size_t k = 0; !known && k < sizeof nums / sizeof *nums; k++)
             if ((known = !strcmp(f, nums[k].flag)))
                 ok = cli_num(f, v, nums[k].min, nums[k].max, nums[k].dst);
@@ -102,16 +123,7 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
             return 2;
         i++;
     }
-    int64_t rows = o->batch > VAL_ROWS ? o->batch : VAL_ROWS, elems;
-    if (!cli_mul("--batch x --context", rows, o->shape.context, CLI_MAX_BATCH_ELEMS, &elems))
-        return 2;
-    /* the blocks' weights, 12 width^2 a layer (the embeddings are bounded once the vocabulary is
-     * known, by loom_gpt_new): at most 2^31 parameters */
-    int64_t w2, layer, params;
-    if (!cli_mul("--width x --width", o->shape.width, o->shape.width, INT64_MAX, &w2) ||
-        !cli_mul("12 x --width^2", 12, w2, INT64_MAX, &layer) ||
-        !cli_mul("--layers x 12 --width^2 (parameters)", o->shape.layers, layer, (int64_t)1 << 31,
-                 &params))
+    if (!(o->init && o->given != 15) && check_shape(o)) /* (else once the file's are known) */
         return 2;
     if (o->min_lr > o->lr)
         return cli_fail("--min-lr: expected at most --lr (%g), got %g", o->lr, o->min_lr), 2;
@@ -119,10 +131,6 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--beta2: expected a number < 1, got %g", o->beta2), 2;
     if (o->dropout >= 1)
         return cli_fail("--dropout: expected a number below 1, got %g", o->dropout), 2;
-    if (o->shape.width % o->shape.heads != 0)
-        return cli_fail("--heads: %lld do not divide --width %lld", (long long)o->shape.heads,
-                        (long long)o->shape.width),
-               2;
     if (o->decay < 0)
         o->decay = o->steps > o->warmup ? o->steps : o->warmup + 1;
     if (o->decay <= o->warmup)
@@ -600,10 +608,44 @@ static int eval(const gpt_opts *o) {
     return rc;
 }
 
+/* The model's shape from the configuration that --init's file records (loom's weights and
+ * checkpoints keep it as "config.--layers" ...), for each of the four options not given; a
+ * given one that differs from the file's is refused. 0, or 2 after one line. */
+static int shape_of_init(gpt_opts *o) {
+    static const char *const flags[4] = {"--layers", "--heads", "--width", "--context"};
+    static const int64_t max[4] = {1024, 4096, 65536, 65536};
+    int64_t *dst[4] = {&o->shape.layers, &o->shape.heads, &o->shape.width, &o->shape.context};
+    loom_tensor_file *f;
+    if (loom_tensor_file_read(o->init, &f)) /* (--init's load says why, naming the file) */
+        return 0;
+    int rc = 0;
+    for (int k = 0; k < 4 && !rc; k++) {
+        char key[32], where[80];
+        snprintf(key, sizeof key, "config.%s", flags[k]);
+        snprintf(where, sizeof where, "%s (the configuration of --init's file)", key);
+        const char *v = loom_tensor_file_meta(f, key);
+        int64_t x;
+        if (!v)
+            continue;
+        if (!cli_int(where, v, 1, max[k], &x))
+            rc = 2;
+        else if (o->given & (1u << k) && x != *dst[k])
+            rc = 1 + cli_fail("%s: %lld here, but %s was trained with %s %lld (leave it out to "
+                              "take the file's)",
+                              flags[k], (long long)*dst[k], o->init, flags[k], (long long)x);
+        else
+            *dst[k] = x;
+    }
+    loom_tensor_file_free(f);
+    return rc ? rc : check_shape(o) ? 2 : 0;
+}
+
 int cli_gpt(int argc, char **argv) {
     gpt_opts o;
     cli_quiet_others(true);
     int rc = cli_gpt_parse(argc, argv, &o);
+    if (!rc && o.init)
+        rc = shape_of_init(&o);
     cli_quiet_others(false);
     if (rc)
         return rc;
