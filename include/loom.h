@@ -545,6 +545,8 @@ LOOM_API loom_status loom_optim_set_weight_decay(loom_optim *o, const loom_param
 LOOM_API void loom_optim_decay_matrices_only(loom_optim *o, double wd);
 /* The learning rate of the step recorded last (after the schedule); before any, the base. */
 LOOM_API double loom_optim_lr(const loom_optim *o);
+/* The learning rate of step t (0-based: loom_optim_step's call t + 1) by the schedule. */
+LOOM_API double loom_optim_lr_at(const loom_optim *o, int64_t t);
 /* Records the update of every parameter from its gradient slab into graph g, as step t+1 (t counts
  * previous calls). Must follow loom_backward() in the same step. */
 LOOM_API void loom_optim_step(loom_graph *g, loom_optim *o);
@@ -811,6 +813,25 @@ LOOM_API loom_status loom_checkpoint_write(const loom_checkpoint_config *c, cons
  * path. ENOTFOUND when nothing is at `where` or the directory has no checkpoint. */
 LOOM_API loom_status loom_checkpoint_resume(const char *where, loom_model *m, loom_optim *o,
                                             int64_t *steps, char *path, size_t cap);
+
+/* ---- TensorBoard: event files of scalars --------------------------------------------------------
+ */
+
+/* A writer of TensorBoard's event files, as torch.utils.tensorboard.SummaryWriter's add_scalar:
+ * DIR/events.out.tfevents.<seconds>.<host>.<pid>.loom (DIR made with its parents), TFRecord
+ * framing with masked CRC-32C, Event and Summary protocol buffers. resumed >= 0: a run resumed
+ * after that step (its file tells TensorBoard to drop an earlier file's later steps); -1: new.
+ * Scalars are buffered and written whole (every 4 KiB, at loom_tensorboard_flush and _close);
+ * EIO names the file and the reason, and the file ends on a whole record. Not thread-safe. */
+typedef struct loom_tensorboard loom_tensorboard;
+LOOM_API loom_status loom_tensorboard_open(const char *dir, int64_t resumed,
+                                           loom_tensorboard **out);
+LOOM_API loom_status loom_tensorboard_add(loom_tensorboard *w, const char *tag, int64_t step,
+                                          double value);
+LOOM_API loom_status loom_tensorboard_flush(loom_tensorboard *w);
+LOOM_API const char *loom_tensorboard_path(const loom_tensorboard *w);
+/* Flushes, syncs and frees w (NULL: nothing). */
+LOOM_API loom_status loom_tensorboard_close(loom_tensorboard *w);
 
 /* ---- accelerator: the mid-level API (the loop is the user's) -----------------------------------
  */

@@ -86,7 +86,7 @@ for sig in TERM INT; do
     if [ "$rc" -eq "$want" ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] &&
        grep -q "^loom: stopped by SIG$sig after step [0-9]*: metrics.csv ends with that step" "$tmp/err" &&
        [ -z "$(tail -c 1 "$tmp/logs/metrics.csv")" ] &&
-       ! awk -F, 'NR > 1 && NF != 6 {bad = 1} END {exit !bad}' "$tmp/logs/metrics.csv" &&
+       ! awk -F, 'NR > 1 && NF != 7 {bad = 1} END {exit !bad}' "$tmp/logs/metrics.csv" &&
        [ "${last%%,*}" = "$(sed -n 's/.*after step \([0-9]*\):.*/\1/p' "$tmp/err")" ] &&
        [ ! -e "$tmp/sig.safetensors" ]; then
         echo "ok   SIG$sig: exit $rc, $(cat "$tmp/err"); metrics.csv ends '$last'"

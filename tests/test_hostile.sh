@@ -96,26 +96,31 @@ fi
 # 5. a log or weights file on a full disk: one line, the file ends on a whole row
 full="$tmp/full"
 mkdir -p "$full"
-if mount -t tmpfs -o size=16k tmpfs "$full" 2>/dev/null; then
+if mount -t tmpfs -o size=32k tmpfs "$full" 2>/dev/null; then
     trap 'umount "$full" 2>/dev/null' EXIT # (a test killed midway leaves no mount behind)
     mkdir "$full/logs"
-    head -c 12000 /dev/zero >"$full/fill"
-    expect_fail "--log-dir: cannot write '$full/logs/metrics.csv': No space left on device" \
-        train fmnist-mlp --steps 200 --log-dir "$full/logs"
+    head -c 20000 /dev/zero >"$full/fill" # (three 4 KiB pages left: a file each, and one more)
+    # (metrics.csv or the TensorBoard file beside it: whichever finds the disk full first)
+    expect_fail "No space left on device" train fmnist-mlp --steps 200 --log-dir "$full/logs"
+    grep -q "^loom: --log-dir: .*$full/logs/\(metrics.csv\|events.out.tfevents.*\)'\?: .*No space" "$tmp/err" ||
+        fail "the full disk's line names the log: $(cat "$tmp/err")"
+    tb=$(ls "$full/logs"/events.out.tfevents.* | head -1)
     if [ -s "$full/logs/metrics.csv" ] && [ "$(tail -c 1 "$full/logs/metrics.csv" | od -An -c | tr -d ' ')" = '\n' ] &&
-        awk -F, 'NR > 1 && NF != 6 { bad = 1 } END { exit bad }' "$full/logs/metrics.csv"; then
-        ok "metrics.csv on a full disk ends on a whole row ($(wc -l <"$full/logs/metrics.csv") lines)"
+        awk -F, 'NR > 1 && NF != 7 { bad = 1 } END { exit bad }' "$full/logs/metrics.csv" &&
+        python3 "$(dirname "$0")/tfrecords.py" "$tb" >"$tmp/tb"; then
+        ok "metrics.csv on a full disk ends on a whole row ($(wc -l <"$full/logs/metrics.csv") lines), the event file on a whole record ($(cat "$tmp/tb"))"
     else
-        fail "metrics.csv on a full disk: $(tail -c 80 "$full/logs/metrics.csv" | od -c | tail -3)"
+        fail "logs on a full disk: $(tail -c 80 "$full/logs/metrics.csv" | od -c | tail -3) $(cat "$tmp/tb")"
     fi
+    rm -f "$full/logs"/events.out.tfevents.*
     if "$loom" train fmnist-mlp --steps 150 --log-dir "$full/logs" --log-errors warn >"$tmp/out" 2>"$tmp/err" &&
-        [ "$(grep -c 'training on without it' "$tmp/err")" = 1 ] && grep -q "^test accuracy" "$tmp/out"; then
+        [ "$(grep -c 'training on without the log' "$tmp/err")" = 1 ] && grep -q "^test accuracy" "$tmp/out"; then
         ok "--log-errors warn: one warning, the run trains on"
     else
         fail "--log-errors warn: $(cat "$tmp/err")"
     fi
-    rm -f "$full/logs/metrics.csv"
-    head -c 4096 /dev/zero >"$full/fill2"
+    rm -f "$full/logs/metrics.csv" "$full/logs"/events.out.tfevents.*
+    head -c 12288 /dev/zero >"$full/fill2"
     expect_fail "--save: cannot write '$full/w.st': No space left on device" train fmnist-mlp --steps 2 --save "$full/w.st"
     expect_fail "--save: cannot write '$full/w.st': No space left on device" train shakespeare-gpt --save "$full/w.st"
     umount "$full"

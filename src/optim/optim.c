@@ -132,6 +132,10 @@ static double scheduled_lr(const loom_optim_config *c, int64_t t) {
     return c->min_lr + 0.5 * (1.0 + cos(M_PI_VALUE * ratio)) * (c->lr - c->min_lr);
 }
 
+double loom_optim_lr_at(const loom_optim *o, int64_t t) {
+    return scheduled_lr(&o->c, t < 0 ? 0 : t);
+}
+
 void loom_optim_set_lr(loom_optim *o, double lr) {
     if (lr > 0)
         o->c.lr = lr;

@@ -1,5 +1,5 @@
 """Weights move between loom and the real readers, both ways, for both recipes; a checkpoint of
-loom's continues its run in PyTorch.
+loom's continues its run in PyTorch; TensorBoard's own reader reads loom's event files.
 
     python interop.py LOOM TMPDIR
 
@@ -141,7 +141,37 @@ def check_checkpoint():
           f"within {worst:.2g} of loom's)")
 
 
+def check_tensorboard():
+    """A run to step 30 and the same run resumed from its step 20 log into one directory:
+    TensorBoard's EventAccumulator sees each step once (the resumed file's START drops the first
+    file's steps 21 to 30), with metrics.csv's values."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as e:
+        print(f"tensorboard: skipped ({e})")
+        return
+    logs, ck = os.path.join(TMP, "interop-tb"), os.path.join(TMP, "interop-tb-ck")
+    run = [LOOM, "train", "fmnist-mlp", "--steps", "30", "--log-dir", logs, "--checkpoint-dir",
+           ck, "--checkpoint-every", "10"]
+    subprocess.run(run, check=True, capture_output=True)
+    subprocess.run(run + ["--resume", os.path.join(ck, "step-000020.safetensors")], check=True,
+                   capture_output=True)
+    rows = [r.split(",") for r in open(os.path.join(logs, "metrics.csv")).read().split("\n")[1:] if r]
+    ea = EventAccumulator(logs)
+    ea.Reload()
+    loss = ea.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 31)), [e.step for e in loss]
+    want = {int(r[0]): float(r[2]) for r in rows if r[4]}  # the step rows
+    assert sorted(want) == list(range(1, 31)), sorted(want)
+    assert all(abs(e.value - want[e.step]) <= 1e-6 * max(1.0, abs(e.value)) for e in loss)
+    acc = ea.Scalars("val/accuracy")
+    assert [e.step for e in acc] == [30] and abs(acc[0].value - float(rows[-1][5])) < 1e-6, acc
+    assert {"train/lr", "train/samples_per_s", "val/loss"} <= set(ea.Tags()["scalars"])
+    print("tensorboard: its reader takes loom's event files, a resumed run's steps once each")
+
+
 for r in SHAPES:
     check(r)
 if torch is not None:
     check_checkpoint()
+check_tensorboard()

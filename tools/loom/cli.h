@@ -70,7 +70,8 @@ typedef struct {
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;
     bool no_shuffle;
-    const char *data, *init, *save, *start;
+    const char *data, *init, *save, *start, *log_dir;
+    bool log_warn; /* --log-errors warn */
     ckpt_opts ck;
 } gpt_opts;
 /* Validation batches of the GPT: 64 windows (the short last one on a graph of its own). */
@@ -92,14 +93,19 @@ void cli_stop_agree(loom_devices *d);
 bool cli_stopping(void);
 int cli_stop_signal(void);       /* 0: none */
 const char *cli_stop_name(void); /* "SIGINT" or "SIGTERM" */
-/* csvlog.c: DIR/metrics.csv with `header` (NULL after one line); rows written whole and checked:
- * a row that cannot be written is cut off (the file ends on a whole row) and the row's call
- * returns 1 after one line, or, with warn_only, 0 after a warning once (no rows after it). A run
- * resumed after step `resumed` (-1: a new run) keeps the file's rows up to that step. */
+/* csvlog.c: DIR/metrics.csv with `header` (NULL after one line), and a TensorBoard event file; rows
+ * written whole and checked: a row that cannot be written is cut off (the file ends on a whole row)
+ * and the row's call returns 1 after one line, or, with warn_only, 0 after a warning once (no rows
+ * after it). A run resumed after step `resumed` (-1: a new run) keeps the file's rows up to that
+ * step. */
 typedef struct cli_log cli_log;
 cli_log *cli_log_open(const char *dir, const char *header, bool warn_only, int64_t resumed);
 int cli_log_row(cli_log *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_log_close(cli_log *l); /* 0, or 1 after one line; frees l (NULL: nothing) */
+/* A scalar into DIR's TensorBoard event file (TensorBoard's tags: "train/loss"), and the
+ * scalars buffered written out: 0, or as cli_log_row for a failure. */
+int cli_log_scalar(cli_log *l, const char *tag, int64_t step, double value);
+int cli_log_flush(cli_log *l);
 /* A run's configuration as "name=value" items, for the processes of an MPI job to compare
  * (loom_devices_agree) before the first step. */
 typedef struct {

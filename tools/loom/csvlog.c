@@ -1,5 +1,6 @@
 /*
- * csvlog.c - `--log-dir DIR`: DIR/metrics.csv, a row at a time. Every row is formatted whole and
+ * csvlog.c - `--log-dir DIR`: DIR/metrics.csv, a row at a time, and TensorBoard's event file of
+ * the same scalars beside it (loom_tensorboard_*). Every row is formatted whole and
  * written with write(2), and every write and the close are checked: a row that cannot be written
  * (a full disk, a quota, an I/O error) is cut off again, so the file always ends on a whole row,
  * and the run stops with one line naming the file and the reason; with --log-errors warn it says
@@ -16,26 +17,42 @@
 #include <unistd.h>
 
 struct cli_log {
-    int fd;         /* -1 once given up (warn_only) */
-    off_t good;     /* bytes of whole rows written */
-    bool warn_only; /* a failed write warns once and logging stops; else the run stops */
+    loom_tensorboard *tb; /* DIR's TensorBoard event file (NULL once given up) */
+    int fd;               /* -1 once given up (warn_only) */
+    off_t good;           /* bytes of whole rows written */
+    bool warn_only;       /* a failed write warns once and logging stops; else the run stops */
     char path[4200];
 };
 
-/* Gives up on the log after a failed write or close (why): 1 after one line, or 0 after a
- * warning when warn_only. */
-static int give_up(cli_log *l, const char *why) {
+/* Gives up on both files of the log after a failure (`what`): 1 after one line, or 0 after a
+ * warning when warn_only (and the run trains on without either). */
+static int give_up(cli_log *l, const char *what) {
     if (l->fd >= 0) {
         int cut = ftruncate(l->fd, l->good); /* the file ends on a whole row */
         (void)cut;
         close(l->fd);
     }
     l->fd = -1;
+    loom_tensorboard_close(l->tb); /* (its file ends on a whole record) */
+    l->tb = NULL;
     if (!l->warn_only)
-        return cli_fail("--log-dir: cannot write '%s': %s", l->path, why);
-    fprintf(stderr, "loom: --log-dir: cannot write '%s': %s; training on without it\n", l->path,
-            why);
+        return cli_fail("--log-dir: %s", what);
+    fprintf(stderr, "loom: --log-dir: %s; training on without the log\n", what);
     return 0;
+}
+
+/* give_up for metrics.csv's failure `why`. */
+static int csv_give_up(cli_log *l, const char *why) {
+    char what[4400];
+    snprintf(what, sizeof what, "cannot write '%s': %s", l->path, why);
+    return give_up(l, what);
+}
+
+/* give_up for the TensorBoard file's failure (loom_last_error names it). */
+static int tb_give_up(cli_log *l) {
+    char what[1024];
+    snprintf(what, sizeof what, "%s", loom_last_error());
+    return give_up(l, what);
 }
 
 static int write_all(cli_log *l, const char *buf, size_t n) {
@@ -44,7 +61,7 @@ static int write_all(cli_log *l, const char *buf, size_t n) {
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return give_up(l, w < 0 ? strerror(errno) : "nothing written");
+            return csv_give_up(l, w < 0 ? strerror(errno) : "nothing written");
         k += (size_t)w;
     }
     l->good += (off_t)n;
@@ -103,7 +120,25 @@ cli_log *cli_log_open(const char *dir, const char *header, bool warn_only, int64
         return NULL;
     }
     l->warn_only = warn_only;
+    if (loom_tensorboard_open(dir, resumed, &l->tb)) {
+        cli_fail("--log-dir: %s", loom_last_error());
+        close(l->fd);
+        free(l);
+        return NULL;
+    }
     return l;
+}
+
+int cli_log_scalar(cli_log *l, const char *tag, int64_t step, double value) {
+    if (!l || !l->tb || !loom_tensorboard_add(l->tb, tag, step, value))
+        return 0;
+    return tb_give_up(l);
+}
+
+int cli_log_flush(cli_log *l) {
+    if (!l || !l->tb || !loom_tensorboard_flush(l->tb))
+        return 0;
+    return tb_give_up(l);
 }
 
 int cli_log_row(cli_log *l, const char *fmt, ...) {
@@ -115,18 +150,21 @@ int cli_log_row(cli_log *l, const char *fmt, ...) {
     int n = vsnprintf(row, sizeof row, fmt, ap);
     va_end(ap);
     if (n < 0 || (size_t)n >= sizeof row)
-        return give_up(l, "a row longer than 511 bytes");
+        return csv_give_up(l, "a row longer than 511 bytes");
     return write_all(l, row, (size_t)n);
 }
 
 int cli_log_close(cli_log *l) {
     if (!l)
         return 0;
-    int rc = 0;
-    if (l->fd >= 0 && (fsync(l->fd) != 0 || close(l->fd) != 0)) {
+    loom_tensorboard *tb = l->tb;
+    l->tb = NULL;
+    int rc = tb && loom_tensorboard_close(tb) ? tb_give_up(l) : 0;
+    if (!rc && l->fd >= 0 && fsync(l->fd) != 0)
+        rc = csv_give_up(l, strerror(errno)); /* (closes it) */
+    if (l->fd >= 0 && close(l->fd) != 0 && !rc) {
         l->fd = -1;
-        rc = l->warn_only ? 0
-                          : cli_fail("--log-dir: cannot write '%s': %s", l->path, strerror(errno));
+        rc = csv_give_up(l, strerror(errno));
     }
     free(l);
     return rc;

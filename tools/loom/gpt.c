@@ -82,13 +82,23 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                 {"--timeout", 1e-3, LOOM_MAX_TIMEOUT, &o->timeout}};
     const struct {
         const char *flag, **dst;
-    } strs[] = {
-        {"--data", &o->data}, {"--init", &o->init}, {"--save", &o->save}, {"--start", &o->start}};
+    } strs[] = {{"--data", &o->data},
+                {"--init", &o->init},
+                {"--save", &o->save},
+                {"--start", &o->start},
+                {"--log-dir", &o->log_dir}};
     for (int i = 3; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = false, known = false;
         if (!strcmp(f, "--no-shuffle")) {
             o->no_shuffle = true;
+            continue;
+        }
+        if (!strcmp(f, "--log-errors")) {
+            if (!v || (strcmp(v, "stop") != 0 && strcmp(v, "warn") != 0))
+                return cli_fail("--log-errors: expected stop or warn, got '%s'", v ? v : ""), 2;
+            o->log_warn = !strcmp(v, "warn");
+            i++;
             continue;
         }
         if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
@@ -139,8 +149,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                2;
     if (cli_ckpt_check(&o->ck, o->init))
         return 2;
-    if ((o->sample || o->eval) && (o->ck.dir || o->ck.resume))
-        return cli_fail("%s: takes --init FILE, not checkpoint options", argv[1]), 2;
+    if ((o->sample || o->eval) && (o->ck.dir || o->ck.resume || o->log_dir))
+        return cli_fail("%s: takes --init FILE, not checkpoint or log options", argv[1]), 2;
     if (o->ck.monitor_acc)
         return cli_fail("--monitor: shakespeare-gpt's evaluation measures val_loss only"), 2;
     if ((o->sample || o->eval) && !o->init)
@@ -346,7 +356,8 @@ static double now(void) {
 typedef struct {
     loom_optim *opt;
     loom_graph *g;
-    bool talk; /* process 0 of the job: prints, saves, checkpoints */
+    cli_log *log; /* --log-dir's metrics.csv and TensorBoard file (process 0's) */
+    bool talk;    /* process 0 of the job: prints, saves, checkpoints, logs */
     int64_t step, ckpt_step;
     double last_val, best;
     char ckpt[4200];
@@ -417,7 +428,21 @@ static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     if (!vocab || loom_model_set_meta(r->m, "vocabulary", vocab) || cli_config_meta(r->m, &r->it))
         rc = cli_fail("%s", vocab ? loom_last_error() : "out of memory");
     free(vocab);
+    if (!rc && t->talk && o->log_dir &&
+        !(t->log = cli_log_open(o->log_dir, "step,loss,lr,tokens_per_s,val_loss\n", o->log_warn,
+                                o->ck.resume ? t->step : -1)))
+        rc = 1;
     return rc;
+}
+
+/* Step t->step's row and scalars: its loss, learning rate and tokens a second. */
+static int log_step(const gpt_opts *o, gpt_train *t, double loss, double seconds) {
+    double lr = loom_optim_lr_at(t->opt, t->step - 1);
+    double rate = (double)(o->batch * o->shape.context) / (seconds + 1e-12);
+    return cli_log_row(t->log, "%lld,%.6f,%g,%.1f,\n", (long long)t->step, loss, lr, rate) ||
+           cli_log_scalar(t->log, "train/loss", t->step, loss) ||
+           cli_log_scalar(t->log, "train/lr", t->step, lr) ||
+           cli_log_scalar(t->log, "train/tokens_per_s", t->step, rate);
 }
 
 /* Training step s (from 0): its batch of text windows (keyed by seed and s), dropout keyed the
@@ -457,7 +482,8 @@ static int train(const gpt_opts *o) {
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
     for (int64_t s = t.step; !rc && s < o->steps && !cli_stopping(); s++) {
-        if ((rc = train_step(o, &r, &t, s, &loss)))
+        double ts = now();
+        if ((rc = train_step(o, &r, &t, s, &loss)) || (rc = log_step(o, &t, loss, now() - ts)))
             break;
         sum += loss, counted++;
         bool eval = t.step % o->eval_interval == 0 || t.step == o->steps;
@@ -479,7 +505,9 @@ static int train(const gpt_opts *o) {
                    (long long)t.step, sum / (double)counted, v, loom_optim_lr(t.opt), ms);
         fflush(stdout);
         sum = 0, counted = 0, t_interval = now();
-        rc = due ? checkpoint(o, &r, &t, v) : 0;
+        rc = cli_log_row(t.log, "%lld,,,,%.6f\n", (long long)t.step, v) ||
+             cli_log_scalar(t.log, "val/loss", t.step, v) || cli_log_flush(t.log);
+        rc = rc ? rc : due ? checkpoint(o, &r, &t, v) : 0;
     }
     if (!rc) /* at the end, or where a signal stopped the run */
         rc = checkpoint(o, &r, &t, cli_stop_signal() ? NAN : t.last_val);
@@ -502,6 +530,8 @@ static int train(const gpt_opts *o) {
     }
     if (!rc && o->save && t.talk && loom_model_save(r.m, o->save))
         rc = cli_fail("--save: %s", loom_last_error());
+    if (cli_log_close(t.log) && !rc)
+        rc = 1;
     loom_graph_free(t.g);
     loom_optim_free(t.opt);
     run_free(&r);

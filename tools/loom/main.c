@@ -50,7 +50,8 @@ static const char train_options[] =
     "  --drop-last         drop the final short batch of each epoch\n"
     "  --init FILE         initial weights (safetensors, PyTorch state_dict names)\n"
     "  --save FILE         write the trained weights (safetensors) after training\n"
-    "  --log-dir DIR       write DIR/metrics.csv, a whole row at a time\n"
+    "  --log-dir DIR       write DIR/metrics.csv, a whole row at a time, and a TensorBoard\n"
+    "                      event file of the same scalars\n"
     "  --log-errors stop|warn  a log write that fails stops the run (stop, the default) or\n"
     "                      warns once and trains on without the log (warn)\n"
     "  --devices N|auto    data-parallel devices of this process (1 to 256), one per core it may\n"
@@ -74,7 +75,8 @@ static const char gpt_options[] =
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
     "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
     "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE\n"
-    "  --save FILE\n" CHECKPOINT_OPTIONS
+    "  --save FILE   --log-dir DIR (metrics.csv and a TensorBoard event file)   --log-errors\n"
+    "  stop|warn\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
 static const char cache_help[] =

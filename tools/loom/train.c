@@ -126,9 +126,13 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
         loom_graph_metrics(r->m.g, &sm);
         r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
     }
-    double rate = e->tick_samples / (now() - e->tick + 1e-12);
-    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,%.1f,\n", (long long)r->step,
-                    (long long)e->epoch + 1, loss, o->lr, rate))
+    double rate = e->tick_samples / (now() - e->tick + 1e-12),
+           lr = loom_optim_lr_at(r->opt, r->step - 1);
+    if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,%.1f,,\n", (long long)r->step,
+                    (long long)e->epoch + 1, loss, lr, rate) ||
+        cli_log_scalar(r->log, "train/loss", r->step, loss) ||
+        cli_log_scalar(r->log, "train/lr", r->step, lr) ||
+        cli_log_scalar(r->log, "train/samples_per_s", r->step, rate))
         return 1;
     if (e->i % 100 == 0 || e->i == e->nb || (o->steps && r->step >= o->steps)) {
         printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)e->epoch + 1,
@@ -258,7 +262,9 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     printf("epoch %lld done: last loss %.4f, test accuracy %.4f, test loss %.4f, %.1f s\n",
            (long long)epoch + 1, last, acc, loss, now() - t0);
     if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,,%.6f,%.6f\n", (long long)r->step,
-                    (long long)epoch + 1, last, o->lr, acc, loss))
+                    (long long)epoch + 1, last, loom_optim_lr_at(r->opt, r->step - 1), acc, loss) ||
+        cli_log_scalar(r->log, "val/accuracy", r->step, acc) ||
+        cli_log_scalar(r->log, "val/loss", r->step, loss) || cli_log_flush(r->log))
         return 1;
     double monitored = note_eval(r, acc, loss);
     if (e.i == e.nb) /* the epoch is whole: a run resumed from here starts the next one */
