@@ -9,6 +9,7 @@ and has loom evaluate weights that PyTorch trained and saved. Exit 77 (skipped) 
 safetensors."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -151,6 +152,8 @@ def check_tensorboard():
         print(f"tensorboard: skipped ({e})")
         return
     logs, ck = os.path.join(TMP, "interop-tb"), os.path.join(TMP, "interop-tb-ck")
+    shutil.rmtree(logs, ignore_errors=True)
+    shutil.rmtree(ck, ignore_errors=True)
     run = [LOOM, "train", "fmnist-mlp", "--steps", "30", "--log-dir", logs, "--checkpoint-dir",
            ck, "--checkpoint-every", "10"]
     subprocess.run(run, check=True, capture_output=True)
