@@ -275,6 +275,11 @@ LOOM_API loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const i
  * loom_input. */
 LOOM_API loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
                                        const void *data);
+/* loom_input_batch shaped for a batch of `rows` rows (>= shape[0]; -1: shape[0]), of which the
+ * first shape[0] are real and the rest padding that weighs nothing (as the shards' padding): a
+ * short last batch padded to the full batch size runs the same program as the full ones. */
+LOOM_API loom_tensor *loom_input_batch_padded(loom_graph *g, loom_dtype dt, int ndim,
+                                              const int64_t *shape, const void *data, int64_t rows);
 /* Lends input t's buffer to its step instead of having it copied at submit: the step reads it in
  * place while it runs, and the caller keeps it valid and unchanged until the step has ended
  * (loom_graph_wait, or loom_graph_run, has returned). For large inputs that stay put, such as a
@@ -649,6 +654,8 @@ LOOM_API void loom_loader_seek(loom_loader *l, int64_t epoch, int64_t batch);
  * permutation drawn from (seed, epoch + 1)): loops over epochs need no call in between. */
 LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
 LOOM_API int64_t loom_loader_batches(const loom_loader *l);
+/* The configured batch size (the rows of every batch but an epoch's short last one). */
+LOOM_API int64_t loom_loader_batch_size(const loom_loader *l);
 /* The epoch the loader is in (0-based). */
 LOOM_API int64_t loom_loader_epoch(const loom_loader *l);
 

@@ -7,6 +7,8 @@ loom="$1"
 tmp="${LOOM_TEST_TMP:-/tmp}/cli.$$"
 mkdir -p "$tmp"
 fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok   $*"; }
 
 . "$(dirname "$0")/cli_lib.sh"
 
@@ -50,6 +52,15 @@ if "$loom" train fmnist-mlp --steps 3 --save "$tmp/w.safetensors" --log-dir "$tm
     echo "ok   save, log and init"
 else
     echo "FAIL: save/log/init run:"; cat "$tmp/out"; fails=$((fails + 1))
+fi
+# A whole epoch keeps one training program: the short last batch (60000 = 468 x 128 + 96) is
+# padded to the batch's rows (padding weighs nothing), so no step builds a new one.
+"$loom" train fmnist-mlp --epochs 1 >"$tmp/epoch" 2>&1
+if grep -q '^test accuracy: 0\.[0-9]*$' "$tmp/epoch" && ! grep -q 'built a new program' "$tmp/epoch" &&
+   grep -q '^metrics: graphs built .*, programs built 2,' "$tmp/epoch"; then
+    ok "an epoch with a short last batch runs one training program"
+else
+    fail "the short last batch: $(grep -E 'built|programs built' "$tmp/epoch")"
 fi
 # the closing metrics describe a training step (its ~200 nodes), not the evaluation that ran last
 nodes=$(sed -n 's/^metrics: graphs built.* nodes \([0-9]*\), kernels\/step \([0-9]*\).*/\1/p' "$tmp/out")

@@ -520,7 +520,7 @@ loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, 
 
 loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
                               const void *const *src, const void **inputs) {
-    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
+    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = loom__local_rows(g, ndev);
     int64_t start = d * local, real = loom__shard_rows(g, d, ndev);
     for (int64_t i = 0; i < g->n; i++) {
         const loom_tensor *t = g->nodes[i];

@@ -216,6 +216,10 @@ int64_t loom_loader_batches(const loom_loader *l) {
     return l->c.drop_last ? n / bs : (n + bs - 1) / bs;
 }
 
+int64_t loom_loader_batch_size(const loom_loader *l) {
+    return l->c.batch_size;
+}
+
 int64_t loom_loader_epoch(const loom_loader *l) {
     return l->epoch;
 }

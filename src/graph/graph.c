@@ -74,7 +74,7 @@ loom_graph *loom_graph_new(loom_model *m) {
     if (g) {
         g->model = m;
         g->ndev = g->nlocal = 1;
-        g->batch_rows = -1;
+        g->batch_rows = g->batch_cap = -1;
     }
     return g;
 }
@@ -104,7 +104,7 @@ void loom_graph_reset(loom_graph *g) {
     g->persist_nodes = NULL, g->npersist = 0;
     g->err = LOOM_OK;
     g->errmsg[0] = 0;
-    g->batch_rows = -1;
+    g->batch_rows = g->batch_cap = -1;
     g->mask_node = g->count_node = g->row0_node = NULL;
 }
 
@@ -197,25 +197,34 @@ loom_tensor *loom_input(loom_graph *g, loom_dtype dt, int ndim, const int64_t *s
     return t;
 }
 
-loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
-                              const void *data) {
+loom_tensor *loom_input_batch_padded(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                                     const void *data, int64_t rows) {
     if (!g || g->err || !check_shape(g, "loom_input_batch", ndim, shape))
         return NULL;
-    if (ndim < 1 || (g->batch_rows >= 0 && shape[0] != g->batch_rows)) {
+    int64_t cap = rows < 0 ? shape[0] : rows;
+    if (ndim < 1 || (g->batch_rows >= 0 && (shape[0] != g->batch_rows || cap != g->batch_cap)) ||
+        cap < shape[0]) {
         loom__graph_fail(g, LOOM_ESHAPE, "loom_input_batch: %s",
-                         ndim < 1 ? "expected a batch dim"
-                                  : "every batch input of a step needs the same number of rows");
+                         ndim < 1         ? "expected a batch dim"
+                         : cap < shape[0] ? "padded to fewer rows than the batch has"
+                                          : "every batch input of a step needs the same number "
+                                            "of rows (and the same padded rows)");
         return NULL;
     }
     int64_t local[LOOM_MAX_DIMS];
     memcpy(local, shape, sizeof(int64_t) * (size_t)ndim);
-    local[0] = (shape[0] + g->ndev - 1) / g->ndev; /* the last shards are padded */
+    local[0] = (cap + g->ndev - 1) / g->ndev; /* the last shards are padded */
     loom_tensor *t = loom_input(g, dt, ndim, local, data);
     if (t) {
         t->role = LOOM_ROLE_BATCH;
-        g->batch_rows = shape[0];
+        g->batch_rows = shape[0], g->batch_cap = cap;
     }
     return t;
+}
+
+loom_tensor *loom_input_batch(loom_graph *g, loom_dtype dt, int ndim, const int64_t *shape,
+                              const void *data) {
+    return loom_input_batch_padded(g, dt, ndim, shape, data, -1);
 }
 
 /* An input bound per device by the runner (no caller buffer). */
@@ -229,15 +238,20 @@ static loom_tensor *bound_input(loom_graph *g, loom__role role, int ndim, const 
     return t;
 }
 
+int64_t loom__local_rows(const loom_graph *g, int ndev) {
+    int64_t cap = g->batch_cap > g->batch_rows ? g->batch_cap : g->batch_rows;
+    return cap < 0 ? 0 : (cap + ndev - 1) / ndev;
+}
+
 int64_t loom__shard_rows(const loom_graph *g, int d, int ndev) {
-    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = (b + ndev - 1) / ndev;
+    int64_t b = g->batch_rows < 0 ? 0 : g->batch_rows, local = loom__local_rows(g, ndev);
     int64_t r = b - d * local;
     return r < 0 ? 0 : r < local ? r : local;
 }
 
 loom_tensor *loom__batch_mask(loom_graph *g) {
     if (!g->mask_node && g->batch_rows >= 0) {
-        int64_t local = (g->batch_rows + g->ndev - 1) / g->ndev;
+        int64_t local = loom__local_rows(g, g->ndev);
         g->mask_node = bound_input(g, LOOM_ROLE_MASK, 1, &local);
     }
     return g->mask_node;

@@ -138,7 +138,8 @@ struct loom_graph {
     int64_t bucket_bytes;
     bool detect_anomaly;
     /* this step's batch: global rows (-1 before a batch input), its mask and count inputs */
-    int64_t batch_rows;
+    int64_t batch_rows; /* the real rows of the step's batch inputs (-1: none) */
+    int64_t batch_cap;  /* the rows they are shaped for (loom_input_batch_padded; -1: their rows) */
     loom_tensor *mask_node, *count_node, *row0_node;
 };
 
@@ -218,6 +219,8 @@ loom_tensor *loom__lnorm_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy, do
 /* The real rows (not padding) of device d's shard when this step's batch is split over ndev
  * devices (0 without a batch input). */
 int64_t loom__shard_rows(const loom_graph *g, int d, int ndev);
+/* The rows of each device's shard of the step's batch on ndev devices (its padded rows too). */
+int64_t loom__local_rows(const loom_graph *g, int ndev);
 /* The batch's mask (local rows) and count (scalar) inputs; see loom__role. */
 loom_tensor *loom__batch_mask(loom_graph *g);
 loom_tensor *loom__batch_count(loom_graph *g);

@@ -60,8 +60,9 @@ bool loom_accelerator_next(loom_accelerator *a, loom_loader *l, loom_graph **g, 
         return false;
     loom_graph_reset(a->g);
     *g = a->g;
-    *x = loom_input_batch(a->g, LOOM_F32, a->batch.ndim, a->batch.shape, a->batch.x);
-    *y = loom_input_batch(a->g, LOOM_I32, 1, &a->batch.n, a->batch.y);
+    int64_t rows = loom_loader_batch_size(l); /* a short last batch padded: the same program */
+    *x = loom_input_batch_padded(a->g, LOOM_F32, a->batch.ndim, a->batch.shape, a->batch.x, rows);
+    *y = loom_input_batch_padded(a->g, LOOM_I32, 1, &a->batch.n, a->batch.y, rows);
     /* lent, not copied: the loader keeps a batch until the second next() after it, and a step
      * on it (run, or submitted by the trainer) has ended before that */
     loom_input_borrow(*x);

@@ -29,14 +29,16 @@ typedef struct {
     bool flatten;
 } model_ctx;
 
-/* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784). The loader's batch
- * is lent to the step, not copied: it stays unchanged until the second loom_loader_next after
- * it, and each step is waited for before that. */
-static loom_tensor *forward(model_ctx *m, const loom_batch *b, loom_tensor **labels) {
+/* Records the forward pass of a batch; the input is (B,1,28,28) or (B,784), padded to `rows`
+ * rows (-1: none) so that a short last batch runs the full batches' program (the padding weighs
+ * nothing). The loader's batch is lent to the step, not copied: it stays unchanged until the second
+ * loom_loader_next after it, and each step is waited for before that. */
+static loom_tensor *forward(model_ctx *m, const loom_batch *b, int64_t rows, loom_tensor **labels) {
     int64_t flat[2] = {b->n, b->shape[1] * b->shape[2] * b->shape[3]};
-    loom_tensor *x = m->flatten ? loom_input_batch(m->g, LOOM_F32, 2, flat, b->x)
-                                : loom_input_batch(m->g, LOOM_F32, b->ndim, b->shape, b->x);
-    *labels = loom_input_batch(m->g, LOOM_I32, 1, &b->n, b->y);
+    loom_tensor *x = m->flatten
+                         ? loom_input_batch_padded(m->g, LOOM_F32, 2, flat, b->x, rows)
+                         : loom_input_batch_padded(m->g, LOOM_F32, b->ndim, b->shape, b->x, rows);
+    *labels = loom_input_batch_padded(m->g, LOOM_I32, 1, &b->n, b->y, rows);
     loom_input_borrow(x);
     loom_input_borrow(*labels);
     return loom_sequential_forward(m->g, m->net, x);
@@ -57,7 +59,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double 
     double sum = 0;
     while (!cli_stopping() && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
-        loom_tensor *y, *logits = forward(m, &b, &y);
+        loom_tensor *y, *logits = forward(m, &b, -1, &y);
         loom_output(logits);
         loom_status s = loom_graph_run(m->g);
         if (s || loom_tensor_gather(logits, z) != b.n) {
@@ -225,7 +227,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     loom_loader_seek(r->loader, epoch, skip);
     while (!*done && !cli_stopping() && loom_loader_next(r->loader, &b)) {
         loom_graph_reset(r->m.g);
-        loom_tensor *y, *logits = forward(&r->m, &b, &y);
+        loom_tensor *y, *logits = forward(&r->m, &b, o->drop_last ? -1 : o->batch, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
         loom_backward(r->m.g, loss);
         loom_optim_step(r->m.g, r->opt);
