@@ -900,6 +900,9 @@ typedef struct {
      * optimizer, the step count and the position in the epoch, so that the run ends with the
      * parameters it would have had uninterrupted, bitwise on the same devices (NULL: none). */
     const char *resume;
+    /* TensorBoard event files (loom_tensorboard_*) into this directory, by process 0: train/loss
+     * each step, val/loss and val/accuracy after each validation (NULL: none). */
+    const char *log_dir;
 } loom_trainer_config;
 typedef struct {
     int64_t steps, epochs; /* steps: optimizer steps, those before a resume included */
@@ -916,6 +919,44 @@ LOOM_API void loom_trainer_free(loom_trainer *t);
 /* Ends loom_trainer_fit after the step running (no validation), with a checkpoint when it
  * writes them (metrics: stopped). Async-signal-safe: a SIGTERM or SIGINT handler may call it. */
 LOOM_API void loom_trainer_stop(loom_trainer *t);
+/* Callbacks (Lightning's Callback hooks): called on every process at each event with the
+ * trainer's state; returning true stops the run (trainer.should_stop): after the step that
+ * ended, or, from a validation or epoch's end, before the next epoch; the processes of an MPI
+ * job stop together when any of them says so. */
+typedef enum {
+    LOOM_ON_FIT_START,       /* before the first step (a resumed run's: at its step) */
+    LOOM_ON_TRAIN_BATCH_END, /* a step has ended: step, loss, lr */
+    LOOM_ON_VALIDATION_END,  /* val_loss, val_accuracy, best */
+    LOOM_ON_EPOCH_END,       /* an epoch is whole, after its validation */
+    LOOM_ON_FIT_END          /* the run has ended (stopped or not), its last checkpoint written */
+} loom_trainer_event;
+typedef struct {
+    loom_trainer_event event;
+    int64_t epoch;            /* 0-based */
+    int64_t step;             /* optimizer steps done */
+    double loss, lr;          /* the last step's loss and learning rate */
+    double val_loss, val_accuracy, best; /* NaN before a validation */
+    int world;                /* devices across processes */
+    bool first_process;       /* the job's process 0: the one that reports */
+    loom_tensorboard *tb;     /* config.log_dir's writer on process 0, else NULL */
+} loom_trainer_state;
+typedef bool (*loom_trainer_callback)(const loom_trainer_state *s, void *user);
+/* Adds fn (called with user) after those added before it; EINVAL past 16. */
+LOOM_API loom_status loom_trainer_add_callback(loom_trainer *t, loom_trainer_callback fn,
+                                               void *user);
+/* Lightning's EarlyStopping: stops the run once `patience` validations in a row (0: 3) have not
+ * improved the monitored value (val_loss, or val_accuracy with monitor_accuracy) on the best so
+ * far by more than min_delta. The same on every process (validation sees every sample). */
+typedef struct {
+    bool monitor_accuracy;
+    int64_t patience;
+    double min_delta;
+} loom_early_stopping_config;
+LOOM_API loom_status loom_trainer_early_stopping(loom_trainer *t,
+                                                 const loom_early_stopping_config *c);
+/* Lightning's LearningRateMonitor: each step's learning rate as train/lr in config.log_dir's
+ * TensorBoard file, and through the log hook every `every` steps (0: never). */
+LOOM_API loom_status loom_trainer_lr_monitor(loom_trainer *t, int64_t every);
 /* Trains m with o over `train` for max_epochs, validating on `val` (may be NULL) after each
  * epoch. Progress goes to the log hook. Returns the first failure (a resume's refusal
  * included: loom_checkpoint_resume's). */

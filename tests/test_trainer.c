@@ -135,12 +135,127 @@ TEST(a_stopped_or_shortened_fit_resumes_bitwise) {
     free(ref), free(got);
 }
 
+/* What a callback saw, and when it stops the run. */
+typedef struct {
+    int counts[5];
+    loom_trainer_event first, last;
+    int64_t stop_at; /* true at this step's TRAIN_BATCH_END (0: never) */
+    double lr_at_1;  /* the learning rate the first step reported */
+    bool ordered;    /* steps came 1, 2, 3 ... */
+    int64_t last_step;
+} seen;
+
+static bool watch(const loom_trainer_state *s, void *user) {
+    seen *w = user;
+    if (w->counts[0] + w->counts[1] + w->counts[2] + w->counts[3] + w->counts[4] == 0)
+        w->first = s->event;
+    w->counts[s->event]++;
+    w->last = s->event;
+    if (s->event == LOOM_ON_TRAIN_BATCH_END) {
+        w->ordered = w->ordered && s->step == w->last_step + 1 && !isnan(s->loss);
+        w->last_step = s->step;
+        if (s->step == 1)
+            w->lr_at_1 = s->lr;
+    }
+    return s->event == LOOM_ON_TRAIN_BATCH_END && s->step == w->stop_at;
+}
+
+/* A fit of `epochs` with the callbacks: watch (and early stopping with patience, unless 0; the LR
+ * monitor into log_dir, unless NULL). */
+static loom_status fit_cb(seen *w, int64_t epochs, int64_t patience, const char *log_dir,
+                          const char *ckdir, loom_trainer_metrics *tm) {
+    run r = {.m = loom_model_new()};
+    r.net = loom_sequential_new(r.m, loom_recipe("fmnist-mlp", NULL));
+    loom_sequential_init(r.net, 1);
+    r.o = loom_adamw_new(r.m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
+    loom_loader *tl = loom_loader_new(train, &(loom_loader_config){.batch_size = BATCH, .seed = 7});
+    loom_loader *vl =
+        loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
+    r.t = loom_trainer_new(&(loom_trainer_config){
+        .max_epochs = epochs, .log_every = -1, .log_dir = log_dir, .checkpoint_dir = ckdir});
+    loom_status s = loom_trainer_add_callback(r.t, watch, w);
+    if (!s && patience)
+        s = loom_trainer_early_stopping(
+            r.t, &(loom_early_stopping_config){.patience = patience, .min_delta = 1e9});
+    if (!s && log_dir)
+        s = loom_trainer_lr_monitor(r.t, 0);
+    loom_module_fns fns = {training_step, validation_step, &r};
+    if (!s)
+        s = loom_trainer_fit(r.t, r.m, r.o, &fns, tl, vl);
+    loom_trainer_get_metrics(r.t, tm);
+    static char last[4200];
+    snprintf(last, sizeof last, "%s", tm->checkpoint ? tm->checkpoint : "");
+    tm->checkpoint = last;
+    loom_trainer_free(r.t);
+    loom_loader_free(tl), loom_loader_free(vl);
+    loom_optim_free(r.o);
+    loom_sequential_free(r.net);
+    loom_model_free(r.m);
+    return s;
+}
+
+/* The number of times `what` occurs in file path. */
+static int occurrences(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    static char buf[1 << 20];
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0, k = strlen(what);
+    if (f)
+        fclose(f);
+    int count = 0;
+    for (size_t i = 0; i + k <= n; i++)
+        count += !memcmp(buf + i, what, k);
+    return count;
+}
+
+TEST(callbacks_see_every_event_and_can_stop) {
+    loom_trainer_metrics tm;
+    seen w = {.ordered = true};
+    ASSERT_EQ(fit_cb(&w, 2, 0, NULL, NULL, &tm), LOOM_OK);
+    ASSERT(w.first == LOOM_ON_FIT_START && w.last == LOOM_ON_FIT_END && w.ordered);
+    ASSERT_EQ(w.counts[LOOM_ON_FIT_START], 1);
+    ASSERT_EQ(w.counts[LOOM_ON_TRAIN_BATCH_END], 60);
+    ASSERT_EQ(w.counts[LOOM_ON_VALIDATION_END], 2);
+    ASSERT_EQ(w.counts[LOOM_ON_EPOCH_END], 2);
+    ASSERT_NEAR(w.lr_at_1, 2e-3 / 6, 1e-12); /* the warm-up's first step */
+    ASSERT(!tm.stopped);
+
+    /* a callback that says stop at step 10: the run ends there, with a checkpoint */
+    char dir[512];
+    test_tmp(dir, sizeof dir, "trainer-cb");
+    clean(dir);
+    seen w2 = {.ordered = true, .stop_at = 10};
+    ASSERT_EQ(fit_cb(&w2, 2, 0, NULL, dir, &tm), LOOM_OK);
+    ASSERT(tm.stopped && tm.steps == 10 && w2.counts[LOOM_ON_TRAIN_BATCH_END] == 10);
+    ASSERT(strstr(tm.checkpoint, "step-000010.safetensors"));
+    ASSERT_EQ(w2.counts[LOOM_ON_VALIDATION_END], 0);
+
+    /* early stopping, patience 2, min_delta 1e9 (nothing improves by that much): the first
+     * validation sets the best, the next two do not improve it: three epochs of five */
+    char logs[512], events[700];
+    test_tmp(logs, sizeof logs, "trainer-logs");
+    seen w3 = {.ordered = true};
+    ASSERT_EQ(fit_cb(&w3, 5, 2, logs, NULL, &tm), LOOM_OK);
+    ASSERT(tm.stopped && tm.epochs == 3 && tm.steps == 90);
+    ASSERT_EQ(w3.counts[LOOM_ON_VALIDATION_END], 3);
+    /* the LR monitor's and the trainer's scalars in the TensorBoard file */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls -t %s/events.out.tfevents.* | head -1", logs);
+    FILE *p = popen(cmd, "r");
+    ASSERT(p && fgets(events, sizeof events, p));
+    pclose(p);
+    events[strcspn(events, "\n")] = 0;
+    ASSERT_EQ(occurrences(events, "train/lr"), 90);
+    ASSERT_EQ(occurrences(events, "train/loss"), 90);
+    ASSERT_EQ(occurrences(events, "val/accuracy"), 3);
+}
+
 int main(void) {
     if (loom_dataset_fmnist(NULL, "train", &train) || loom_dataset_fmnist(NULL, "test", &test)) {
         fprintf(stderr, "%s\n", loom_last_error());
         return 1;
     }
     RUN(a_stopped_or_shortened_fit_resumes_bitwise);
+    RUN(callbacks_see_every_event_and_can_stop);
     loom_dataset_free(train);
     loom_dataset_free(test);
     return HARNESS_EXIT();

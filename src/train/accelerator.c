@@ -90,7 +90,7 @@ loom_status loom_accelerator_run(loom_accelerator *a) {
     return loom_graph_run(a->g);
 }
 
-const loom_devices *loom__accelerator_devs(const loom_accelerator *a) {
+loom_devices *loom__accelerator_devs(const loom_accelerator *a) {
     return a->devs;
 }
 

@@ -12,7 +12,10 @@ const int32_t *loom__accelerator_labels(const loom_accelerator *a);
  * trainer records the next step meanwhile, then waits (loom_graph_wait) for this one's loss. */
 loom_status loom__accelerator_submit(loom_accelerator *a);
 /* The accelerator's devices: across the processes of an MPI job, every process's. */
-const loom_devices *loom__accelerator_devs(const loom_accelerator *a);
+loom_devices *loom__accelerator_devs(const loom_accelerator *a);
+/* trainer.c: `bytes` of zeroed state a built-in callback keeps, freed with the trainer (NULL:
+ * ENOMEM, or more than 4). */
+void *loom__trainer_own(loom_trainer *t, size_t bytes);
 
 /* safetensors.c: a tensor to write (F32, row-major), and the writer: the tensors in this order,
  * the metadata beside "format", "producer" and each tensor's CRC-32C ("loom.crc32c", checked by

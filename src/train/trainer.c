@@ -25,6 +25,16 @@ struct loom_trainer {
     int64_t at_epoch, at_batch, ckpt_step;
     int64_t val_step; /* the step the last validation followed */
     char ckpt[4200];
+    struct {
+        loom_trainer_callback fn;
+        void *user;
+    } cb[16];
+    int ncb;
+    bool should_stop; /* a callback said so: after this step, or before the next epoch */
+    void *owned[4];   /* the built-in callbacks' state, freed with the trainer */
+    int nowned;
+    loom_tensorboard *tb; /* c.log_dir's, on process 0 */
+    double lr;            /* of the last step */
 };
 
 /* The devices of every process (the batch is split over them), and whether this process is the
@@ -58,6 +68,9 @@ loom_trainer *loom_trainer_new(const loom_trainer_config *c) {
 void loom_trainer_free(loom_trainer *t) {
     if (!t)
         return;
+    loom_tensorboard_close(t->tb);
+    for (int i = 0; i < t->nowned; i++)
+        loom__free(t->owned[i]);
     loom_accelerator_free(t->acc);
     loom__free(t->logits);
     loom__free(t);
@@ -70,6 +83,47 @@ void loom_trainer_get_metrics(const loom_trainer *t, loom_trainer_metrics *out) 
 
 void loom_trainer_stop(loom_trainer *t) {
     t->stop = 1;
+}
+
+loom_status loom_trainer_add_callback(loom_trainer *t, loom_trainer_callback fn, void *user) {
+    if (!t || !fn || t->ncb == (int)(sizeof t->cb / sizeof *t->cb))
+        return loom__error(LOOM_EINVAL, "loom_trainer_add_callback: %s",
+                           !t || !fn ? "NULL argument" : "16 callbacks already");
+    t->cb[t->ncb].fn = fn, t->cb[t->ncb++].user = user;
+    return LOOM_OK;
+}
+
+void *loom__trainer_own(loom_trainer *t, size_t bytes) {
+    void *p = t->nowned < (int)(sizeof t->owned / sizeof *t->owned) ? loom__calloc(1, bytes) : NULL;
+    if (p)
+        t->owned[t->nowned++] = p;
+    return p;
+}
+
+/* Calls every callback for `event` (each sees the state; any that returns true stops the run);
+ * then, across the processes of an MPI job, whether any of them stops (a collective: every
+ * process fires the same events in the same order). */
+static bool fire(loom_trainer *t, loom_trainer_event event) {
+    loom_trainer_state st = {.event = event,
+                             .epoch = t->at_epoch,
+                             .step = t->m.steps,
+                             .loss = t->m.last_loss,
+                             .lr = t->lr,
+                             .val_loss = t->m.val_loss,
+                             .val_accuracy = t->m.val_accuracy,
+                             .best = t->m.best,
+                             .world = world(t),
+                             .first_process = first_process(t),
+                             .tb = t->tb};
+    bool stop = false;
+    for (int i = 0; i < t->ncb; i++)
+        stop = t->cb[i].fn(&st, t->cb[i].user) || stop;
+    loom_devices *d = loom__accelerator_devs(t->acc);
+    if (event != LOOM_ON_FIT_END && loom_devices_world(d) > loom_devices_count(d))
+        stop = loom_devices_any(d, stop || t->stop); /* (a signal may reach one process only) */
+    if (stop)
+        t->should_stop = true;
+    return stop;
 }
 
 int64_t loom_count_correct(const float *z, int64_t rows, int64_t classes, const int32_t *y) {
@@ -187,13 +241,23 @@ static loom_status wait_step(loom_trainer *t, loom_graph *g, double *loss) {
 }
 
 /* A step has ended with this loss. */
-static void step_ended(loom_trainer *t, int64_t epoch, double loss) {
+/* Whether the run stops: loom_trainer_stop, or a callback. */
+static bool halted(const loom_trainer *t) {
+    return t->stop || t->should_stop;
+}
+
+/* A step has ended with this loss: counted, logged, and the callbacks told. */
+static loom_status step_ended(loom_trainer *t, loom_optim *o, int64_t epoch, double loss) {
     t->m.last_loss = loss;
     t->m.steps++;
     t->at_epoch = epoch, t->at_batch++;
+    t->lr = loom_optim_lr_at(o, t->m.steps - 1);
     if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0 && first_process(t))
         loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
                   (long long)t->m.steps, t->m.last_loss);
+    loom_status s = t->tb ? loom_tensorboard_add(t->tb, "train/loss", t->m.steps, loss) : LOOM_OK;
+    fire(t, LOOM_ON_TRAIN_BATCH_END);
+    return s;
 }
 
 /* One epoch (from the batch the run is at: a resumed run's may be past its start); *done when
@@ -211,17 +275,15 @@ static loom_status fit_epoch(loom_trainer *t, loom_model *m, loom_optim *o,
     t->at_batch = epoch == t->at_epoch ? t->at_batch : 0;
     t->at_epoch = epoch;
     loom_loader_seek(train, epoch, t->at_batch);
-    while (!*done && !t->stop && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
+    while (!*done && !halted(t) && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
         loom_accelerator_backward(t->acc, fns->training_step(fns->ctx, g, x, y));
         loom_status s = running ? wait_step(t, g, &loss) : LOOM_OK;
-        if (s)
+        if (!s && running)
+            s = step_ended(t, o, epoch, loss);
+        if (!s && running && every > 0 && t->m.steps % every == 0)
+            s = checkpoint(t, m, o, NAN);
+        if (s || halted(t)) /* (a step recorded but stopped before it runs is not run) */
             return s;
-        if (running)
-            step_ended(t, epoch, loss);
-        if (running && every > 0 && t->m.steps % every == 0 && (s = checkpoint(t, m, o, NAN)))
-            return s;
-        if (t->stop) /* (the step recorded is not run) */
-            return LOOM_OK;
         if ((s = loom__accelerator_submit(t->acc)))
             return s;
         running = true;
@@ -230,14 +292,40 @@ static loom_status fit_epoch(loom_trainer *t, loom_model *m, loom_optim *o,
     }
     if (running) {
         loom_status s = wait_step(t, g, &loss);
+        if (!s)
+            s = step_ended(t, o, epoch, loss);
         if (s)
             return s;
-        step_ended(t, epoch, loss);
     }
-    if (!t->stop && t->at_batch == loom_loader_batches(train)) /* whole: the next starts there */
+    if (!halted(t) && t->at_batch == loom_loader_batches(train)) /* whole: the next starts there */
         t->at_epoch = epoch + 1, t->at_batch = 0;
     t->m.samples_per_s = (double)samples / (loom__now() - t0);
     return LOOM_OK;
+}
+
+/* After an epoch: validation (its results logged, the callbacks told), then, when the epoch is
+ * whole, its end; its checkpoint. */
+static loom_status epoch_end(loom_trainer *t, loom_model *m, loom_optim *o,
+                             const loom_module_fns *fns, loom_loader *val, int64_t e) {
+    double acc = NAN;
+    loom_status s = val && fns->validation_step ? loom_trainer_validate(t, fns, val, &acc) : 0;
+    if (!s && t->c.log_every > 0 && first_process(t))
+        loom__log(LOOM_LOG_INFO, "epoch %lld: loss %.4f, validation accuracy %.4f, %.0f samples/s",
+                  (long long)e + 1, t->m.last_loss, acc, t->m.samples_per_s);
+    if (!s && val && fns->validation_step) {
+        if (t->tb && ((s = loom_tensorboard_add(t->tb, "val/loss", t->m.steps, t->m.val_loss)) ||
+                      (s = loom_tensorboard_add(t->tb, "val/accuracy", t->m.steps, acc)) ||
+                      (s = loom_tensorboard_flush(t->tb))))
+            return s;
+        fire(t, LOOM_ON_VALIDATION_END);
+    }
+    if (!s && t->at_epoch == e + 1)
+        fire(t, LOOM_ON_EPOCH_END);
+    double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
+    int64_t every = t->c.checkpoint_every;
+    if (!s && (every <= 0 || t->m.steps % every == 0))
+        s = checkpoint(t, m, o, val && fns->validation_step ? v : NAN);
+    return s;
 }
 
 loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
@@ -248,28 +336,23 @@ loom_status loom_trainer_fit(loom_trainer *t, loom_model *m, loom_optim *o,
     loom_status s = loom_accelerator_prepare(t->acc, m, o, train);
     if (!s && t->c.resume)
         s = resume(t, m, o, train);
+    if (!s && t->c.log_dir && first_process(t) && !t->tb)
+        s = loom_tensorboard_open(t->c.log_dir, t->c.resume ? t->m.steps : -1, &t->tb);
     bool done = t->c.max_steps > 0 && t->m.steps >= t->c.max_steps;
-    int64_t every = t->c.checkpoint_every;
-    for (int64_t e = t->at_epoch; !s && e < t->c.max_epochs && !done && !t->stop; e++) {
+    if (!s)
+        fire(t, LOOM_ON_FIT_START);
+    for (int64_t e = t->at_epoch; !s && e < t->c.max_epochs && !done && !halted(t); e++) {
         s = fit_epoch(t, m, o, fns, train, e, &done);
         t->m.epochs = e + 1;
-        double acc = NAN;
-        if (s || t->stop)
-            break;
-        if (val && fns->validation_step)
-            s = loom_trainer_validate(t, fns, val, &acc);
-        if (!s && t->c.log_every > 0 && first_process(t))
-            loom__log(LOOM_LOG_INFO,
-                      "epoch %lld: loss %.4f, validation accuracy %.4f, %.0f "
-                      "samples/s",
-                      (long long)e + 1, t->m.last_loss, acc, t->m.samples_per_s);
-        double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
-        if (!s && (every <= 0 || t->m.steps % every == 0))
-            s = checkpoint(t, m, o, val && fns->validation_step ? v : NAN);
+        if (!s && !halted(t))
+            s = epoch_end(t, m, o, fns, val, e);
     }
-    t->m.stopped = t->stop != 0;
+    t->m.stopped = halted(t);
     double v = t->c.monitor_accuracy ? t->m.val_accuracy : t->m.val_loss;
-    if (!s) /* at the end, or where loom_trainer_stop ended the run */
+    if (!s) /* at the end, or where loom_trainer_stop or a callback ended the run */
         s = checkpoint(t, m, o, t->val_step == t->m.steps ? v : NAN);
+    if (!s && t->tb)
+        s = loom_tensorboard_flush(t->tb);
+    fire(t, LOOM_ON_FIT_END);
     return s;
 }
