@@ -1,43 +1,12 @@
 /*
- * peak.c - this machine's float32 FMA peak on one core, measured: 24 independent chains of
- * AVX-512 fused multiply-adds on registers (no loads), best of several runs, in GFLOP/s (2 flops
- * per lane per FMA). bench/run.sh divides the training FLOP/s by this figure. Prints 0 on a CPU
- * without AVX-512. Built as build/bench_peak.
+ * peak.c - prints this machine's float32 FMA peak on one core in GFLOP/s, as the library measures
+ * it (loom_fma_peak_gflops: AVX-512 FMAs on registers, best of five runs; 0 without AVX-512).
+ * bench/run.sh divides the training FLOP/s by this figure. Built as build/bench_peak.
  */
-#include "../src/backend/internal.h"
-
+#include <loom.h>
 #include <stdio.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-/* n rounds of 24 FMAs on 16 lanes */
-__attribute__((target("avx512f"))) static void fmas(long n) {
-    __asm__ volatile("vxorps %%xmm30, %%xmm30, %%xmm30\n\tvxorps %%xmm31, %%xmm31, %%xmm31" ::
-                         : "xmm30", "xmm31");
-    for (long i = 0; i < n; i++)
-        __asm__ volatile(
-#    define F(r) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #    r "\n\t"
-            F(0) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15)
-                F(16) F(17) F(18) F(19) F(20) F(21) F(22) F(23)
-#    undef F
-                    ::
-                        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-                          "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16",
-                          "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23");
-}
-#endif
-
 int main(void) {
-    double best = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f"))
-        for (int r = 0; r < 5; r++) {
-            long n = 20000000;
-            double t0 = loom__now();
-            fmas(n);
-            double g = (double)n * 24 * 32 / (loom__now() - t0) * 1e-9;
-            best = g > best ? g : best;
-        }
-#endif
-    printf("%.1f\n", best);
+    printf("%.1f\n", loom_fma_peak_gflops());
     return 0;
 }

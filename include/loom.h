@@ -256,6 +256,9 @@ typedef struct {
      * optimizer state, which the devices of a process share where the step allows it (0: each
      * device updated a replica of its own) */
     int64_t shared_updates;
+    /* floating-point operations of the last step's products (2 m n k a matmul or convolution,
+     * attention's), on one device: with the step's time, the share of the FMA peak it reaches */
+    double flops;
 } loom_metrics;
 LOOM_API void loom_graph_metrics(const loom_graph *g, loom_metrics *out);
 /* A multi-line human-readable report of the metrics into buf (always NUL-terminated). */
@@ -932,13 +935,13 @@ typedef enum {
 } loom_trainer_event;
 typedef struct {
     loom_trainer_event event;
-    int64_t epoch;            /* 0-based */
-    int64_t step;             /* optimizer steps done */
-    double loss, lr;          /* the last step's loss and learning rate */
+    int64_t epoch;                       /* 0-based */
+    int64_t step;                        /* optimizer steps done */
+    double loss, lr;                     /* the last step's loss and learning rate */
     double val_loss, val_accuracy, best; /* NaN before a validation */
-    int world;                /* devices across processes */
-    bool first_process;       /* the job's process 0: the one that reports */
-    loom_tensorboard *tb;     /* config.log_dir's writer on process 0, else NULL */
+    int world;                           /* devices across processes */
+    bool first_process;                  /* the job's process 0: the one that reports */
+    loom_tensorboard *tb;                /* config.log_dir's writer on process 0, else NULL */
 } loom_trainer_state;
 typedef bool (*loom_trainer_callback)(const loom_trainer_state *s, void *user);
 /* Adds fn (called with user) after those added before it; EINVAL past 16. */
@@ -980,6 +983,9 @@ LOOM_API double loom_cross_entropy_sum(const float *logits, int64_t rows, int64_
 /* ---- information ------------------------------------------------------------------------------
  */
 
+/* This machine's float32 FMA peak on one core in GFLOP/s, measured the first time (about 50 ms of
+ * AVX-512 FMAs on registers: call it while the devices are idle); 0 without AVX-512. */
+LOOM_API double loom_fma_peak_gflops(void);
 /* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
 LOOM_API void loom_info(char *buf, size_t size);
 /* Removes loom's cached files (compiled kernels and decompressed datasets, see the README) and

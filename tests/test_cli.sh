@@ -62,6 +62,35 @@ if grep -q '^test accuracy: 0\.[0-9]*$' "$tmp/epoch" && ! grep -q 'built a new p
 else
     fail "the short last batch: $(grep -E 'built|programs built' "$tmp/epoch")"
 fi
+# Progress: on a terminal a bar redrawn in place (carriage returns, the line cleared), with the
+# share of the FMA peak and the time left, cleared for the evaluation's line; through a pipe a
+# plain line every 100 steps; --quiet neither; a summary at the end either way.
+python3 "$(dirname "$0")/pty_run.py" "$tmp/tty" "$loom" train fmnist-mlp --steps 150 >/dev/null 2>&1
+bars=$(tr '\r' '\n' <"$tmp/tty" | grep -c '^epoch 1/1 \[[#.]*\] [0-9]*/469 [0-9]* samples/s .* loss [0-9.]* ETA [0-9]*:[0-9][0-9]')
+if [ "$bars" -ge 2 ] && grep -q "$(printf '\033')\[K" "$tmp/tty" && grep -aq '% of peak' "$tmp/tty" &&
+   tr '\r' '\n' <"$tmp/tty" | grep -aq "^$(printf '\033')\[Kepoch 1 done: " && ! grep -aq 'step 100/469' "$tmp/tty" &&
+   grep -aq '^summary: 150 steps in ' "$tmp/tty"; then
+    ok "on a terminal: a progress bar redrawn $bars times, cleared for the evaluation, a summary"
+else
+    fail "progress bar: $(tr '\r' '\n' <"$tmp/tty" | tail -5)"
+fi
+"$loom" train fmnist-mlp --steps 150 >"$tmp/pipe" 2>&1
+"$loom" train fmnist-mlp --steps 150 --quiet >"$tmp/quiet" 2>&1
+if ! grep -q "$(printf '\r')" "$tmp/pipe" && grep -q '^epoch 1/1 step 100/469 loss [0-9.]* [0-9]* samples/s$' "$tmp/pipe" &&
+   ! grep -q 'step 100/469' "$tmp/quiet" && ! grep -q "$(printf '\r')" "$tmp/quiet" &&
+   grep -q '^summary: ' "$tmp/quiet" && grep -q '^epoch 1 done: ' "$tmp/quiet"; then
+    ok "through a pipe: a plain line every 100 steps; --quiet: none"
+else
+    fail "plain progress: $(cat "$tmp/pipe" | head -5) / quiet: $(head -5 "$tmp/quiet")"
+fi
+python3 "$(dirname "$0")/pty_run.py" "$tmp/gtty" "$loom" train shakespeare-gpt --layers 1 --heads 2 --width 16 \
+    --context 16 --batch 4 --steps 40 --eval-interval 20 >/dev/null 2>&1
+if tr '\r' '\n' <"$tmp/gtty" | grep -aq '^step \[[#.]*\] [0-9]*/40 [0-9]* tokens/s .* ETA ' &&
+   tr '\r' '\n' <"$tmp/gtty" | grep -aq "^$(printf '\033')\[Kstep 20: train loss "; then
+    ok "shakespeare-gpt on a terminal: a bar of tokens a second, cleared for its evaluations"
+else
+    fail "GPT progress bar: $(tr '\r' '\n' <"$tmp/gtty" | tail -4)"
+fi
 # the closing metrics describe a training step (its ~200 nodes), not the evaluation that ran last
 nodes=$(sed -n 's/^metrics: graphs built.* nodes \([0-9]*\), kernels\/step \([0-9]*\).*/\1/p' "$tmp/out")
 if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then

@@ -394,7 +394,7 @@ TEST(a_signal_stops_every_process_at_the_same_step) {
         int commas = 0;
         for (const char *c = last; *c; c++)
             commas += *c == ',';
-        bad += commas != 5 || !strchr(last, '\n');
+        bad += commas != 6 || !strchr(last, '\n');
     }
     if (f)
         fclose(f);

@@ -146,6 +146,7 @@ struct loom__program {
     double *consts; /* constant slots (8 bytes each, holding the node's dtype) */
     int64_t nconsts;
     size_t ws_bytes; /* workspace needed */
+    double flops;    /* of its products (matmuls, attention): loom_metrics.flops */
     size_t scratch;  /* workspace offset of the library kernels' scratch (loom's products' packing,
                       * the attention's heads), which each uses while it runs; 0 with none */
     loom__fused *fused; /* generated kernels */

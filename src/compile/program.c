@@ -471,6 +471,27 @@ static void warn_recompile(loom_graph *g) {
     }
 }
 
+/* The floating-point operations of g's products on one device, as nanoGPT's estimate counts
+ * them: 2 m n k a matmul (a convolution's too: it is one), 4 T^2 D a head of attention forward
+ * (its two products) and twice that backward. */
+static double product_flops(const loom_graph *g) {
+    double f = 0;
+    for (int64_t i = 0; i < g->n; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (t->op == LOOM_OP_MATMUL && t->src[0] && t->src[0]->ndim >= 2)
+            f += 2.0 * (double)loom__numel(t->ndim, t->shape) *
+                 (double)t->src[0]->shape[t->src[0]->ndim - 1];
+        else if ((t->op == LOOM_OP_ATTENTION || t->op == LOOM_OP_ATTENTIONGRAD) && t->src[0] &&
+                 t->src[0]->ndim == 5) { /* qkv (B, T, 3, H, D) */
+            const int64_t *q = t->src[0]->shape;
+            double fwd =
+                4.0 * (double)q[0] * (double)q[3] * (double)q[1] * (double)q[1] * (double)q[4];
+            f += t->op == LOOM_OP_ATTENTION ? fwd : 2 * fwd;
+        }
+    }
+    return f;
+}
+
 static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
     if (!g->run->x)
         g->run->x = loom__executor_default();
@@ -492,6 +513,7 @@ static loom__program *lookup_or_plan(loom_graph *g, loom_status *st) {
         return NULL;
     }
     g->run->programs[g->run->nprograms++] = p;
+    p->flops = product_flops(g);
     g->metrics.programs_built++;
     g->metrics.plan_seconds += loom__now() - t0;
     if ((int64_t)p->ws_bytes > g->metrics.workspace_bytes)
@@ -670,6 +692,7 @@ loom_status loom_graph_submit(loom_graph *g) {
     if (!p)
         return st;
     g->metrics.kernels = p->nexec;
+    g->metrics.flops = p->flops;
     g->run->loss_id = -1;
     for (int64_t i = g->n - 1; i >= 0 && g->run->loss_id < 0; i--)
         if (g->nodes[i]->is_loss)

@@ -227,6 +227,8 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
             o->decay_matrices_only = true;
         else if (!strcmp(f, "--detect-anomaly"))
             o->detect_anomaly = true;
+        else if (!strcmp(f, "--quiet"))
+            o->quiet = true;
         else
             ok = false, cli_fail("train: unknown option '%s' (see loom --help)", f);
     }

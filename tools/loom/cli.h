@@ -34,6 +34,7 @@ typedef struct {
     bool lr_set, nesterov, no_shuffle, drop_last;
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */
     bool log_warn;         /* --log-errors warn: a log that cannot be written warns, trains on */
+    bool quiet;            /* --quiet: no progress (bar or lines) */
     const char *optimizer; /* "sgd" or "adamw" */
     uint64_t seed;
     const char *data, *init, *save, *log_dir;
@@ -72,6 +73,7 @@ typedef struct {
     bool no_shuffle;
     const char *data, *init, *save, *start, *log_dir;
     bool log_warn; /* --log-errors warn */
+    bool quiet;    /* --quiet: no progress bar */
     ckpt_opts ck;
 } gpt_opts;
 /* Validation batches of the GPT: 64 windows (the short last one on a graph of its own). */
@@ -134,6 +136,27 @@ int cli_meta_put(loom_model *m, const char *key, const char *fmt, ...)
  * path. 0, or 1 after one line. */
 int cli_ckpt_write(const ckpt_opts *c, loom_model *m, loom_optim *o, int64_t steps,
                    double monitored, bool writer, char *path, size_t cap);
+/* progress.c: a training command's progress, on a terminal a bar redrawn in place (with the
+ * share of the FMA peak), else a plain line every `plain_every` steps (0: none) and at each
+ * epoch's end, with --quiet nothing. cli_progress_line prints a line of its own (the bar cleared
+ * first); cli_progress_end clears the bar. */
+typedef struct {
+    const char *label;     /* "epoch 1/3" */
+    int64_t i, of;         /* the steps of this epoch (or run) done, and its steps */
+    int64_t step, total;   /* the run's steps done, and its last */
+    double loss, rate;     /* the step's loss; samples (or tokens) a second */
+    double flops, seconds; /* the step's product flops on one device, and its time */
+} cli_step;
+typedef struct {
+    bool quiet, tty, shown;
+    const char *unit; /* "samples" or "tokens" */
+    int64_t plain_every, steps, first_step;
+    double peak, started, drawn;
+} cli_progress;
+void cli_progress_init(cli_progress *p, bool quiet, const char *unit, int64_t plain_every);
+void cli_progress_step(cli_progress *p, const cli_step *s);
+void cli_progress_line(cli_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cli_progress_end(cli_progress *p);
 /* Prints "loom: <formatted message>" to stderr (or the stream given to cli_set_errors); returns 1
  * (the exit code for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -90,8 +90,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
     for (int i = 3; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = false, known = false;
-        if (!strcmp(f, "--no-shuffle")) {
-            o->no_shuffle = true;
+        if (!strcmp(f, "--no-shuffle") || !strcmp(f, "--quiet")) {
+            *(f[2] == 'n' ? &o->no_shuffle : &o->quiet) = true;
             continue;
         }
         if (!strcmp(f, "--log-errors")) {
@@ -481,11 +481,18 @@ static int train(const gpt_opts *o) {
                loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
+    cli_progress bar;
+    cli_progress_init(&bar, o->quiet || !t.talk, "tokens", 0);
     for (int64_t s = t.step; !rc && s < o->steps && !cli_stopping(); s++) {
         double ts = now();
         if ((rc = train_step(o, &r, &t, s, &loss)) || (rc = log_step(o, &t, loss, now() - ts)))
             break;
         sum += loss, counted++;
+        loom_metrics gm;
+        loom_graph_metrics(t.g, &gm);
+        double dt = now() - ts, tokens = (double)(o->batch * T);
+        cli_progress_step(&bar, &(cli_step){"step", t.step, o->steps, t.step, o->steps, loss,
+                                            tokens / (dt + 1e-12), gm.flops, dt});
         bool eval = t.step % o->eval_interval == 0 || t.step == o->steps;
         bool due = every ? t.step % every == 0 : eval;
         if (!eval) {
@@ -501,14 +508,15 @@ static int train(const gpt_opts *o) {
         }
         t.best = isnan(t.best) || v < t.best ? v : t.best;
         if (t.talk)
-            printf("step %lld: train loss %.4f, val loss %.4f, lr %.3g, %.1f ms a step\n",
-                   (long long)t.step, sum / (double)counted, v, loom_optim_lr(t.opt), ms);
-        fflush(stdout);
+            cli_progress_line(
+                &bar, "step %lld: train loss %.4f, val loss %.4f, lr %.3g, %.1f ms a step\n",
+                (long long)t.step, sum / (double)counted, v, loom_optim_lr(t.opt), ms);
         sum = 0, counted = 0, t_interval = now();
         rc = cli_log_row(t.log, "%lld,,,,%.6f\n", (long long)t.step, v) ||
              cli_log_scalar(t.log, "val/loss", t.step, v) || cli_log_flush(t.log);
         rc = rc ? rc : due ? checkpoint(o, &r, &t, v) : 0;
     }
+    cli_progress_end(&bar);
     if (!rc) /* at the end, or where a signal stopped the run */
         rc = checkpoint(o, &r, &t, cli_stop_signal() ? NAN : t.last_val);
     if (!rc && cli_stop_signal()) { /* (across processes: they all stopped after this step) */
@@ -527,6 +535,9 @@ static int train(const gpt_opts *o) {
         printf("val loss: %.4f\n", t.last_val);
         printf("%lld steps in %.1f s (evaluation %.1f s of it)\n", (long long)o->steps, now() - t0,
                eval_s);
+        printf("summary: %lld steps in %.1f s; best val loss %.4f; %s%s\n", (long long)t.step,
+               now() - t0, t.best, o->ck.dir ? "checkpoint " : "no checkpoint (--checkpoint-dir)",
+               o->ck.dir ? t.ckpt : "");
     }
     if (!rc && o->save && t.talk && loom_model_save(r.m, o->save))
         rc = cli_fail("--save: %s", loom_last_error());

@@ -62,8 +62,9 @@ static const char train_options[] =
     "  --timeout S         seconds before a stuck step fails every device (default 60, at most\n"
     "                      1e6)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
-    "                      or infinite (without it training stops after that "
-    "step)\n" CHECKPOINT_OPTIONS;
+    "                      or infinite (without it training stops after that step)\n"
+    "  --quiet             no progress (on a terminal a bar, else a line every 100 "
+    "steps)\n" CHECKPOINT_OPTIONS;
 
 static const char gpt_options[] =
     "shakespeare-gpt options (loom train|eval|sample shakespeare-gpt; defaults: nanoGPT's CPU\n"
@@ -74,7 +75,7 @@ static const char gpt_options[] =
     "  --steps N --batch N (2000, 12)   --lr X (1e-3)   --warmup-steps N (100)\n"
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
     "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
-    "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE\n"
+    "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE   --quiet\n"
     "  --save FILE   --log-dir DIR (metrics.csv and a TensorBoard event file)   --log-errors\n"
     "  stop|warn\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";

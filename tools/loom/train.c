@@ -93,12 +93,14 @@ typedef struct {
     cli_items it; /* the configuration: compared across processes, kept in checkpoints */
     /* the position of the next batch (epoch, batches of it done), the best monitored value,
      * the step of the newest checkpoint and its path */
-    int64_t at_epoch, at_batch, ckpt_step;
+    int64_t at_epoch, at_batch, ckpt_step, best_step;
     double best;
     char ckpt[4200];
     bool writer;                      /* process 0 of the job: prints, logs and saves */
     double started, first_step_at;    /* process start to the end of the first step */
     int64_t step_nodes, step_kernels; /* of a training step (the graph's last run is evaluation) */
+    double step_flops;                /* its products' (on one device) */
+    cli_progress progress;
 } run_state;
 
 /* Steps before the steady-state rate is counted (as the PyTorch peer in bench/ does): the first
@@ -126,7 +128,7 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
         r->first_step_at = now() - r->started;
         loom_metrics sm; /* every step runs the same graph */
         loom_graph_metrics(r->m.g, &sm);
-        r->step_nodes = sm.nodes, r->step_kernels = sm.kernels;
+        r->step_nodes = sm.nodes, r->step_kernels = sm.kernels, r->step_flops = sm.flops;
     }
     double rate = e->tick_samples / (now() - e->tick + 1e-12),
            lr = loom_optim_lr_at(r->opt, r->step - 1);
@@ -136,12 +138,14 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
         cli_log_scalar(r->log, "train/lr", r->step, lr) ||
         cli_log_scalar(r->log, "train/samples_per_s", r->step, rate))
         return 1;
-    if (e->i % 100 == 0 || e->i == e->nb || (o->steps && r->step >= o->steps)) {
-        printf("epoch %lld step %lld/%lld loss %.4f %.0f samples/s\n", (long long)e->epoch + 1,
-               (long long)e->i, (long long)e->nb, loss, rate);
-        fflush(stdout);
+    char label[64];
+    snprintf(label, sizeof label, "epoch %lld/%lld", (long long)e->epoch + 1, (long long)o->epochs);
+    int64_t total = o->epochs * e->nb;
+    cli_progress_step(&r->progress, &(cli_step){label, e->i, e->nb, r->step,
+                                                o->steps && o->steps < total ? o->steps : total,
+                                                loss, rate, r->step_flops, dt});
+    if (e->i % 100 == 0) /* the rate: over the last 100 steps */
         e->tick = now(), e->tick_samples = 0;
-    }
     return 0;
 }
 
@@ -155,7 +159,7 @@ static double note_eval(run_state *r, double acc, double loss) {
     double v = by_acc ? acc : loss;
     r->last_acc = acc, r->last_loss = loss;
     if (!isnan(v) && (isnan(r->best) || (by_acc ? v > r->best : v < r->best)))
-        r->best = v;
+        r->best = v, r->best_step = r->step;
     return v;
 }
 
@@ -261,8 +265,10 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         return 1;
     if (cli_stop_signal()) /* the evaluation was cut short: no accuracy of part of the test set */
         return 0;
-    printf("epoch %lld done: last loss %.4f, test accuracy %.4f, test loss %.4f, %.1f s\n",
-           (long long)epoch + 1, last, acc, loss, now() - t0);
+    cli_progress_line(
+        &r->progress,
+        "epoch %lld done: last loss %.4f, test accuracy %.4f, test loss %.4f, %.1f s\n",
+        (long long)epoch + 1, last, acc, loss, now() - t0);
     if (cli_log_row(r->log, "%lld,%lld,%.6f,%g,,%.6f,%.6f\n", (long long)r->step,
                     (long long)epoch + 1, last, loom_optim_lr_at(r->opt, r->step - 1), acc, loss) ||
         cli_log_scalar(r->log, "val/accuracy", r->step, acc) ||
@@ -425,9 +431,12 @@ int cli_train(const train_opts *o) {
                (long long)o->batch, o->optimizer, o->lr);
     }
     bool done = false;
+    if (!rc && !o->eval_only)
+        cli_progress_init(&r.progress, o->quiet || !r.writer, "samples", 100);
     for (int64_t e = r.at_epoch;
          !rc && !o->eval_only && e < o->epochs && !done && !cli_stop_signal(); e++)
         rc = train_epoch(&r, e, &done);
+    cli_progress_end(&r.progress);
     if (!rc && !o->eval_only && o->ck.dir) /* at the end, or where a signal stopped the run */
         rc = checkpoint(&r, cli_stop_signal() ? NAN : o->ck.monitor_acc ? r.last_acc : r.last_loss);
     if (!rc &&
@@ -462,6 +471,11 @@ int cli_train(const train_opts *o) {
         mt.nodes = r.step_nodes, mt.kernels = r.step_kernels; /* a training step's, not eval's */
         loom_metrics_format(&mt, buf, sizeof buf);
         printf("%s\n", buf);
+        const char *by = o->ck.monitor_acc ? "test accuracy" : "test loss";
+        printf("summary: %lld steps in %.1f s; best %s %.4f (after step %lld); %s%s\n",
+               (long long)r.step, now() - t0, by, r.best, (long long)r.best_step,
+               o->ck.dir ? "checkpoint " : "no checkpoint (--checkpoint-dir)",
+               o->ck.dir ? r.ckpt : "");
     }
     if (!rc && o->save && r.writer) {
         if (loom_model_save(model, o->save))
