@@ -53,6 +53,13 @@ if "$loom" train fmnist-mlp --steps 3 --save "$tmp/w.safetensors" --log-dir "$tm
 else
     echo "FAIL: save/log/init run:"; cat "$tmp/out"; fails=$((fails + 1))
 fi
+# the closing metrics describe a training step (its ~200 nodes), not the evaluation that ran last
+nodes=$(sed -n 's/^metrics: graphs built.* nodes \([0-9]*\), kernels\/step \([0-9]*\).*/\1/p' "$tmp/out")
+if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then
+    echo "ok   the closing metrics describe a training step ($nodes nodes)"
+else
+    echo "FAIL: closing metrics: $(grep '^metrics: graphs' "$tmp/out")"; fails=$((fails + 1))
+fi
 # A whole epoch keeps one training program: the short last batch (60000 = 468 x 128 + 96) is
 # padded to the batch's rows (padding weighs nothing), so no step builds a new one.
 "$loom" train fmnist-mlp --epochs 1 >"$tmp/epoch" 2>&1
@@ -91,13 +98,31 @@ if tr '\r' '\n' <"$tmp/gtty" | grep -aq '^step \[[#.]*\] [0-9]*/40 [0-9]* tokens
 else
     fail "GPT progress bar: $(tr '\r' '\n' <"$tmp/gtty" | tail -4)"
 fi
-# the closing metrics describe a training step (its ~200 nodes), not the evaluation that ran last
-nodes=$(sed -n 's/^metrics: graphs built.* nodes \([0-9]*\), kernels\/step \([0-9]*\).*/\1/p' "$tmp/out")
-if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then
-    echo "ok   the closing metrics describe a training step ($nodes nodes)"
+# loom plot: the log's series as polylines of one point per logged value, rendered by a real SVG
+# renderer (rsvg-convert); bad logs are one line each.
+"$loom" train fmnist-mlp --epochs 2 --batch 512 --log-dir "$tmp/plot" --quiet >/dev/null 2>&1
+steps=$(awk -F, 'NR > 1 && $5 != ""' "$tmp/plot/metrics.csv" | wc -l)
+evals=$(awk -F, 'NR > 1 && $7 != ""' "$tmp/plot/metrics.csv" | wc -l)
+points() { sed -n "s/.*<polyline id='$1'[^>]* points='\([^']*\)'.*/\1/p" "$2" | tr ' ' '\n' | grep -c ,; }
+if "$loom" plot "$tmp/plot" >"$tmp/plotout" 2>&1 && [ "$steps" = 236 ] && [ "$evals" = 2 ] &&
+   [ "$(points train_loss "$tmp/plot/metrics.svg")" = "$steps" ] &&
+   [ "$(points val_loss "$tmp/plot/metrics.svg")" = "$evals" ] &&
+   [ "$(points val_accuracy "$tmp/plot/metrics.svg")" = "$evals" ] &&
+   "$loom" plot "$tmp/plot" -o "$tmp/log.svg" --log-scale >/dev/null 2>&1 && grep -q 'loss (log scale)' "$tmp/log.svg" &&
+   rsvg-convert "$tmp/plot/metrics.svg" -o "$tmp/plot.png" && rsvg-convert "$tmp/log.svg" -o "$tmp/log.png" &&
+   [ "$(head -c 4 "$tmp/plot.png" | od -An -c | tr -d ' ')" = '211PNG' ]; then
+    ok "loom plot: $(cat "$tmp/plotout"), rendered to PNG"
 else
-    echo "FAIL: closing metrics: $(grep '^metrics: graphs' "$tmp/out")"; fails=$((fails + 1))
+    fail "loom plot: $(cat "$tmp/plotout"); $steps steps, $evals evaluations; $(points train_loss "$tmp/plot/metrics.svg") points"
 fi
+expect_fail "plot: cannot read '$tmp/none/metrics.csv'" plot "$tmp/none"
+mkdir -p "$tmp/badlog" && printf 'a,b\n1,2\n' >"$tmp/badlog/metrics.csv"
+expect_fail "line 1: expected a metrics.csv header starting with 'step'" plot "$tmp/badlog"
+printf 'step,epoch,loss\n1,1,0.5\nx,1,0.4\n' >"$tmp/badlog/metrics.csv"
+expect_fail "line 3: expected a step number first" plot "$tmp/badlog"
+printf 'step,epoch,loss\n1,1,0.5\n2,1,0\n' >"$tmp/badlog/metrics.csv"
+expect_fail "--log-scale: the loss 0 at step 2 has no place on it" plot "$tmp/badlog" --log-scale
+expect_fail "plot: expected a log directory" plot
 expect_fail "tensor '0.weight' is f32 (256,784), the model expects f32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
 
 # --devices auto respects the CPU affinity; a failing device stops the run with one line.

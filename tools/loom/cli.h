@@ -84,6 +84,8 @@ typedef struct {
 int cli_gpt_parse(int argc, char **argv, gpt_opts *o);
 /* `loom train|sample shakespeare-gpt [options]` (tools/loom/gpt.c); the process exit code. */
 int cli_gpt(int argc, char **argv);
+/* `loom plot LOGDIR [-o FILE.svg] [--log-scale]` (tools/loom/plot.c); the process exit code. */
+int cli_plot(int argc, char **argv);
 /* Runs `loom train` (or `loom eval`) with parsed options; returns the process exit code. */
 int cli_train(const train_opts *o);
 /* stop.c: catches the first SIGINT or SIGTERM (cli_stopping() is then true at the next step

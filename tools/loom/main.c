@@ -15,6 +15,7 @@ static const char commands[] =
     "       loom sample shakespeare-gpt --init FILE [options]   text from trained weights\n"
     "       loom eval shakespeare-gpt --init FILE [options]     their validation loss\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
+    "       loom plot LOGDIR [-o FILE.svg] [--log-scale]   a run's losses and accuracy (SVG)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
     "       loom COMMAND --help           that command's options\n";
@@ -85,6 +86,13 @@ static const char cache_help[] =
     "                          $XDG_CACHE_HOME/loom (or ~/.cache/loom); a compile in progress\n"
     "                          keeps its files\n";
 
+static const char plot_help[] =
+    "usage: loom plot LOGDIR [-o FILE.svg] [--log-scale]   the training loss, validation loss and\n"
+    "                          accuracy of LOGDIR/metrics.csv (a run's --log-dir) against the "
+    "step,\n"
+    "                          as one SVG file (default LOGDIR/metrics.svg); --log-scale: the\n"
+    "                          loss on a log scale\n";
+
 static const char info_help[] =
     "usage: loom info   version, backends, BLAS, the C compiler and dataset location\n";
 
@@ -101,6 +109,8 @@ static bool help(int argc, char **argv) {
         fputs(cache_help, stdout);
     else if (!strcmp(c, "info"))
         fputs(info_help, stdout);
+    else if (!strcmp(c, "plot"))
+        fputs(plot_help, stdout);
     else if (!strcmp(c, "sample") || gpt)
         printf("usage: loom %s shakespeare-gpt [options]\n\n%s", c, gpt_options);
     else if (!strcmp(c, "train") || !strcmp(c, "eval"))
@@ -131,6 +141,8 @@ int main(int argc, char **argv) {
                (double)bytes / 1048576.0);
         return 0;
     }
+    if (!strcmp(argv[1], "plot"))
+        return cli_plot(argc, argv);
     if (!strcmp(argv[1], "info")) {
         char buf[2048];
         loom_info(buf, sizeof buf);
@@ -147,7 +159,8 @@ int main(int argc, char **argv) {
         cli_quiet_others(false);
         return rc ? rc : cli_train(&o);
     }
-    cli_fail("unknown command '%s' (expected train, eval, info or cache clear; see loom --help)",
+    cli_fail("unknown command '%s' (expected train, eval, sample, plot, info or cache clear; see "
+             "loom --help)",
              argv[1]);
     return 2;
 }
