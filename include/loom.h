@@ -432,6 +432,13 @@ LOOM_API loom_tensor *loom_grad(loom_graph *g, loom_tensor *loss, loom_tensor *w
 LOOM_API void loom_grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
                          loom_tensor **out);
 LOOM_API void loom_backward(loom_graph *g, loom_tensor *loss);
+/* Gradient accumulation (Lightning's accumulate_grad_batches, nanoGPT's gradient_accumulation_
+ * steps): loom_backward of one micro-batch of an optimizer step, its gradients times `weight`
+ * (its share of the step's samples, in (0, 1]) and, but for the first micro-batch, added to the
+ * slab's (each device its own); all-reduced across devices only with the last, whose step
+ * records the optimizer's update. The micro-batches' steps without `last` run no collective. */
+LOOM_API void loom_backward_accumulate(loom_graph *g, loom_tensor *loss, double weight, bool first,
+                                       bool last);
 
 /* Records p := v at the end of the step (v has p's shape and f32): the way to write an update rule
  * of one's own. */

@@ -79,6 +79,28 @@ resume_case gpt-dropout-kill 9 5 "$gpt --dropout 0.2"
 resume_case gpt-dropout-term 15 5 "$gpt --dropout 0.2 --seed 9"
 resume_case mlp-term 15 7 "$mlp"
 
+# Gradient accumulation: 4 micro-batches of 128 on one device are bitwise 4 devices' batch of
+# 512 (the same sums), within float rounding of 2 devices' batch of 512 over 30 steps, with the
+# gradients all-reduced once a step (the same bytes as without accumulation); killed and
+# resumed, bitwise.
+acc="train fmnist-mlp --steps 30 --quiet"
+# shellcheck disable=SC2086
+"$loom" $acc --batch 128 --accumulate 4 --devices 1 --save "$tmp/acc4.st" >/dev/null 2>&1
+# shellcheck disable=SC2086
+"$loom" $acc --batch 512 --devices 4 --save "$tmp/dev4.st" >/dev/null 2>&1
+# shellcheck disable=SC2086
+"$loom" $acc --batch 512 --devices 2 --save "$tmp/b512.st" >"$tmp/b512.out" 2>&1
+# shellcheck disable=SC2086
+"$loom" $acc --batch 128 --accumulate 4 --devices 2 --save "$tmp/acc4d2.st" >"$tmp/acc4.out" 2>&1
+bytes() { sed -n 's/.*all-reduced \([0-9.]* MiB\).*/\1/p' "$1"; }
+if out1=$(equal "$tmp/dev4.st" "$tmp/acc4.st") && out2=$(equal "$tmp/b512.st" "$tmp/acc4d2.st" 1e-6) &&
+   [ -n "$(bytes "$tmp/b512.out")" ] && [ "$(bytes "$tmp/b512.out")" = "$(bytes "$tmp/acc4.out")" ]; then
+    ok "--accumulate 4 x 128: as 4 devices' 512 ($out1), as 512 on 2 devices ($out2), all-reduced $(bytes "$tmp/acc4.out") either way"
+else
+    fail "--accumulate: ${out1:-} ${out2:-}; all-reduced $(bytes "$tmp/b512.out") vs $(bytes "$tmp/acc4.out")"
+fi
+resume_case accumulate-kill 9 5 "train fmnist-mlp --batch 250 --accumulate 4 --steps 45 --optimizer adamw"
+
 # Killed halfway through its third file (step 7's checkpoint, the index, step 14's checkpoint):
 # the index still names step 7, whole, and the resumed run ends as the uninterrupted one.
 d="$tmp/fault.ck"
@@ -147,7 +169,7 @@ fi
 # Bad checkpoints and options: one line each, nothing written.
 ck="$tmp/mlp-kill.ck/step-000007.safetensors"
 head -c 100000 "$ck" >"$tmp/cut.st"
-expect_fail "outside the 97352 bytes of data" $mlp --resume "$tmp/cut.st"
+expect_fail "has data_offsets [0, 802816] outside the" $mlp --resume "$tmp/cut.st"
 cp "$ck" "$tmp/flip.st"
 printf '\x55' | dd of="$tmp/flip.st" bs=1 seek=500000 conv=notrunc status=none
 expect_fail "fails its checksum: the file is corrupt" $mlp --resume "$tmp/flip.st"

@@ -245,9 +245,13 @@ static loom_status same_checksum(loom_comm *c, uint64_t mine, const char *unit) 
 }
 
 /* Replication job: process 0's device 0's slabs (the model's) broadcast to device 0 of every
- * process, then to every device; then the checksums of every replica compared. */
+ * process, then to every device; then the checksums of every replica compared. Not the gradient
+ * slab: each device's is its own (every step's backward writes it before anything reads it,
+ * and between the micro-batches of an accumulated step it holds that device's sums). */
 static loom_status replicate(loom_devices *D, device *d) {
     for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
+        if (s == LOOM_SLAB_GRAD)
+            continue;
         int64_t len = D->model->len[s];
         loom_status st = D->across && D->nproc > 1 && d->index == 0
                              ? loom_comm_broadcast(D->pcomm, slab_of(D, d, s), len, 0)
@@ -262,7 +266,8 @@ static loom_status replicate(loom_devices *D, device *d) {
     loom__hash h;
     loom__hash_init(&h);
     for (int s = 0; s < LOOM_SLAB_COUNT; s++)
-        loom__hash_large(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
+        if (s != LOOM_SLAB_GRAD)
+            loom__hash_large(&h, slab_of(D, d, s), sizeof(float) * (size_t)D->model->len[s]);
     uint64_t mine = loom__hash_final(&h);
     loom_status st = D->n > 1 ? same_checksum(d->comm, mine, "device") : LOOM_OK;
     if (!st && D->across && D->nproc > 1 && d->index == 0)
@@ -464,7 +469,8 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
      * the model's own slabs after shared steps) only here, as the processes need not agree on it */
     D->across = !same;
     for (int i = 1; i < D->n; i++)
-        for (int s = 0; s < LOOM_SLAB_COUNT; s++)
+        for (int s = 0; s < LOOM_SLAB_COUNT; s++) {
+            int64_t had = D->dev[i].slab_cap[s];
             if ((!share || s == LOOM_SLAB_GRAD) &&
                 loom__grow((void **)&D->dev[i].slab[s], &D->dev[i].slab_cap[s], m->len[s] + 1,
                            sizeof(float)))
@@ -472,6 +478,9 @@ static loom_status ensure_replicas(loom_devices *D, loom_model *m) {
                                    "device %d, step %lld: out of memory for its "
                                    "replica of the model (%lld floats)",
                                    i, (long long)D->step, (long long)m->len[s]);
+            if (s == LOOM_SLAB_GRAD && D->dev[i].slab_cap[s] != had) /* (not replicated) */
+                memset(D->dev[i].slab[s], 0, sizeof(float) * (size_t)D->dev[i].slab_cap[s]);
+        }
     D->model = m;
     D->job = JOB_REPLICATE;
     loom_status st = dispatch(D);

@@ -262,10 +262,12 @@ typedef struct {
     loom_graph *g;
     bool *stored;
     int64_t lo, hi; /* the open bucket, empty when lo == hi */
+    double weight;  /* gradient accumulation: the gradients' weight (1: none) */
+    bool add, sync; /* added to the slab's (not the first micro-batch); all-reduced (the last) */
 } backward_ctx;
 
 static void flush(backward_ctx *b) {
-    if (b->hi > b->lo && b->g->ndev > 1)
+    if (b->hi > b->lo && b->g->ndev > 1 && b->sync)
         sync_range(b->g, b->lo, b->hi);
     b->lo = b->hi = 0;
 }
@@ -276,6 +278,10 @@ static void store_grad(void *ctx, int i, loom_tensor *grad) {
     loom_param *p = g->model->params[i];
     if (!grad)
         grad = loom_expand(g, loom_scalar(g, 0.0, LOOM_F32), p->ndim, p->shape);
+    if (b->weight != 1)
+        grad = loom_mul(g, grad, loom_scalar(g, b->weight, LOOM_F32));
+    if (b->add) /* this device's sum of the micro-batches before (all-reduced with the last) */
+        grad = loom_add(g, loom__persist(g, LOOM_SLAB_GRAD, p->offset, p->ndim, p->shape), grad);
     loom__store(g, grad, LOOM_SLAB_GRAD, p->offset);
     b->stored[i] = true;
     int64_t lo = p->offset, hi = p->offset + p->numel;
@@ -292,7 +298,23 @@ static void store_grad(void *ctx, int i, loom_tensor *grad) {
         flush(b);
 }
 
+static void backward(loom_graph *g, loom_tensor *loss, double weight, bool add, bool sync);
+
 void loom_backward(loom_graph *g, loom_tensor *loss) {
+    backward(g, loss, 1.0, false, true);
+}
+
+void loom_backward_accumulate(loom_graph *g, loom_tensor *loss, double weight, bool first,
+                              bool last) {
+    if (g && !g->err && !(weight > 0 && weight <= 1)) {
+        loom__graph_fail(g, LOOM_EINVAL,
+                         "loom_backward_accumulate: weight %g, expected a share in (0, 1]", weight);
+        return;
+    }
+    backward(g, loss, weight, !first, last);
+}
+
+static void backward(loom_graph *g, loom_tensor *loss, double weight, bool add, bool sync) {
     if (!g || g->err)
         return;
     if (!loss || loom_tensor_numel(loss) != 1 || loss->dtype != LOOM_F32 || !g->model) {
@@ -316,7 +338,7 @@ void loom_backward(loom_graph *g, loom_tensor *loss) {
     loss->is_loss = true;
     /* Stores (and all-reduces, on several devices) are recorded as each gradient becomes final,
      * last layers first, so that they run while the rest of backward is still ahead. */
-    backward_ctx b = {g, stored, 0, 0};
+    backward_ctx b = {g, stored, 0, 0, weight, add, sync};
     loom__grads(g, loss, (int)m->n, wrt, wrt + m->n, store_grad, &b);
     for (int64_t i = m->n - 1; i >= 0 && !g->err; i--)
         if (!stored[i]) /* not used by this loss: a zero gradient */

@@ -23,6 +23,8 @@ typedef struct {
 typedef struct {
     const char *recipe;
     int64_t epochs, steps, batch;
+    int64_t
+        accumulate;  /* --accumulate N: micro-batches of --batch per optimizer step (0, 1: one) */
     int64_t devices; /* 0: one per core */
     double timeout;  /* seconds, 0: the library's default */
     bool detect_anomaly;
@@ -152,7 +154,7 @@ typedef struct {
 typedef struct {
     bool quiet, tty, shown;
     const char *unit; /* "samples" or "tokens" */
-    int64_t plain_every, steps, first_step;
+    int64_t plain_every, steps, first_step, last_i;
     double peak, started, drawn;
 } cli_progress;
 void cli_progress_init(cli_progress *p, bool quiet, const char *unit, int64_t plain_every);

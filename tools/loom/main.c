@@ -34,6 +34,8 @@ static const char train_options[] =
     "  --epochs N          passes over the training set (default 1)\n"
     "  --steps N           stop after N optimizer steps (default: all)\n"
     "  --batch N           batch size (default 128)\n"
+    "  --accumulate N      N batches (micro-batches) per optimizer step, gradients summed and\n"
+    "                      all-reduced once (default 1); --steps and the schedule count steps\n"
     "  --lr X              learning rate (default 0.05 for sgd, 0.001 for adamw)\n"
     "  --momentum X        SGD momentum (default 0.9)\n"
     "  --nesterov          SGD with Nesterov momentum\n"

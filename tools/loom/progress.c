@@ -69,8 +69,10 @@ void cli_progress_step(cli_progress *p, const cli_step *s) {
     if (!p->steps++)
         p->first_step = s->step, p->started = now();
     if (!p->tty) {
-        if (p->plain_every > 0 &&
-            (s->i % p->plain_every == 0 || s->i == s->of || s->step == s->total)) {
+        bool crossed = p->plain_every > 0 &&
+                       (s->i / p->plain_every != p->last_i / p->plain_every || s->i < p->last_i);
+        p->last_i = s->i;
+        if (p->plain_every > 0 && (crossed || s->i == s->of || s->step == s->total)) {
             printf("%s step %lld/%lld loss %.4f %.0f %s/s\n", s->label, (long long)s->i,
                    (long long)s->of, s->loss, s->rate, p->unit);
             fflush(stdout);

@@ -90,7 +90,8 @@ typedef struct {
     double last_acc, last_loss;
     loom_devices *devs;
     loom_model *model;
-    cli_items it; /* the configuration: compared across processes, kept in checkpoints */
+    int64_t train_count; /* training samples */
+    cli_items it;        /* the configuration: compared across processes, kept in checkpoints */
     /* the position of the next batch (epoch, batches of it done), the best monitored value,
      * the step of the newest checkpoint and its path */
     int64_t at_epoch, at_batch, ckpt_step, best_step;
@@ -113,14 +114,22 @@ typedef struct {
     double tick, last;
 } epoch_state;
 
-/* Accounts for a step that has ended: n samples, its loss, dt seconds since the step before it
- * ended (the steps overlap: the next one was recorded while it ran). */
-static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, double dt) {
+/* The rows of loader batch j of an epoch of nb: the batch size, but for a short last one. */
+static int64_t rows_of(const run_state *r, int64_t j, int64_t nb) {
+    int64_t bs = r->o->batch;
+    return r->o->drop_last || j < nb - 1 ? bs : r->train_count - (nb - 1) * bs;
+}
+
+/* Accounts for an optimizer step that has ended: n samples in `micro` batches, its loss, dt
+ * seconds since the step before it ended (the steps overlap: the next one was recorded while it
+ * ran). */
+static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, double dt,
+                      int64_t micro) {
     const train_opts *o = r->o;
     e->last = loss;
     r->train_seconds += dt;
     r->samples += n, e->tick_samples += n;
-    r->step++, e->i++;
+    r->step++, e->i += micro;
     r->at_epoch = e->epoch, r->at_batch = e->i;
     if (r->step > WARMUP_STEPS)
         r->warm_seconds += dt, r->warm_samples += n;
@@ -144,7 +153,7 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
     cli_progress_step(&r->progress, &(cli_step){label, e->i, e->nb, r->step,
                                                 o->steps && o->steps < total ? o->steps : total,
                                                 loss, rate, r->step_flops, dt});
-    if (e->i % 100 == 0) /* the rate: over the last 100 steps */
+    if (r->step % 100 == 0) /* the rate: over the last 100 steps */
         e->tick = now(), e->tick_samples = 0;
     return 0;
 }
@@ -226,35 +235,55 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
     double t0 = now(), ended_at = t0;
     int64_t skip = epoch == r->at_epoch ? r->at_batch : 0; /* (a resumed run's, in its epoch) */
     epoch_state e = {epoch, skip, loom_loader_batches(r->loader), 0, t0, 0};
-    int64_t submitted = r->step, running = 0; /* the samples of the step running, 0 if none */
+    int64_t submitted = r->step, A = o->accumulate > 1 ? o->accumulate : 1;
+    /* the micro-batch step running (none: its weight 0) and the optimizer step it is part of */
+    double run_w = 0, run_loss = 0;
+    bool run_last = false;
+    int64_t group_rows = 0, rec_samples = 0, done_samples = 0, done_micro = 0;
     bool every = o->ck.every > 0;
     loom_loader_seek(r->loader, epoch, skip);
-    while (!*done && !cli_stopping() && loom_loader_next(r->loader, &b)) {
+    for (int64_t j = skip;
+         !*done && (j % A != 0 || !cli_stopping()) && loom_loader_next(r->loader, &b); j++) {
+        int64_t k = j % A; /* (micro-batch groups start with the epoch) */
+        bool last = k == A - 1 || j == e.nb - 1;
+        for (int64_t q = j; k == 0 && q < j + A && q < e.nb; q++)
+            group_rows = (q == j ? 0 : group_rows) + rows_of(r, q, e.nb);
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, o->drop_last ? -1 : o->batch, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
-        loom_backward(r->m.g, loss);
-        loom_optim_step(r->m.g, r->opt);
+        double w = A > 1 ? (double)b.n / (double)group_rows : 1;
+        if (A > 1)
+            loom_backward_accumulate(r->m.g, loss, w, k == 0, last);
+        else
+            loom_backward(r->m.g, loss);
+        if (last)
+            loom_optim_step(r->m.g, r->opt);
         double value;
-        if (running) {
+        if (run_w > 0) {
             if (loom_graph_wait(r->m.g, &value))
                 return step_failed(r);
+            run_loss += run_w * value;
             double at = now();
-            if (step_ended(r, &e, running, value, at - ended_at) ||
-                (every && r->step % o->ck.every == 0 && checkpoint(r, NAN)))
+            if (run_last && (step_ended(r, &e, done_samples, run_loss, at - ended_at, done_micro) ||
+                             (every && r->step % o->ck.every == 0 && checkpoint(r, NAN))))
                 return 1;
-            ended_at = at;
+            if (run_last)
+                ended_at = at, run_loss = 0;
         }
         if (loom_graph_submit(r->m.g))
             return step_failed(r);
-        running = b.n;
-        *done = o->steps && ++submitted >= o->steps;
+        rec_samples = (k == 0 ? 0 : rec_samples) + b.n;
+        if (last) /* the optimizer step this micro-batch ends: its samples and micro-batches */
+            done_samples = rec_samples, done_micro = k + 1;
+        run_w = w, run_last = last;
+        *done = last && o->steps && ++submitted >= o->steps;
     }
-    if (running) {
+    if (run_w > 0) {
         double value;
         if (loom_graph_wait(r->m.g, &value))
             return step_failed(r);
-        if (step_ended(r, &e, running, value, now() - ended_at))
+        run_loss += run_w * value;
+        if (run_last && step_ended(r, &e, done_samples, run_loss, now() - ended_at, done_micro))
             return 1; /* (its checkpoint follows the evaluation, with the monitored value) */
     }
     if (cli_stop_signal()) /* the step that ran has ended and is logged: no evaluation */
@@ -290,6 +319,7 @@ static int agree(run_state *r, const loom_dataset *train, const loom_dataset *te
     cli_item(it, "--epochs", "%lld", (long long)o->epochs);
     cli_item(it, "--steps", "%lld", (long long)o->steps);
     cli_item(it, "--batch", "%lld", (long long)o->batch);
+    cli_item(it, "--accumulate", "%lld", (long long)(o->accumulate > 1 ? o->accumulate : 1));
     cli_item(it, "--optimizer", "%s", o->optimizer);
     cli_item(it, "--lr", "%.17g", o->lr);
     cli_item(it, "--momentum", "%.17g", o->momentum);
@@ -371,6 +401,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
         return cli_fail("%s", loom_last_error());
     if (o->decay_matrices_only)
         loom_optim_decay_matrices_only(r->opt, o->weight_decay);
+    r->train_count = loom_dataset_count(*train);
     r->loader = loom_loader_new(*train, &(loom_loader_config){.batch_size = o->batch,
                                                               .seed = o->seed,
                                                               .no_shuffle = o->no_shuffle,
