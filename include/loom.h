@@ -666,6 +666,9 @@ LOOM_API bool loom_loader_next(loom_loader *l, loom_batch *b);
 LOOM_API int64_t loom_loader_batches(const loom_loader *l);
 /* The configured batch size (the rows of every batch but an epoch's short last one). */
 LOOM_API int64_t loom_loader_batch_size(const loom_loader *l);
+/* The rows of batch j (0-based) of every epoch: the batch size, but for a short last one; 0 for a
+ * j past the epoch's batches. */
+LOOM_API int64_t loom_loader_batch_rows(const loom_loader *l, int64_t j);
 /* The epoch the loader is in (0-based). */
 LOOM_API int64_t loom_loader_epoch(const loom_loader *l);
 
@@ -875,6 +878,11 @@ LOOM_API loom_status loom_accelerator_prepare(loom_accelerator *a, loom_model *m
 LOOM_API bool loom_accelerator_next(loom_accelerator *a, loom_loader *l, loom_graph **g,
                                     loom_tensor **x, loom_tensor **y);
 LOOM_API void loom_accelerator_backward(loom_accelerator *a, loom_tensor *loss);
+/* Gradient accumulation in the user's loop: loom_backward_accumulate on the step's graph (weight:
+ * the batch's share of the optimizer step's samples); the step that follows records the
+ * optimizer's update only when `last`. */
+LOOM_API void loom_accelerator_backward_accumulate(loom_accelerator *a, loom_tensor *loss,
+                                                   double weight, bool first, bool last);
 /* Records the optimizer update and runs the step. */
 LOOM_API loom_status loom_accelerator_step(loom_accelerator *a);
 /* Runs the step as recorded (evaluation: no update). */
@@ -899,6 +907,10 @@ typedef struct {
     double timeout_s;   /* 0 means 60 */
     bool detect_anomaly;
     int64_t log_every; /* a progress line every N steps (0: 100; negative: quiet) */
+    /* Gradient accumulation (Lightning's accumulate_grad_batches): this many loader batches per
+     * optimizer step (0, 1: one), the gradients all-reduced once; max_steps, checkpoint_every
+     * and the schedule count optimizer steps. */
+    int64_t accumulate;
     /* Checkpoints (Lightning's ModelCheckpoint), by the job's process 0: into checkpoint_dir
      * (NULL: none) every checkpoint_every steps (0: after each validation) and at the end,
      * keeping the newest `keep` (0: all) and the best by validation loss (or accuracy, with

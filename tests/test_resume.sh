@@ -100,6 +100,7 @@ else
     fail "--accumulate: ${out1:-} ${out2:-}; all-reduced $(bytes "$tmp/b512.out") vs $(bytes "$tmp/acc4.out")"
 fi
 resume_case accumulate-kill 9 5 "train fmnist-mlp --batch 250 --accumulate 4 --steps 45 --optimizer adamw"
+resume_case gpt-accumulate-kill 9 5 "$gpt --accumulate 2 --dropout 0.1"
 
 # Killed halfway through its third file (step 7's checkpoint, the index, step 14's checkpoint):
 # the index still names step 7, whole, and the resumed run ends as the uninterrupted one.

@@ -13,6 +13,9 @@
 #define BATCH 2000 /* 30 steps an epoch */
 
 static loom_dataset *train, *test;
+/* fit()'s devices (0: one per core), accumulation and batch size */
+static int fit_devices;
+static int64_t fit_accumulate, fit_batch = BATCH;
 
 typedef struct {
     loom_model *m;
@@ -48,10 +51,13 @@ static loom_status fit(const char *dir, const char *resume, int64_t max_steps, i
     r.net = loom_sequential_new(r.m, loom_recipe("fmnist-mlp", NULL));
     loom_sequential_init(r.net, 1);
     r.o = loom_adamw_new(r.m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
-    loom_loader *tl = loom_loader_new(train, &(loom_loader_config){.batch_size = BATCH, .seed = 7});
+    loom_loader *tl =
+        loom_loader_new(train, &(loom_loader_config){.batch_size = fit_batch, .seed = 7});
     loom_loader *vl =
         loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
     r.t = loom_trainer_new(&(loom_trainer_config){.max_epochs = 2,
+                                                  .devices = fit_devices,
+                                                  .accumulate = fit_accumulate,
                                                   .max_steps = max_steps,
                                                   .log_every = -1,
                                                   .checkpoint_dir = dir,
@@ -249,6 +255,31 @@ TEST(callbacks_see_every_event_and_can_stop) {
     ASSERT_EQ(occurrences(events, "val/accuracy"), 3);
 }
 
+/* accumulate = 2 micro-batches of 1000 on one device: bitwise the batch of 2000 on two devices
+ * (the same sums), the steps counted in optimizer steps, and a shortened run resumed to it. */
+TEST(accumulated_batches_match_the_larger_batch) {
+    enum { N = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10 };
+    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    loom_trainer_metrics tm;
+    char dir[512];
+    test_tmp(dir, sizeof dir, "trainer-acc");
+    clean(dir);
+    fit_devices = 2;
+    ASSERT_EQ(fit(NULL, NULL, 25, 0, ref, &tm), LOOM_OK);
+    fit_devices = 1, fit_accumulate = 2, fit_batch = BATCH / 2;
+    loom_status s1 = fit(NULL, NULL, 25, 0, got, &tm);
+    int64_t steps = tm.steps;
+    bool same = !memcmp(ref, got, sizeof(float) * N);
+    loom_status s2 = fit(dir, NULL, 11, 0, got, &tm); /* cut short at step 11, resumed */
+    loom_status s3 = fit(dir, dir, 25, 0, got, &tm);
+    fit_devices = 0, fit_accumulate = 0, fit_batch = BATCH;
+    ASSERT(s1 == LOOM_OK && s2 == LOOM_OK && s3 == LOOM_OK);
+    ASSERT_EQ(steps, 25);
+    ASSERT(same);
+    ASSERT(!memcmp(ref, got, sizeof(float) * N));
+    free(ref), free(got);
+}
+
 int main(void) {
     if (loom_dataset_fmnist(NULL, "train", &train) || loom_dataset_fmnist(NULL, "test", &test)) {
         fprintf(stderr, "%s\n", loom_last_error());
@@ -256,6 +287,7 @@ int main(void) {
     }
     RUN(a_stopped_or_shortened_fit_resumes_bitwise);
     RUN(callbacks_see_every_event_and_can_stop);
+    RUN(accumulated_batches_match_the_larger_batch);
     loom_dataset_free(train);
     loom_dataset_free(test);
     return HARNESS_EXIT();

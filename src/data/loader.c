@@ -216,6 +216,10 @@ int64_t loom_loader_batches(const loom_loader *l) {
     return l->c.drop_last ? n / bs : (n + bs - 1) / bs;
 }
 
+int64_t loom_loader_batch_rows(const loom_loader *l, int64_t j) {
+    return j < 0 || j >= loom_loader_batches(l) ? 0 : batch_rows(l, j * l->c.batch_size);
+}
+
 int64_t loom_loader_batch_size(const loom_loader *l) {
     return l->c.batch_size;
 }

@@ -13,6 +13,7 @@ struct loom_accelerator {
     loom_loader *train;
     loom_batch batch;
     int64_t flat[2];
+    bool micro; /* the step's backward is a micro-batch's that is not the last of its step */
 };
 
 loom_accelerator *loom_accelerator_new(const loom_accelerator_config *c) {
@@ -71,17 +72,24 @@ bool loom_accelerator_next(loom_accelerator *a, loom_loader *l, loom_graph **g, 
 }
 
 void loom_accelerator_backward(loom_accelerator *a, loom_tensor *loss) {
+    a->micro = false;
     loom_backward(a->g, loss);
 }
 
+void loom_accelerator_backward_accumulate(loom_accelerator *a, loom_tensor *loss, double weight,
+                                          bool first, bool last) {
+    a->micro = !last;
+    loom_backward_accumulate(a->g, loss, weight, first, last);
+}
+
 loom_status loom_accelerator_step(loom_accelerator *a) {
-    if (a->o)
+    if (a->o && !a->micro)
         loom_optim_step(a->g, a->o);
     return loom_graph_run(a->g);
 }
 
 loom_status loom__accelerator_submit(loom_accelerator *a) {
-    if (a->o)
+    if (a->o && !a->micro)
         loom_optim_step(a->g, a->o);
     return loom_graph_submit(a->g);
 }

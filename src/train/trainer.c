@@ -246,11 +246,13 @@ static bool halted(const loom_trainer *t) {
     return t->stop || t->should_stop;
 }
 
-/* A step has ended with this loss: counted, logged, and the callbacks told. */
-static loom_status step_ended(loom_trainer *t, loom_optim *o, int64_t epoch, double loss) {
+/* An optimizer step of `micro` batches has ended with this loss: counted, logged, and the
+ * callbacks told. */
+static loom_status step_ended(loom_trainer *t, loom_optim *o, int64_t epoch, double loss,
+                              int64_t micro) {
     t->m.last_loss = loss;
     t->m.steps++;
-    t->at_epoch = epoch, t->at_batch++;
+    t->at_epoch = epoch, t->at_batch += micro;
     t->lr = loom_optim_lr_at(o, t->m.steps - 1);
     if (t->c.log_every > 0 && t->m.steps % t->c.log_every == 0 && first_process(t))
         loom__log(LOOM_LOG_INFO, "epoch %lld step %lld loss %.4f", (long long)epoch + 1,
@@ -260,40 +262,73 @@ static loom_status step_ended(loom_trainer *t, loom_optim *o, int64_t epoch, dou
     return s;
 }
 
+/* The micro-batch step in flight, and the optimizer step it belongs to (gradient accumulation:
+ * a group of up to c.accumulate loader batches, groups starting with the epoch). */
+typedef struct {
+    double w, loss; /* its weight (0: none in flight); the weighted losses of its group so far */
+    bool last;      /* the last of its group */
+    int64_t micro;  /* the batches of the group that ends with it */
+} in_flight;
+
+/* Records batch j's backward (weighted by its share of its group's rows) and, when it ends its
+ * group, the update into the step's graph; *f describes it once submitted. */
+static void record(loom_trainer *t, const loom_module_fns *fns, loom_loader *train, int64_t j,
+                   loom_graph *g, loom_tensor *x, loom_tensor *y, int64_t *group_rows,
+                   in_flight *next) {
+    int64_t A = t->c.accumulate > 1 ? t->c.accumulate : 1, k = j % A,
+            nb = loom_loader_batches(train);
+    for (int64_t q = j; k == 0 && q < j + A && q < nb; q++)
+        *group_rows = (q == j ? 0 : *group_rows) + loom_loader_batch_rows(train, q);
+    next->last = k == A - 1 || j == nb - 1;
+    next->micro = k + 1;
+    next->w = A > 1 ? (double)loom_loader_batch_rows(train, j) / (double)*group_rows : 1;
+    loom_tensor *loss = fns->training_step(fns->ctx, g, x, y);
+    if (A > 1)
+        loom_accelerator_backward_accumulate(t->acc, loss, next->w, k == 0, next->last);
+    else
+        loom_accelerator_backward(t->acc, loss);
+}
+
 /* One epoch (from the batch the run is at: a resumed run's may be past its start); *done when
- * max_steps is reached. Each step is submitted, the next recorded while it runs, then it is
- * waited for (the devices do not wait for the host between steps); a checkpoint every
- * checkpoint_every steps is written between a step's end and the next one's submit. */
+ * max_steps is reached. Each micro-batch step is submitted, the next recorded while it runs, then
+ * it is waited for (the devices do not wait for the host between steps); a checkpoint every
+ * checkpoint_every optimizer steps is written between a step's end and the next one's submit,
+ * and the run stops (halted) only there, between optimizer steps. */
 static loom_status fit_epoch(loom_trainer *t, loom_model *m, loom_optim *o,
                              const loom_module_fns *fns, loom_loader *train, int64_t epoch,
                              bool *done) {
     loom_graph *g = NULL;
     loom_tensor *x, *y;
-    int64_t samples = 0, submitted = t->m.steps, every = t->c.checkpoint_every;
-    bool running = false;
+    int64_t samples = 0, submitted = t->m.steps, every = t->c.checkpoint_every, group_rows = 0;
+    int64_t A = t->c.accumulate > 1 ? t->c.accumulate : 1;
+    in_flight run = {0}, next;
     double t0 = loom__now(), loss;
     t->at_batch = epoch == t->at_epoch ? t->at_batch : 0;
     t->at_epoch = epoch;
     loom_loader_seek(train, epoch, t->at_batch);
-    while (!*done && !halted(t) && loom_accelerator_next(t->acc, NULL, &g, &x, &y)) {
-        loom_accelerator_backward(t->acc, fns->training_step(fns->ctx, g, x, y));
-        loom_status s = running ? wait_step(t, g, &loss) : LOOM_OK;
-        if (!s && running)
-            s = step_ended(t, o, epoch, loss);
-        if (!s && running && every > 0 && t->m.steps % every == 0)
+    for (int64_t j = t->at_batch;
+         !*done && (j % A != 0 || !halted(t)) && loom_accelerator_next(t->acc, NULL, &g, &x, &y);
+         j++) {
+        record(t, fns, train, j, g, x, y, &group_rows, &next);
+        loom_status s = run.w > 0 ? wait_step(t, g, &loss) : LOOM_OK;
+        next.loss = run.last ? 0 : run.loss + (run.w > 0 ? run.w * loss : 0);
+        if (!s && run.w > 0 && run.last)
+            s = step_ended(t, o, epoch, run.loss + run.w * loss, run.micro);
+        if (!s && run.w > 0 && run.last && every > 0 && t->m.steps % every == 0)
             s = checkpoint(t, m, o, NAN);
-        if (s || halted(t)) /* (a step recorded but stopped before it runs is not run) */
+        if (s || (run.last && halted(t))) /* (a step recorded but stopped before it runs is not
+                                           * run) */
             return s;
         if ((s = loom__accelerator_submit(t->acc)))
             return s;
-        running = true;
+        run = next;
         samples += loom_tensor_shape(y)[0] * world(t);
-        *done = t->c.max_steps > 0 && ++submitted >= t->c.max_steps;
+        *done = run.last && t->c.max_steps > 0 && ++submitted >= t->c.max_steps;
     }
-    if (running) {
+    if (run.w > 0) {
         loom_status s = wait_step(t, g, &loss);
-        if (!s)
-            s = step_ended(t, o, epoch, loss);
+        if (!s && run.last)
+            s = step_ended(t, o, epoch, run.loss + run.w * loss, run.micro);
         if (s)
             return s;
     }

@@ -70,6 +70,7 @@ typedef struct {
     loom_gpt_config shape;
     unsigned given; /* which of --layers, --heads, --width, --context (bits 0 to 3) were given */
     int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
+    int64_t accumulate; /* --accumulate N: micro-batches of --batch per optimizer step */
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;
     bool no_shuffle;

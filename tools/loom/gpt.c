@@ -68,7 +68,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                 {"--eval-interval", 1, CLI_MAX_COUNT, &o->eval_interval},
                 {"--tokens", 1, (int64_t)1 << 30, &o->tokens},
                 {"--top-k", 1, (int64_t)1 << 30, &o->top_k},
-                {"--devices", 1, 256, &o->devices}};
+                {"--devices", 1, 256, &o->devices},
+                {"--accumulate", 1, 65536, &o->accumulate}};
     const struct {
         const char *flag;
         double min, max, *dst;
@@ -195,6 +196,7 @@ static int agree(const gpt_opts *o, gpt_run *r) {
     cli_item(it, "--context", "%lld", (long long)c->context);
     cli_item(it, "--steps", "%lld", (long long)o->steps);
     cli_item(it, "--batch", "%lld", (long long)o->batch);
+    cli_item(it, "--accumulate", "%lld", (long long)(o->accumulate > 1 ? o->accumulate : 1));
     cli_item(it, "--warmup-steps", "%lld", (long long)o->warmup);
     cli_item(it, "--decay-steps", "%lld", (long long)o->decay);
     cli_item(it, "--eval-interval", "%lld", (long long)o->eval_interval);
@@ -438,7 +440,8 @@ static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
 /* Step t->step's row and scalars: its loss, learning rate and tokens a second. */
 static int log_step(const gpt_opts *o, gpt_train *t, double loss, double seconds) {
     double lr = loom_optim_lr_at(t->opt, t->step - 1);
-    double rate = (double)(o->batch * o->shape.context) / (seconds + 1e-12);
+    double rate = (double)(o->batch * o->shape.context * (o->accumulate > 1 ? o->accumulate : 1)) /
+                  (seconds + 1e-12);
     return cli_log_row(t->log, "%lld,%.6f,%g,%.1f,\n", (long long)t->step, loss, lr, rate) ||
            cli_log_scalar(t->log, "train/loss", t->step, loss) ||
            cli_log_scalar(t->log, "train/lr", t->step, lr) ||
@@ -447,21 +450,33 @@ static int log_step(const gpt_opts *o, gpt_train *t, double loss, double seconds
 
 /* Training step s (from 0): its batch of text windows (keyed by seed and s), dropout keyed the
  * same, the update; its loss into *loss. */
+/* Optimizer step s (from 0): its --accumulate micro-batches of text windows, each keyed by seed
+ * and its own index (s with one, s x N + k with N), dropout keyed the same; their gradients
+ * summed, the update with the last; the mean of their losses into *loss. */
 static int train_step(const gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, double *loss) {
     int64_t T = o->shape.context, B = o->batch, shape[2] = {B, T};
-    if (loom_text_batch(r->text, s, B, T, o->seed, !o->no_shuffle, r->x, r->y))
-        return cli_fail("%s", loom_last_error());
+    int64_t A = o->accumulate > 1 ? o->accumulate : 1;
     loom_graph *g = t->g;
-    loom_graph_reset(g);
-    loom_gpt_set_train(r->gpt, true, o->seed, s);
-    loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, r->x);
-    loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, r->y);
-    loom_tensor *l = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
-    loom_backward(g, l);
-    loom_optim_step(g, t->opt);
-    if (loom_graph_run(g))
-        return cli_fail("step %lld: %s", (long long)s + 1, loom_last_error());
-    *loss = loom_item(l);
+    *loss = 0;
+    for (int64_t k = 0; k < A; k++) {
+        int64_t key = s * A + k;
+        if (loom_text_batch(r->text, key, B, T, o->seed, !o->no_shuffle, r->x, r->y))
+            return cli_fail("%s", loom_last_error());
+        loom_graph_reset(g);
+        loom_gpt_set_train(r->gpt, true, o->seed, key);
+        loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, r->x);
+        loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, r->y);
+        loom_tensor *l = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
+        if (A > 1)
+            loom_backward_accumulate(g, l, 1.0 / (double)A, k == 0, k == A - 1);
+        else
+            loom_backward(g, l);
+        if (k == A - 1)
+            loom_optim_step(g, t->opt);
+        if (loom_graph_run(g))
+            return cli_fail("step %lld: %s", (long long)s + 1, loom_last_error());
+        *loss += loom_item(l) / (double)A;
+    }
     t->step = s + 1;
     return 0;
 }
@@ -490,7 +505,8 @@ static int train(const gpt_opts *o) {
         sum += loss, counted++;
         loom_metrics gm;
         loom_graph_metrics(t.g, &gm);
-        double dt = now() - ts, tokens = (double)(o->batch * T);
+        double dt = now() - ts,
+               tokens = (double)(o->batch * T * (o->accumulate > 1 ? o->accumulate : 1));
         cli_progress_step(&bar, &(cli_step){"step", t.step, o->steps, t.step, o->steps, loss,
                                             tokens / (dt + 1e-12), gm.flops, dt});
         bool eval = t.step % o->eval_interval == 0 || t.step == o->steps;

@@ -90,8 +90,7 @@ typedef struct {
     double last_acc, last_loss;
     loom_devices *devs;
     loom_model *model;
-    int64_t train_count; /* training samples */
-    cli_items it;        /* the configuration: compared across processes, kept in checkpoints */
+    cli_items it; /* the configuration: compared across processes, kept in checkpoints */
     /* the position of the next batch (epoch, batches of it done), the best monitored value,
      * the step of the newest checkpoint and its path */
     int64_t at_epoch, at_batch, ckpt_step, best_step;
@@ -113,12 +112,6 @@ typedef struct {
     int64_t epoch, i, nb, tick_samples;
     double tick, last;
 } epoch_state;
-
-/* The rows of loader batch j of an epoch of nb: the batch size, but for a short last one. */
-static int64_t rows_of(const run_state *r, int64_t j, int64_t nb) {
-    int64_t bs = r->o->batch;
-    return r->o->drop_last || j < nb - 1 ? bs : r->train_count - (nb - 1) * bs;
-}
 
 /* Accounts for an optimizer step that has ended: n samples in `micro` batches, its loss, dt
  * seconds since the step before it ended (the steps overlap: the next one was recorded while it
@@ -247,7 +240,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         int64_t k = j % A; /* (micro-batch groups start with the epoch) */
         bool last = k == A - 1 || j == e.nb - 1;
         for (int64_t q = j; k == 0 && q < j + A && q < e.nb; q++)
-            group_rows = (q == j ? 0 : group_rows) + rows_of(r, q, e.nb);
+            group_rows = (q == j ? 0 : group_rows) + loom_loader_batch_rows(r->loader, q);
         loom_graph_reset(r->m.g);
         loom_tensor *y, *logits = forward(&r->m, &b, o->drop_last ? -1 : o->batch, &y);
         loom_tensor *loss = loom_cross_entropy(r->m.g, logits, y);
@@ -401,7 +394,6 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
         return cli_fail("%s", loom_last_error());
     if (o->decay_matrices_only)
         loom_optim_decay_matrices_only(r->opt, o->weight_decay);
-    r->train_count = loom_dataset_count(*train);
     r->loader = loom_loader_new(*train, &(loom_loader_config){.batch_size = o->batch,
                                                               .seed = o->seed,
                                                               .no_shuffle = o->no_shuffle,
