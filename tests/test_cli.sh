@@ -98,6 +98,12 @@ if tr '\r' '\n' <"$tmp/gtty" | grep -aq '^step \[[#.]*\] [0-9]*/40 [0-9]* tokens
 else
     fail "GPT progress bar: $(tr '\r' '\n' <"$tmp/gtty" | tail -4)"
 fi
+# A weights file names its recipe: loom eval and --init need no recipe then.
+if "$loom" eval --init "$tmp/w.safetensors" >"$tmp/ev" 2>&1 && grep -q '^test accuracy: 0\.' "$tmp/ev"; then
+    ok "loom eval --init FILE takes the recipe the file records"
+else
+    fail "eval without a recipe: $(cat "$tmp/ev")"
+fi
 # loom plot: the log's series as polylines of one point per logged value, rendered by a real SVG
 # renderer (rsvg-convert); bad logs are one line each.
 "$loom" train fmnist-mlp --epochs 2 --batch 512 --log-dir "$tmp/plot" --quiet >/dev/null 2>&1

@@ -257,7 +257,7 @@ int cli_parse_train(int argc, char **argv, bool eval_only, train_opts *out) {
             return 2;
         }
     }
-    if (!o.recipe) {
+    if (!o.recipe && !o.init) { /* (with --init: the recipe its file records, cli_recipe_of) */
         cli_fail("train: expected a recipe: fmnist-mlp or fmnist-cnn");
         return 2;
     }

@@ -83,3 +83,21 @@ int cli_ckpt_write(const ckpt_opts *c, loom_model *m, loom_optim *o, int64_t ste
         return cli_fail("checkpoint after step %" PRId64 ": %s", steps, loom_last_error());
     return 0;
 }
+
+int cli_recipe_of(train_opts *o) {
+    static char recipe[64];
+    if (o->recipe)
+        return 0;
+    loom_tensor_file *f;
+    if (loom_tensor_file_read(o->init, &f))
+        return cli_fail("--init: %s", loom_last_error());
+    const char *r = loom_tensor_file_meta(f, "config.recipe");
+    snprintf(recipe, sizeof recipe, "%s", r ? r : "");
+    loom_tensor_file_free(f);
+    if (!*recipe)
+        return cli_fail("%s: expected a recipe: %s records none (fmnist-mlp or fmnist-cnn)",
+                        o->eval_only ? "eval" : "train", o->init),
+               2;
+    o->recipe = recipe;
+    return 0;
+}

@@ -131,6 +131,9 @@ int cli_agree(loom_devices *d, cli_items *it);
  * may_change (NULL-terminated) must be the same, or 2 after one line naming the first that is
  * not; cli_meta_int: an integer the metadata holds (false: none); cli_meta_put: one into it. */
 int cli_config_meta(loom_model *m, const cli_items *it);
+/* The recipe --init's file records (its config.recipe), when the command names none: 0, or 1 or
+ * 2 after one line. */
+int cli_recipe_of(train_opts *o);
 int cli_resume_check(const loom_model *m, const cli_items *it, const char *path,
                      const char *const *may_change);
 bool cli_meta_int(const loom_model *m, const char *key, int64_t *v);

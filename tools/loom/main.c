@@ -159,6 +159,7 @@ int main(int argc, char **argv) {
         train_opts o;
         cli_quiet_others(true);
         int rc = cli_parse_train(argc, argv, !strcmp(argv[1], "eval"), &o);
+        rc = rc ? rc : cli_recipe_of(&o);
         cli_quiet_others(false);
         return rc ? rc : cli_train(&o);
     }
