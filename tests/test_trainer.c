@@ -24,6 +24,7 @@ typedef struct {
     int64_t recorded; /* training steps recorded */
     int64_t stop_at;  /* loom_trainer_stop once this many steps are recorded (0: never) */
     loom_trainer *t;
+    loom_loader *tl, *vl;
 } run;
 
 static loom_tensor *flat(loom_graph *g, loom_tensor *x) {
@@ -43,43 +44,55 @@ static loom_tensor *validation_step(void *ctx, loom_graph *g, loom_tensor *x, lo
     return loom_sequential_forward(g, ((run *)ctx)->net, flat(g, x));
 }
 
-/* One fit of two epochs (or max_steps) into dir, resumed from `resume` (NULL: new); the final
- * parameters into out (numel floats) and the metrics into *tm. */
-static loom_status fit(const char *dir, const char *resume, int64_t max_steps, int64_t stop_at,
-                       float *out, loom_trainer_metrics *tm) {
-    run r = {.m = loom_model_new(), .stop_at = stop_at};
-    r.net = loom_sequential_new(r.m, loom_recipe("fmnist-mlp", NULL));
-    loom_sequential_init(r.net, 1);
-    r.o = loom_adamw_new(r.m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
-    loom_loader *tl =
-        loom_loader_new(train, &(loom_loader_config){.batch_size = fit_batch, .seed = 7});
-    loom_loader *vl =
-        loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
-    r.t = loom_trainer_new(&(loom_trainer_config){.max_epochs = 2,
-                                                  .devices = fit_devices,
-                                                  .accumulate = fit_accumulate,
-                                                  .max_steps = max_steps,
-                                                  .log_every = -1,
-                                                  .checkpoint_dir = dir,
-                                                  .resume = resume});
-    loom_module_fns fns = {training_step, validation_step, &r};
-    loom_status s = loom_trainer_fit(r.t, r.m, r.o, &fns, tl, vl);
-    loom_trainer_get_metrics(r.t, tm);
-    int64_t k = 0;
-    for (int i = 0; i < loom_model_count(r.m); i++) {
-        loom_param *p = loom_model_at(r.m, i);
+/* The MLP, AdamW, the loaders and a trainer of config c. */
+static void run_new(run *r, const loom_trainer_config *c) {
+    memset(r, 0, sizeof *r);
+    r->m = loom_model_new();
+    r->net = loom_sequential_new(r->m, loom_recipe("fmnist-mlp", NULL));
+    loom_sequential_init(r->net, 1);
+    r->o = loom_adamw_new(r->m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
+    r->tl = loom_loader_new(train, &(loom_loader_config){.batch_size = fit_batch, .seed = 7});
+    r->vl = loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
+    r->t = loom_trainer_new(c);
+}
+
+/* Fits (when s is OK) and frees r: the final parameters into out (NULL: not kept), the metrics
+ * into *tm (its checkpoint path copied to stay valid). */
+static loom_status run_fit(run *r, loom_status s, float *out, loom_trainer_metrics *tm) {
+    loom_module_fns fns = {training_step, validation_step, r};
+    if (!s)
+        s = loom_trainer_fit(r->t, r->m, r->o, &fns, r->tl, r->vl);
+    loom_trainer_get_metrics(r->t, tm);
+    for (int i = 0, k = 0; out && i < loom_model_count(r->m); i++) {
+        loom_param *p = loom_model_at(r->m, i);
         memcpy(out + k, loom_param_data(p), sizeof(float) * (size_t)loom_param_numel(p));
-        k += loom_param_numel(p);
+        k += (int)loom_param_numel(p);
     }
     static char last[4200];
     snprintf(last, sizeof last, "%s", tm->checkpoint ? tm->checkpoint : "");
     tm->checkpoint = last;
-    loom_trainer_free(r.t);
-    loom_loader_free(tl), loom_loader_free(vl);
-    loom_optim_free(r.o);
-    loom_sequential_free(r.net);
-    loom_model_free(r.m);
+    loom_trainer_free(r->t);
+    loom_loader_free(r->tl), loom_loader_free(r->vl);
+    loom_optim_free(r->o);
+    loom_sequential_free(r->net);
+    loom_model_free(r->m);
     return s;
+}
+
+/* One fit of two epochs (or max_steps) into dir, resumed from `resume` (NULL: new); the final
+ * parameters into out (numel floats) and the metrics into *tm. */
+static loom_status fit(const char *dir, const char *resume, int64_t max_steps, int64_t stop_at,
+                       float *out, loom_trainer_metrics *tm) {
+    run r;
+    run_new(&r, &(loom_trainer_config){.max_epochs = 2,
+                                       .devices = fit_devices,
+                                       .accumulate = fit_accumulate,
+                                       .max_steps = max_steps,
+                                       .log_every = -1,
+                                       .checkpoint_dir = dir,
+                                       .resume = resume});
+    r.stop_at = stop_at;
+    return run_fit(&r, LOOM_OK, out, tm);
 }
 
 /* Removes the checkpoints a previous run of the test left in dir. */
@@ -170,34 +183,18 @@ static bool watch(const loom_trainer_state *s, void *user) {
  * monitor into log_dir, unless NULL). */
 static loom_status fit_cb(seen *w, int64_t epochs, int64_t patience, const char *log_dir,
                           const char *ckdir, loom_trainer_metrics *tm) {
-    run r = {.m = loom_model_new()};
-    r.net = loom_sequential_new(r.m, loom_recipe("fmnist-mlp", NULL));
-    loom_sequential_init(r.net, 1);
-    r.o = loom_adamw_new(r.m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
-    loom_loader *tl = loom_loader_new(train, &(loom_loader_config){.batch_size = BATCH, .seed = 7});
-    loom_loader *vl =
-        loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
-    r.t = loom_trainer_new(&(loom_trainer_config){
-        .max_epochs = epochs, .log_every = -1, .log_dir = log_dir, .checkpoint_dir = ckdir});
+    run r;
+    run_new(&r, &(loom_trainer_config){.max_epochs = epochs,
+                                       .log_every = -1,
+                                       .log_dir = log_dir,
+                                       .checkpoint_dir = ckdir});
     loom_status s = loom_trainer_add_callback(r.t, watch, w);
     if (!s && patience)
         s = loom_trainer_early_stopping(
             r.t, &(loom_early_stopping_config){.patience = patience, .min_delta = 1e9});
     if (!s && log_dir)
         s = loom_trainer_lr_monitor(r.t, 0);
-    loom_module_fns fns = {training_step, validation_step, &r};
-    if (!s)
-        s = loom_trainer_fit(r.t, r.m, r.o, &fns, tl, vl);
-    loom_trainer_get_metrics(r.t, tm);
-    static char last[4200];
-    snprintf(last, sizeof last, "%s", tm->checkpoint ? tm->checkpoint : "");
-    tm->checkpoint = last;
-    loom_trainer_free(r.t);
-    loom_loader_free(tl), loom_loader_free(vl);
-    loom_optim_free(r.o);
-    loom_sequential_free(r.net);
-    loom_model_free(r.m);
-    return s;
+    return run_fit(&r, s, NULL, tm);
 }
 
 /* The number of times `what` occurs in file path. */
