@@ -10,12 +10,14 @@
 
 #include <unistd.h>
 
-#define BATCH 2000 /* 30 steps an epoch */
+/* 30 steps an epoch: batches of 2000 of the training set, or under LOOM_TEST_QUICK (the
+ * sanitizer builds) of 200 of its first 6000 samples (validation: 1000 of the test set's) */
+static int64_t base_batch = 2000;
 
 static loom_dataset *train, *test;
 /* fit()'s devices (0: one per core), accumulation and batch size */
 static int fit_devices;
-static int64_t fit_accumulate, fit_batch = BATCH;
+static int64_t fit_accumulate, fit_batch;
 
 typedef struct {
     loom_model *m;
@@ -52,7 +54,7 @@ static void run_new(run *r, const loom_trainer_config *c) {
     loom_sequential_init(r->net, 1);
     r->o = loom_adamw_new(r->m, &(loom_optim_config){.lr = 2e-3, .warmup_steps = 5});
     r->tl = loom_loader_new(train, &(loom_loader_config){.batch_size = fit_batch, .seed = 7});
-    r->vl = loom_loader_new(test, &(loom_loader_config){.batch_size = 5000, .no_shuffle = true});
+    r->vl = loom_loader_new(test, &(loom_loader_config){.batch_size = 500, .no_shuffle = true});
     r->t = loom_trainer_new(c);
 }
 
@@ -263,13 +265,13 @@ TEST(accumulated_batches_match_the_larger_batch) {
     clean(dir);
     fit_devices = 2;
     ASSERT_EQ(fit(NULL, NULL, 25, 0, ref, &tm), LOOM_OK);
-    fit_devices = 1, fit_accumulate = 2, fit_batch = BATCH / 2;
+    fit_devices = 1, fit_accumulate = 2, fit_batch = base_batch / 2;
     loom_status s1 = fit(NULL, NULL, 25, 0, got, &tm);
     int64_t steps = tm.steps;
     bool same = !memcmp(ref, got, sizeof(float) * N);
     loom_status s2 = fit(dir, NULL, 11, 0, got, &tm); /* cut short at step 11, resumed */
     loom_status s3 = fit(dir, dir, 25, 0, got, &tm);
-    fit_devices = 0, fit_accumulate = 0, fit_batch = BATCH;
+    fit_devices = 0, fit_accumulate = 0, fit_batch = base_batch;
     ASSERT(s1 == LOOM_OK && s2 == LOOM_OK && s3 == LOOM_OK);
     ASSERT_EQ(steps, 25);
     ASSERT(same);
@@ -277,9 +279,28 @@ TEST(accumulated_batches_match_the_larger_batch) {
     free(ref), free(got);
 }
 
+/* The first n samples of d as a dataset of their own (d freed). */
+static loom_dataset *first(loom_dataset *d, int64_t n) {
+    loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = n, .no_shuffle = true});
+    loom_batch b;
+    loom_dataset *out = l && loom_loader_next(l, &b)
+                            ? loom_dataset_from_arrays(n, b.ndim - 1, b.shape + 1, b.x, b.y)
+                            : NULL;
+    loom_loader_free(l);
+    loom_dataset_free(d);
+    return out;
+}
+
 int main(void) {
     if (loom_dataset_fmnist(NULL, "train", &train) || loom_dataset_fmnist(NULL, "test", &test)) {
         fprintf(stderr, "%s\n", loom_last_error());
+        return 1;
+    }
+    if (getenv("LOOM_TEST_QUICK"))
+        train = first(train, 6000), test = first(test, 1000), base_batch = 200;
+    fit_batch = base_batch;
+    if (!train || !test) {
+        fprintf(stderr, "the quick datasets: %s\n", loom_last_error());
         return 1;
     }
     RUN(a_stopped_or_shortened_fit_resumes_bitwise);

@@ -24,7 +24,7 @@ struct loom_tensorboard {
     unsigned char *buf;
     size_t len;
     int64_t cap;
-    char path[4200];
+    char path[4500]; /* (a 4096-byte directory, the host's name and the rest) */
 };
 
 static uint32_t masked_crc(const void *p, size_t n) {
