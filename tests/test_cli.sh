@@ -60,9 +60,9 @@ if [ -n "$nodes" ] && [ "$nodes" -gt 100 ]; then
 else
     echo "FAIL: closing metrics: $(grep '^metrics: graphs' "$tmp/out")"; fails=$((fails + 1))
 fi
-# A whole epoch keeps one training program: the short last batch (60000 = 468 x 128 + 96) is
+# A whole epoch keeps one training program: the short last batch (60000 = 14 x 4096 + 2656) is
 # padded to the batch's rows (padding weighs nothing), so no step builds a new one.
-"$loom" train fmnist-mlp --epochs 1 >"$tmp/epoch" 2>&1
+"$loom" train fmnist-mlp --epochs 1 --batch 4096 >"$tmp/epoch" 2>&1
 if grep -q '^test accuracy: 0\.[0-9]*$' "$tmp/epoch" && ! grep -q 'built a new program' "$tmp/epoch" &&
    grep -q '^metrics: graphs built .*, programs built 2,' "$tmp/epoch"; then
     ok "an epoch with a short last batch runs one training program"
@@ -72,19 +72,19 @@ fi
 # Progress: on a terminal a bar redrawn in place (carriage returns, the line cleared), with the
 # share of the FMA peak and the time left, cleared for the evaluation's line; through a pipe a
 # plain line every 100 steps; --quiet neither; a summary at the end either way.
-python3 "$(dirname "$0")/pty_run.py" "$tmp/tty" "$loom" train fmnist-mlp --steps 150 >/dev/null 2>&1
-bars=$(tr '\r' '\n' <"$tmp/tty" | grep -c '^epoch 1/1 \[[#.]*\] [0-9]*/469 [0-9]* samples/s .* loss [0-9.]* ETA [0-9]*:[0-9][0-9]')
+python3 "$(dirname "$0")/pty_run.py" "$tmp/tty" "$loom" train fmnist-mlp --batch 32 --steps 101 >/dev/null 2>&1
+bars=$(tr '\r' '\n' <"$tmp/tty" | grep -c '^epoch 1/1 \[[#.]*\] [0-9]*/1875 [0-9]* samples/s .* loss [0-9.]* ETA [0-9]*:[0-9][0-9]')
 if [ "$bars" -ge 2 ] && grep -q "$(printf '\033')\[K" "$tmp/tty" && grep -aq '% of peak' "$tmp/tty" &&
-   tr '\r' '\n' <"$tmp/tty" | grep -aq "^$(printf '\033')\[Kepoch 1 done: " && ! grep -aq 'step 100/469' "$tmp/tty" &&
-   grep -aq '^summary: 150 steps in ' "$tmp/tty"; then
+   tr '\r' '\n' <"$tmp/tty" | grep -aq "^$(printf '\033')\[Kepoch 1 done: " && ! grep -aq 'step 100/1875' "$tmp/tty" &&
+   grep -aq '^summary: 101 steps in ' "$tmp/tty"; then
     ok "on a terminal: a progress bar redrawn $bars times, cleared for the evaluation, a summary"
 else
     fail "progress bar: $(tr '\r' '\n' <"$tmp/tty" | tail -5)"
 fi
-"$loom" train fmnist-mlp --steps 150 >"$tmp/pipe" 2>&1
-"$loom" train fmnist-mlp --steps 150 --quiet >"$tmp/quiet" 2>&1
-if ! grep -q "$(printf '\r')" "$tmp/pipe" && grep -q '^epoch 1/1 step 100/469 loss [0-9.]* [0-9]* samples/s$' "$tmp/pipe" &&
-   ! grep -q 'step 100/469' "$tmp/quiet" && ! grep -q "$(printf '\r')" "$tmp/quiet" &&
+"$loom" train fmnist-mlp --batch 32 --steps 101 >"$tmp/pipe" 2>&1
+"$loom" train fmnist-mlp --batch 32 --steps 101 --quiet >"$tmp/quiet" 2>&1
+if ! grep -q "$(printf '\r')" "$tmp/pipe" && grep -q '^epoch 1/1 step 100/1875 loss [0-9.]* [0-9]* samples/s$' "$tmp/pipe" &&
+   ! grep -q 'step 100/1875' "$tmp/quiet" && ! grep -q "$(printf '\r')" "$tmp/quiet" &&
    grep -q '^summary: ' "$tmp/quiet" && grep -q '^epoch 1 done: ' "$tmp/quiet"; then
     ok "through a pipe: a plain line every 100 steps; --quiet: none"
 else
@@ -106,11 +106,11 @@ else
 fi
 # loom plot: the log's series as polylines of one point per logged value, rendered by a real SVG
 # renderer (rsvg-convert); bad logs are one line each.
-"$loom" train fmnist-mlp --epochs 2 --batch 512 --log-dir "$tmp/plot" --quiet >/dev/null 2>&1
+"$loom" train fmnist-mlp --epochs 2 --batch 6000 --log-dir "$tmp/plot" --quiet >/dev/null 2>&1
 steps=$(awk -F, 'NR > 1 && $5 != ""' "$tmp/plot/metrics.csv" | wc -l)
 evals=$(awk -F, 'NR > 1 && $7 != ""' "$tmp/plot/metrics.csv" | wc -l)
 points() { sed -n "s/.*<polyline id='$1'[^>]* points='\([^']*\)'.*/\1/p" "$2" | tr ' ' '\n' | grep -c ,; }
-if "$loom" plot "$tmp/plot" >"$tmp/plotout" 2>&1 && [ "$steps" = 236 ] && [ "$evals" = 2 ] &&
+if "$loom" plot "$tmp/plot" >"$tmp/plotout" 2>&1 && [ "$steps" = 20 ] && [ "$evals" = 2 ] &&
    [ "$(points train_loss "$tmp/plot/metrics.svg")" = "$steps" ] &&
    [ "$(points val_loss "$tmp/plot/metrics.svg")" = "$evals" ] &&
    [ "$(points val_accuracy "$tmp/plot/metrics.svg")" = "$evals" ] &&
