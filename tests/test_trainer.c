@@ -291,6 +291,55 @@ static loom_dataset *first(loom_dataset *d, int64_t n) {
     return out;
 }
 
+/* The accelerator's loop (the user's own): `steps` optimizer steps of two accumulated batches
+ * each, from step `from` of checkpoint `resume` (NULL: new), a checkpoint of the whole state
+ * after step `save_at` into save (0: none); the parameters into out. */
+static bool accelerator_loop(int64_t steps, const char *resume, int64_t save_at, const char *save,
+                             float *out) {
+    run r;
+    run_new(&r, &(loom_trainer_config){.log_every = -1});
+    loom_accelerator *a = loom_accelerator_new(&(loom_accelerator_config){.devices = 2});
+    int64_t done = 0;
+    bool ok = a && loom_accelerator_prepare(a, r.m, r.o, r.tl) == LOOM_OK &&
+              (!resume || loom_checkpoint_load(resume, r.m, r.o, &done) == LOOM_OK);
+    loom_loader_seek(r.tl, 0, 2 * done); /* (steps of two batches, in the first epoch) */
+    for (int64_t s = done; ok && s < steps; s++) {
+        for (int k = 0; ok && k < 2; k++) {
+            loom_graph *g;
+            loom_tensor *x, *y;
+            ok = loom_accelerator_next(a, NULL, &g, &x, &y);
+            loom_accelerator_backward_accumulate(a, training_step(&r, g, x, y), 0.5, k == 0,
+                                                 k == 1);
+            ok = ok && loom_accelerator_step(a) == LOOM_OK;
+        }
+        if (ok && s + 1 == save_at)
+            ok = loom_checkpoint_save(save, r.m, r.o, s + 1) == LOOM_OK;
+    }
+    for (int i = 0, k = 0; ok && i < loom_model_count(r.m); i++) {
+        loom_param *p = loom_model_at(r.m, i);
+        memcpy(out + k, loom_param_data(p), sizeof(float) * (size_t)loom_param_numel(p));
+        k += (int)loom_param_numel(p);
+    }
+    loom_accelerator_free(a);
+    loom_trainer_metrics tm;
+    run_fit(&r, LOOM_EINVAL, NULL, &tm); /* (frees r; nothing fitted) */
+    return ok;
+}
+
+/* The accelerator's user checkpoints the whole state (loom_checkpoint_save), and a new process
+ * continues from it (loom_checkpoint_load, loom_loader_seek) to bitwise the parameters of the
+ * loop never interrupted. */
+TEST(an_accelerator_loop_resumes_from_its_checkpoint_bitwise) {
+    enum { N = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10 };
+    float *ref = malloc(sizeof(float) * N), *got = malloc(sizeof(float) * N);
+    char ck[512];
+    test_tmp(ck, sizeof ck, "accelerator.safetensors");
+    ASSERT(accelerator_loop(12, NULL, 5, ck, ref));
+    ASSERT(accelerator_loop(12, ck, 0, NULL, got));
+    ASSERT(!memcmp(ref, got, sizeof(float) * N));
+    free(ref), free(got);
+}
+
 int main(void) {
     if (loom_dataset_fmnist(NULL, "train", &train) || loom_dataset_fmnist(NULL, "test", &test)) {
         fprintf(stderr, "%s\n", loom_last_error());
@@ -306,6 +355,7 @@ int main(void) {
     RUN(a_stopped_or_shortened_fit_resumes_bitwise);
     RUN(callbacks_see_every_event_and_can_stop);
     RUN(accumulated_batches_match_the_larger_batch);
+    RUN(an_accelerator_loop_resumes_from_its_checkpoint_bitwise);
     loom_dataset_free(train);
     loom_dataset_free(test);
     return HARNESS_EXIT();
