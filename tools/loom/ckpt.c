@@ -65,10 +65,13 @@ int cli_resume_check(const loom_model *m, const cli_items *it, const char *path,
             return cli_fail("--resume: %s does not record %s (not a checkpoint of this command?)",
                             path, name),
                    2;
+        char list[256] = "";
+        for (int k = 0; may_change[k]; k++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s, ", may_change[k]);
         return cli_fail("--resume: %s is a run with %s %s, this one has %s: a resumed run keeps "
-                        "what shapes it (only --steps, --epochs, --timeout, --devices and the "
-                        "checkpoint and log options may change)",
-                        path, name, theirs, v),
+                        "what shapes it (only %s--devices and the checkpoint and log options "
+                        "may change)",
+                        path, name, theirs, v, list),
                2;
     }
     return 0;
