@@ -13,7 +13,7 @@ tmp="${LOOM_TEST_TMP:-/tmp}/cache.$$"
 rm -rf "$tmp"; mkdir -p "$tmp"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-run() { XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-mlp --steps 3 --devices 1 "$@"; }
+run() { XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-mlp --steps 3 --devices 1 --limit-eval 250 "$@"; }
 
 run >"$tmp/a" 2>&1 & pa=$!
 run >"$tmp/b" 2>&1 & pb=$!
@@ -60,7 +60,7 @@ for damage in truncate empty random; do
 done
 
 if "$loom" info | grep -q "matmul: loom's"; then
-    LOOM_DUMP="$tmp/dump-cnn" XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-cnn --steps 2 \
+    LOOM_DUMP="$tmp/dump-cnn" XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-cnn --steps 2 --limit-eval 250 \
         --devices 1 >"$tmp/e" 2>&1 || fail "cnn: $(tail -2 "$tmp/e")"
     train=$(grep -l "POOLGRAD" "$tmp"/dump-cnn/*.schedule)
     if [ -n "$train" ] && ! grep -q "UNFOLD" $train && grep -q "FOLD .*computing MATMUL" $train; then
@@ -91,7 +91,7 @@ if "$loom" info | grep -q "matmul: loom's"; then
     fi
 fi
 
-CC=/nonexistent/cc XDG_CACHE_HOME="$tmp/cache2" "$loom" train fmnist-mlp --steps 3 --devices 1 >"$tmp/d" 2>&1 ||
+CC=/nonexistent/cc XDG_CACHE_HOME="$tmp/cache2" "$loom" train fmnist-mlp --steps 3 --devices 1 --limit-eval 250 >"$tmp/d" 2>&1 ||
     fail "without a compiler: $(tail -2 "$tmp/d")"
 if [ "$(grep -c 'no C compiler' "$tmp/d")" -eq 1 ] && grep -q "compiles 0" "$tmp/d" &&
    grep -q '^test accuracy' "$tmp/d"; then

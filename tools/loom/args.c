@@ -162,6 +162,8 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         ok = cli_int(f, v, 1, CLI_MAX_SIZE, &o->batch);
     else if (!strcmp(f, "--accumulate"))
         ok = cli_int(f, v, 1, 65536, &o->accumulate);
+    else if (!strcmp(f, "--limit-eval"))
+        ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->limit_eval);
     else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
         o->devices = 0;
     else if (!strcmp(f, "--devices"))

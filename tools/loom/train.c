@@ -48,7 +48,8 @@ static loom_tensor *forward(model_ctx *m, const loom_batch *b, int64_t rows, loo
  * count. Batches of 250 (the test set is 40 of them, no short one): 1000 made the CNN's conv1
  * output 86 MB, twice the step's peak memory and out of cache (250: peak RSS 172 -> 90 MiB, same
  * accuracy). */
-static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double *loss) {
+static int evaluate(model_ctx *m, const loom_dataset *test, int64_t limit, double *acc,
+                    double *loss) {
     static float z[250 * 10];
     loom_loader *l =
         loom_loader_new(test, &(loom_loader_config){.batch_size = 250, .no_shuffle = true});
@@ -57,7 +58,7 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double 
     loom_batch b;
     int64_t correct = 0, seen = 0;
     double sum = 0;
-    while (!cli_stopping() && loom_loader_next(l, &b)) {
+    while ((limit <= 0 || seen < limit) && !cli_stopping() && loom_loader_next(l, &b)) {
         loom_graph_reset(m->g);
         loom_tensor *y, *logits = forward(m, &b, -1, &y);
         loom_output(logits);
@@ -67,9 +68,10 @@ static int evaluate(model_ctx *m, const loom_dataset *test, double *acc, double 
             return cli_fail("evaluation: %s", loom_last_error());
         }
         int64_t classes = loom_tensor_shape(logits)[1];
-        correct += loom_count_correct(z, b.n, classes, b.y);
-        sum += loom_cross_entropy_sum(z, b.n, classes, b.y);
-        seen += b.n;
+        int64_t take = limit > 0 && limit - seen < b.n ? limit - seen : b.n; /* (--limit-eval) */
+        correct += loom_count_correct(z, take, classes, b.y);
+        sum += loom_cross_entropy_sum(z, take, classes, b.y);
+        seen += take;
     }
     loom_loader_free(l);
     *acc = seen ? (double)correct / (double)seen : 0.0;
@@ -152,8 +154,8 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
 }
 
 /* The options that may differ when a run is resumed: the rest shape it. */
-static const char *const may_change[] = {"--epochs",         "--steps", "--timeout",
-                                         "--detect-anomaly", "--init",  NULL};
+static const char *const may_change[] = {
+    "--epochs", "--steps", "--timeout", "--detect-anomaly", "--init", "--limit-eval", NULL};
 
 /* An evaluation's results: the last ones, and the best of the monitored one. */
 static double note_eval(run_state *r, double acc, double loss) {
@@ -283,7 +285,7 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         return 0;
     double last = e.last;
     double acc = 0, loss = NAN;
-    if (evaluate(&r->m, r->test, &acc, &loss))
+    if (evaluate(&r->m, r->test, o->limit_eval, &acc, &loss))
         return 1;
     if (cli_stop_signal()) /* the evaluation was cut short: no accuracy of part of the test set */
         return 0;
@@ -329,6 +331,7 @@ static int agree(run_state *r, const loom_dataset *train, const loom_dataset *te
     cli_item(it, "--no-shuffle", "%d", o->no_shuffle);
     cli_item(it, "--drop-last", "%d", o->drop_last);
     cli_item(it, "--detect-anomaly", "%d", o->detect_anomaly);
+    cli_item(it, "--limit-eval", "%lld", (long long)o->limit_eval);
     cli_item(it, "--timeout", "%.17g", o->timeout);
     cli_item(it, "--init", "%s", o->init ? "given" : "none");
     cli_item(it, "--data", "%lld training and %lld test samples",
@@ -441,7 +444,8 @@ int cli_train(const train_opts *o) {
     loom_dataset *train = NULL, *test = NULL;
     double t0 = now();
     int rc = model ? setup(&r, model, &train, &test) : cli_fail("out of memory");
-    if (!rc && o->eval_only && !(rc = evaluate(&r.m, test, &r.last_acc, &r.last_loss)) &&
+    if (!rc && o->eval_only &&
+        !(rc = evaluate(&r.m, test, o->limit_eval, &r.last_acc, &r.last_loss)) &&
         !cli_stop_signal())
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only) {
