@@ -70,9 +70,9 @@ resume_case() {
     fi
 }
 
-mlp="train fmnist-mlp --epochs 2 --batch 1000 --optimizer adamw --seed 3"
+mlp="train fmnist-mlp --epochs 2 --batch 1000 --optimizer adamw --seed 3 --limit-eval 1000"
 resume_case mlp-kill 9 7 "$mlp"
-resume_case cnn-kill 9 4 "train fmnist-cnn --steps 24 --batch 128 --seed 5"
+resume_case cnn-kill 9 4 "train fmnist-cnn --steps 24 --batch 128 --seed 5 --limit-eval 500"
 gpt="train shakespeare-gpt --data $text --layers 2 --heads 2 --width 32 --context 32 --batch 8 --steps 60 --eval-interval 25"
 resume_case gpt-kill 9 5 "$gpt"
 resume_case gpt-dropout-kill 9 5 "$gpt --dropout 0.2"
