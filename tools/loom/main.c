@@ -66,9 +66,9 @@ static const char train_options[] =
     "                      1e6)\n"
     "  --detect-anomaly    stop a step at its loss, before its update, when the loss is NaN\n"
     "                      or infinite (without it training stops after that step)\n"
-    "  --quiet             no progress (on a terminal a bar, else a line every 100 steps)\n"
     "  --limit-eval N      evaluate on the first N test samples only (default: all)\n"
-    CHECKPOINT_OPTIONS;
+    "  --quiet             no progress (on a terminal a bar redrawn in place, else a line\n"
+    "                      every 100 steps)\n" CHECKPOINT_OPTIONS;
 
 static const char gpt_options[] =
     "shakespeare-gpt options (loom train|eval|sample shakespeare-gpt; defaults: nanoGPT's CPU\n"
