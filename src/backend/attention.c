@@ -27,7 +27,11 @@
 
 #include "../graph/opmath.h"
 
+/* (the attention uses some of the shared math only: clang warns of the others) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
 LOOM_OPMATH(LOOM_OPMATH_EMIT)
+#pragma GCC diagnostic pop
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #    include <immintrin.h>
