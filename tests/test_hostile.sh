@@ -32,6 +32,8 @@ expect_fail "--tokens: expected an integer from 1 to 1073741824, got '4611686018
     sample shakespeare-gpt --init "$tmp/none" --tokens 4611686018427387903
 expect_fail "--layers x 12 --width^2 (parameters): 1000 x 805306368 is more than 2147483648" \
     train shakespeare-gpt --width 8192 --heads 1 --layers 1000
+expect_fail "--layers x 12 --width^2 (parameters): 1000 x 805306368 is more than 2147483648" \
+    train shakespeare-gpt --width 8192 --heads 1 --layers 1000 --init "$tmp/none"
 expect_fail "--batch: expected an integer from 1 to 16777216" train fmnist-mlp --batch 9223372036854775807
 
 # 2. a deadline past time_t's range is refused, not waited on for ever

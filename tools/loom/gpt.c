@@ -19,7 +19,7 @@ static const char *default_text(void) {
 /* The model's shape and the batch against the bounds: the batch's rows x context, the blocks'
  * weights (12 width^2 a layer; the embeddings are bounded once the vocabulary is known, by
  * loom_gpt_new: at most 2^31 parameters), heads dividing width. 0, or 1 after one line. */
-static int check_shape(const gpt_opts *o) {
+static int check_shape(const gpt_opts *o, bool divides) {
     int64_t rows = o->batch > VAL_ROWS ? o->batch : VAL_ROWS, elems;
     if (!cli_mul("--batch x --context", rows, o->shape.context, CLI_MAX_BATCH_ELEMS, &elems))
         return 1;
@@ -29,7 +29,7 @@ static int check_shape(const gpt_opts *o) {
         !cli_mul("--layers x 12 --width^2 (parameters)", o->shape.layers, layer, (int64_t)1 << 31,
                  &params))
         return 1;
-    if (o->shape.width % o->shape.heads != 0)
+    if (divides && o->shape.width % o->shape.heads != 0)
         return cli_fail("--heads: %lld do not divide --width %lld", (long long)o->shape.heads,
                         (long long)o->shape.width);
     return 0;
@@ -134,7 +134,9 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
             return 2;
         i++;
     }
-    if (!(o->init && o->given != 15) && check_shape(o)) /* (else once the file's are known) */
+    /* the bounds now; whether --heads divides --width once --init's shape is known, when some of
+     * it comes from the file (shape_of_init checks them all again then) */
+    if (check_shape(o, !(o->init && o->given != 15)))
         return 2;
     if (o->min_lr > o->lr)
         return cli_fail("--min-lr: expected at most --lr (%g), got %g", o->lr, o->min_lr), 2;
@@ -674,7 +676,7 @@ static int shape_of_init(gpt_opts *o) {
     int64_t *dst[4] = {&o->shape.layers, &o->shape.heads, &o->shape.width, &o->shape.context};
     loom_tensor_file *f;
     if (loom_tensor_file_read(o->init, &f)) /* (--init's load says why, naming the file) */
-        return 0;
+        return check_shape(o, true) ? 2 : 0;
     int rc = 0;
     for (int k = 0; k < 4 && !rc; k++) {
         char key[32], where[80];
@@ -694,7 +696,7 @@ static int shape_of_init(gpt_opts *o) {
             *dst[k] = x;
     }
     loom_tensor_file_free(f);
-    return rc ? rc : check_shape(o) ? 2 : 0;
+    return rc ? rc : check_shape(o, true) ? 2 : 0;
 }
 
 int cli_gpt(int argc, char **argv) {
