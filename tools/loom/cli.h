@@ -101,6 +101,11 @@ void cli_stop_agree(loom_devices *d);
 bool cli_stopping(void);
 int cli_stop_signal(void);       /* 0: none */
 const char *cli_stop_name(void); /* "SIGINT" or "SIGTERM" */
+/* The line of a run stopped by the signal after `step` (process 0's: writer), naming the
+ * checkpoint written into dir and how to continue, or (no dir) what `otherwise` says of the
+ * files; returns the exit code, 128 + the signal. */
+int cli_stop_report(bool writer, int64_t step, const char *ckpt, const char *dir,
+                    const char *otherwise);
 /* csvlog.c: DIR/metrics.csv with `header` (NULL after one line), and a TensorBoard event file; rows
  * written whole and checked: a row that cannot be written is cut off (the file ends on a whole row)
  * and the row's call returns 1 after one line, or, with warn_only, 0 after a warning once (no rows

@@ -537,17 +537,9 @@ static int train(const gpt_opts *o) {
     cli_progress_end(&bar);
     if (!rc) /* at the end, or where a signal stopped the run */
         rc = checkpoint(o, &r, &t, cli_stop_signal() ? NAN : t.last_val);
-    if (!rc && cli_stop_signal()) { /* (across processes: they all stopped after this step) */
-        if (t.talk && o->ck.dir)
-            fprintf(stderr,
-                    "loom: stopped by %s after step %lld: checkpoint %s written; continue with "
-                    "--resume %s\n",
-                    cli_stop_name(), (long long)t.step, t.ckpt, o->ck.dir);
-        else if (t.talk)
-            fprintf(stderr, "loom: stopped by %s after step %lld: %s\n", cli_stop_name(),
-                    (long long)t.step, o->save ? "no weights saved" : "nothing else written");
-        rc = 128 + cli_stop_signal();
-    }
+    if (!rc && cli_stop_signal()) /* (across processes: they all stopped after this step) */
+        rc = cli_stop_report(t.talk, t.step, t.ckpt, o->ck.dir,
+                             o->save ? "no weights saved" : "nothing else written");
     cli_stop_agree(NULL);
     if (!rc && t.talk) {
         printf("val loss: %.4f\n", t.last_val);

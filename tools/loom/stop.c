@@ -8,6 +8,7 @@
 #include "cli.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 
 static volatile sig_atomic_t stop_signal;
@@ -45,4 +46,17 @@ int cli_stop_signal(void) {
 
 const char *cli_stop_name(void) {
     return stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+int cli_stop_report(bool writer, int64_t step, const char *ckpt, const char *dir,
+                    const char *otherwise) {
+    if (writer && dir)
+        fprintf(stderr,
+                "loom: stopped by %s after step %lld: checkpoint %s written; continue with "
+                "--resume %s\n",
+                cli_stop_name(), (long long)step, ckpt, dir);
+    else if (writer)
+        fprintf(stderr, "loom: stopped by %s after step %lld: %s\n", cli_stop_name(),
+                (long long)step, otherwise);
+    return 128 + cli_stop_signal();
 }

@@ -466,18 +466,11 @@ int cli_train(const train_opts *o) {
     cli_progress_end(&r.progress);
     if (!rc && !o->eval_only && o->ck.dir) /* at the end, or where a signal stopped the run */
         rc = checkpoint(&r, cli_stop_signal() ? NAN : o->ck.monitor_acc ? r.last_acc : r.last_loss);
-    if (!rc &&
-        cli_stop_signal()) { /* (process 0's line, across processes: they all stopped here) */
-        if (r.writer && o->ck.dir)
-            fprintf(stderr,
-                    "loom: stopped by %s after step %lld: checkpoint %s written; continue with "
-                    "--resume %s\n",
-                    cli_stop_name(), (long long)r.step, r.ckpt, o->ck.dir);
-        else if (r.writer)
-            fprintf(stderr, "loom: stopped by %s after step %lld: %s%s\n", cli_stop_name(),
-                    (long long)r.step, r.log ? "metrics.csv ends with that step; " : "",
-                    o->save ? "no weights saved" : "nothing else written");
-        rc = 128 + cli_stop_signal();
+    if (!rc && cli_stop_signal()) { /* (process 0's line: across processes, all stopped here) */
+        char files[128];
+        snprintf(files, sizeof files, "%s%s", r.log ? "metrics.csv ends with that step; " : "",
+                 o->save ? "no weights saved" : "nothing else written");
+        rc = cli_stop_report(r.writer, r.step, r.ckpt, o->ck.dir, files);
     }
     if (!rc && !o->eval_only) {
         printf("test accuracy: %.4f\n", r.last_acc);
