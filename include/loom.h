@@ -184,6 +184,9 @@ LOOM_API loom_status loom_model_load(loom_model *m, const char *path);
  * each tensor's byte count equal to its shape's. EIO/EFORMAT/EUNSUPPORTED with the tensor and the
  * byte offset. Free with loom_tensor_file_free(). */
 LOOM_API loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out);
+/* The same checks of the header alone, the data left unread (its names, shapes and metadata;
+ * loom_tensor_file_get gives NULL): a file's configuration without reading its weights. */
+LOOM_API loom_status loom_tensor_file_read_header(const char *path, loom_tensor_file **out);
 LOOM_API void loom_tensor_file_free(loom_tensor_file *f);
 LOOM_API int loom_tensor_file_count(const loom_tensor_file *f);
 LOOM_API const char *loom_tensor_file_name(const loom_tensor_file *f, int i);

@@ -201,6 +201,10 @@ TEST(checkpoint_round_trip_and_refusals) {
     ASSERT(!strcmp(loom_tensor_file_meta(f, "optimizer"), "adamw"));
     ASSERT(loom_tensor_file_meta(f, "loom.crc32c"));
     loom_tensor_file_free(f);
+    ASSERT_EQ(loom_tensor_file_read_header(path, &f), LOOM_OK); /* the header alone */
+    ASSERT(loom_tensor_file_count(f) == 6 && !strcmp(loom_tensor_file_meta(f, "loom.step"), "5"));
+    ASSERT(!loom_tensor_file_get(f, "0.weight", NULL, NULL, NULL));
+    loom_tensor_file_free(f);
 
     loom_model *m2 = small_model();
     loom_optim *o2 = loom_adamw_new(m2, &(loom_optim_config){.lr = 0.1, .warmup_steps = 10});

@@ -434,7 +434,8 @@ static loom_status check_crcs(const char *path, const loom_tensor_file *f, uint6
 /* The file is read in the order it is checked: the header length against the file's size, the
  * header, the entries against the data's size, and only then the tensors, each into a buffer of
  * its checked size; nothing is allocated that the file does not hold. */
-loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
+/* loom_tensor_file_read, the tensors' data too unless header_only. */
+static loom_status read_file(const char *path, bool header_only, loom_tensor_file **out) {
     *out = NULL;
     int fd;
     int64_t size;
@@ -475,7 +476,7 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     }
     if (!s)
         s = check_entries(path, f, (size_t)size - 8 - hlen);
-    for (int64_t i = 0; f && !s && i < f->n; i++) {
+    for (int64_t i = 0; f && !s && !header_only && i < f->n; i++) {
         entry *e = &f->e[i];
         if (!(e->data = loom__malloc(e->end - e->begin + 1)))
             s = LOOM_ENOMEM;
@@ -484,13 +485,21 @@ loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
     }
     close(fd);
     loom__free(hdr);
-    if (!s)
+    if (!s && !header_only)
         s = check_crcs(path, f, 8 + hlen);
     if (s)
         loom_tensor_file_free(f);
     else
         *out = f;
     return s;
+}
+
+loom_status loom_tensor_file_read(const char *path, loom_tensor_file **out) {
+    return read_file(path, false, out);
+}
+
+loom_status loom_tensor_file_read_header(const char *path, loom_tensor_file **out) {
+    return read_file(path, true, out);
 }
 
 void loom_tensor_file_free(loom_tensor_file *f) {

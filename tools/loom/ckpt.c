@@ -92,7 +92,7 @@ int cli_recipe_of(train_opts *o) {
     if (o->recipe)
         return 0;
     loom_tensor_file *f;
-    if (loom_tensor_file_read(o->init, &f))
+    if (loom_tensor_file_read_header(o->init, &f))
         return cli_fail("--init: %s", loom_last_error());
     const char *r = loom_tensor_file_meta(f, "config.recipe");
     snprintf(recipe, sizeof recipe, "%s", r ? r : "");

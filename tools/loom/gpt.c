@@ -667,7 +667,7 @@ static int shape_of_init(gpt_opts *o) {
     static const int64_t max[4] = {1024, 4096, 65536, 65536};
     int64_t *dst[4] = {&o->shape.layers, &o->shape.heads, &o->shape.width, &o->shape.context};
     loom_tensor_file *f;
-    if (loom_tensor_file_read(o->init, &f)) /* (--init's load says why, naming the file) */
+    if (loom_tensor_file_read_header(o->init, &f)) /* (--init's load says why, naming the file) */
         return check_shape(o, true) ? 2 : 0;
     int rc = 0;
     for (int k = 0; k < 4 && !rc; k++) {
