@@ -439,19 +439,15 @@ static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     return rc;
 }
 
-/* Step t->step's row and scalars: its loss, learning rate and tokens a second. */
-static int log_step(const gpt_opts *o, gpt_train *t, double loss, double seconds) {
+/* Step t->step's row and scalars: its loss, learning rate and `rate` tokens a second. */
+static int log_step(gpt_train *t, double loss, double rate) {
     double lr = loom_optim_lr_at(t->opt, t->step - 1);
-    double rate = (double)(o->batch * o->shape.context * (o->accumulate > 1 ? o->accumulate : 1)) /
-                  (seconds + 1e-12);
     return cli_log_row(t->log, "%lld,%.6f,%g,%.1f,\n", (long long)t->step, loss, lr, rate) ||
            cli_log_scalar(t->log, "train/loss", t->step, loss) ||
            cli_log_scalar(t->log, "train/lr", t->step, lr) ||
            cli_log_scalar(t->log, "train/tokens_per_s", t->step, rate);
 }
 
-/* Training step s (from 0): its batch of text windows (keyed by seed and s), dropout keyed the
- * same, the update; its loss into *loss. */
 /* Optimizer step s (from 0): its --accumulate micro-batches of text windows, each keyed by seed
  * and its own index (s with one, s x N + k with N), dropout keyed the same; their gradients
  * summed, the update with the last; the mean of their losses into *loss. */
@@ -502,15 +498,18 @@ static int train(const gpt_opts *o) {
     cli_progress_init(&bar, o->quiet || !t.talk, "tokens", 0);
     for (int64_t s = t.step; !rc && s < o->steps && !cli_stopping(); s++) {
         double ts = now();
-        if ((rc = train_step(o, &r, &t, s, &loss)) || (rc = log_step(o, &t, loss, now() - ts)))
+        if ((rc = train_step(o, &r, &t, s, &loss)))
+            break;
+        /* the step's tokens and product flops: its micro-batches' (each a run of t.g) */
+        int64_t A = o->accumulate > 1 ? o->accumulate : 1;
+        double dt = now() - ts, rate = (double)(o->batch * T * A) / (dt + 1e-12);
+        if ((rc = log_step(&t, loss, rate)))
             break;
         sum += loss, counted++;
         loom_metrics gm;
         loom_graph_metrics(t.g, &gm);
-        double dt = now() - ts,
-               tokens = (double)(o->batch * T * (o->accumulate > 1 ? o->accumulate : 1));
-        cli_progress_step(&bar, &(cli_step){"step", t.step, o->steps, t.step, o->steps, loss,
-                                            tokens / (dt + 1e-12), gm.flops, dt});
+        cli_progress_step(&bar, &(cli_step){"step", t.step, o->steps, t.step, o->steps, loss, rate,
+                                            gm.flops * (double)A, dt});
         bool eval = t.step % o->eval_interval == 0 || t.step == o->steps;
         bool due = every ? t.step % every == 0 : eval;
         if (!eval) {
