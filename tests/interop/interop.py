@@ -105,14 +105,14 @@ def train_set():
 
 def check_checkpoint():
     """loom's checkpoint after step 7 (AdamW, batches in order) loaded into torch.nn and
-    torch.optim.AdamW as README.md shows; PyTorch's step 8 on the same batch must give loom's
+    torch.optim.AdamW as docs/checkpoints.md shows; PyTorch's step 8 on the same batch must give loom's
     step-8 parameters to float rounding."""
     d = os.path.join(TMP, "interop-checkpoints")
     subprocess.run([LOOM, "train", "fmnist-mlp", "--optimizer", "adamw", "--weight-decay", "0.01",
                     "--no-shuffle", "--batch", "100", "--steps", "8", "--checkpoint-dir", d,
                     "--checkpoint-every", "1"], check=True, capture_output=True)
     from safetensors import safe_open
-    with safe_open(os.path.join(d, "step-000007.safetensors"), "pt") as f:  # the README's lines
+    with safe_open(os.path.join(d, "step-000007.safetensors"), "pt") as f:  # the lines docs/checkpoints.md shows
         meta, sd = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     net = model("fmnist-mlp")
     net.load_state_dict({k: v for k, v in sd.items() if not k.startswith("optimizer.")})
