@@ -816,6 +816,22 @@ LOOM_API loom_status loom_checkpoint_save(const char *path, const loom_model *m,
  * ENOTFOUND/ESHAPE/EFORMAT naming the first tensor that does not match m or o. */
 LOOM_API loom_status loom_checkpoint_load(const char *path, loom_model *m, loom_optim *o,
                                           int64_t *steps);
+/* Where a run is, as its checkpoints keep it in the model's metadata (loom.step, loom.epoch,
+ * loom.batch, loom.monitor, loom.best, loom.val_loss, loom.val_acc, loom.world): the trainer and
+ * the command write and read it through these, so a checkpoint of either resumes in the other. */
+typedef struct {
+    int64_t step;         /* optimizer steps done */
+    int64_t epoch, batch; /* the next batch: its epoch (0-based) and the batches of it done; -1 for
+                           * none (a run without epochs) */
+    const char *monitor;  /* what `best` is of: "val_loss" or "val_acc"; NULL: none */
+    double best, val_loss, val_accuracy; /* the best monitored value, the last validation's (NaN) */
+    int world;                           /* the devices of every process */
+} loom_run_position;
+/* Writes p into m's metadata (the keys of absent parts removed). ENOMEM. */
+LOOM_API loom_status loom_run_position_set(loom_model *m, const loom_run_position *p);
+/* Reads it back (a loaded checkpoint's); p->monitor points into m's metadata. EFORMAT when
+ * loom.step is missing or a part is not a number. */
+LOOM_API loom_status loom_run_position_get(const loom_model *m, loom_run_position *p);
 /* A directory of checkpoints, as Lightning's ModelCheckpoint keeps them. */
 typedef struct {
     const char *dir; /* created with its parents when missing */

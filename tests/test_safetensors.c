@@ -206,8 +206,21 @@ TEST(checkpoint_round_trip_and_refusals) {
     ASSERT(!loom_tensor_file_get(f, "0.weight", NULL, NULL, NULL));
     loom_tensor_file_free(f);
 
+    /* a run's position: written with the checkpoint, read back whole */
+    ASSERT_EQ(loom_run_position_set(m, &(loom_run_position){.step = 5,
+                                                            .epoch = 1,
+                                                            .batch = 7,
+                                                            .monitor = "val_acc",
+                                                            .best = 0.75,
+                                                            .val_loss = NAN,
+                                                            .val_accuracy = 0.5,
+                                                            .world = 2}),
+              LOOM_OK);
+    ASSERT_EQ(loom_checkpoint_save(path, m, o, 5), LOOM_OK);
     loom_model *m2 = small_model();
     loom_optim *o2 = loom_adamw_new(m2, &(loom_optim_config){.lr = 0.1, .warmup_steps = 10});
+    loom_run_position at;
+    ASSERT_EQ(loom_run_position_get(m2, &at), LOOM_EFORMAT); /* (none yet) */
     int64_t steps = -1;
     ASSERT_EQ(loom_checkpoint_load(path, m2, o2, &steps), LOOM_OK);
     ASSERT_EQ(steps, 5);
@@ -217,6 +230,10 @@ TEST(checkpoint_round_trip_and_refusals) {
     ASSERT(loom_optim_state(o2, loom_model_at(m2, 0), 0)[3] == 0.75f);
     ASSERT(loom_optim_state(o2, loom_model_at(m2, 0), 1)[4] == 5.0f);
     ASSERT(!strcmp(loom_model_meta(m2, "loom.step"), "5"));
+    ASSERT_EQ(loom_run_position_get(m2, &at), LOOM_OK);
+    ASSERT(at.step == 5 && at.epoch == 1 && at.batch == 7 && at.world == 2);
+    ASSERT(!strcmp(at.monitor, "val_acc") && at.best == 0.75 && at.val_accuracy == 0.5);
+    ASSERT(isnan(at.val_loss));
     ASSERT(!loom_model_meta(m2, "optimizer.step") && !loom_model_meta(m2, "loom.crc32c"));
     /* its weights alone start another run (loom_model_load takes a checkpoint) */
     loom_model *m3 = small_model();

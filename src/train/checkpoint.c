@@ -146,6 +146,62 @@ loom_status loom_checkpoint_load(const char *path, loom_model *m, loom_optim *o,
     return s;
 }
 
+/* ---- a run's position ------------------------------------------------------------------- */
+
+static const char *const position_keys[] = {"loom.step",    "loom.epoch", "loom.batch",
+                                            "loom.monitor", "loom.best",  "loom.val_loss",
+                                            "loom.val_acc", "loom.world"};
+
+loom_status loom_run_position_set(loom_model *m, const loom_run_position *p) {
+    char v[8][40];
+    const char *val[8];
+    snprintf(v[0], sizeof v[0], "%lld", (long long)p->step);
+    snprintf(v[1], sizeof v[1], "%lld", (long long)p->epoch);
+    snprintf(v[2], sizeof v[2], "%lld", (long long)p->batch);
+    snprintf(v[4], sizeof v[4], "%.17g", p->best);
+    snprintf(v[5], sizeof v[5], "%.17g", p->val_loss);
+    snprintf(v[6], sizeof v[6], "%.17g", p->val_accuracy);
+    snprintf(v[7], sizeof v[7], "%d", p->world);
+    for (int k = 0; k < 8; k++)
+        val[k] = v[k];
+    val[1] = p->epoch >= 0 ? val[1] : NULL, val[2] = p->epoch >= 0 ? val[2] : NULL;
+    val[3] = p->monitor;
+    loom_status s = LOOM_OK;
+    for (int k = 0; k < 8 && !s; k++)
+        s = loom__meta_set(&m->meta, position_keys[k], val[k]);
+    return s;
+}
+
+/* Key k of m's metadata as a number into *v (absent: *v unchanged); false when not one. */
+static bool meta_number(const loom_model *m, int k, double *v) {
+    const char *s = loom__meta_get(&m->meta, position_keys[k]);
+    char *end;
+    if (!s)
+        return true;
+    double x = strtod(s, &end);
+    if (!*s || *end)
+        return false;
+    *v = x;
+    return true;
+}
+
+loom_status loom_run_position_get(const loom_model *m, loom_run_position *p) {
+    double step = NAN, epoch = -1, batch = -1, world = 0;
+    *p = (loom_run_position){.best = NAN, .val_loss = NAN, .val_accuracy = NAN};
+    bool ok = meta_number(m, 0, &step) && meta_number(m, 1, &epoch) && meta_number(m, 2, &batch) &&
+              meta_number(m, 4, &p->best) && meta_number(m, 5, &p->val_loss) &&
+              meta_number(m, 6, &p->val_accuracy) && meta_number(m, 7, &world);
+    if (!ok || !(step >= 0) || step != floor(step) || epoch != floor(epoch) ||
+        batch != floor(batch) || (epoch < 0) != (batch < 0))
+        return loom__error(LOOM_EFORMAT,
+                           "the model's metadata holds no run position (loom.step, and loom.epoch "
+                           "with loom.batch, as whole numbers)");
+    p->step = (int64_t)step, p->epoch = (int64_t)epoch, p->batch = (int64_t)batch;
+    p->world = (int)world;
+    p->monitor = loom__meta_get(&m->meta, position_keys[3]);
+    return LOOM_OK;
+}
+
 /* ---- a directory of checkpoints ------------------------------------------------------------ */
 
 typedef struct {

@@ -190,18 +190,15 @@ loom_status loom_trainer_validate(loom_trainer *t, const loom_module_fns *fns, l
 static loom_status checkpoint(loom_trainer *t, loom_model *m, loom_optim *o, double monitored) {
     if (!t->c.checkpoint_dir || t->ckpt_step == t->m.steps)
         return LOOM_OK;
-    char v[6][32];
-    const char *key[6] = {"loom.step", "loom.epoch", "loom.batch",
-                          "loom.best", "loom.world", "loom.monitor"};
-    snprintf(v[0], sizeof v[0], "%lld", (long long)t->m.steps);
-    snprintf(v[1], sizeof v[1], "%lld", (long long)t->at_epoch);
-    snprintf(v[2], sizeof v[2], "%lld", (long long)t->at_batch);
-    snprintf(v[3], sizeof v[3], "%.17g", t->m.best);
-    snprintf(v[4], sizeof v[4], "%d", world(t));
-    snprintf(v[5], sizeof v[5], "%s", t->c.monitor_accuracy ? "val_acc" : "val_loss");
-    loom_status s = LOOM_OK;
-    for (int i = 0; i < 6 && !s; i++)
-        s = loom_model_set_meta(m, key[i], v[i]);
+    loom_status s = loom_run_position_set(
+        m, &(loom_run_position){.step = t->m.steps,
+                                .epoch = t->at_epoch,
+                                .batch = t->at_batch,
+                                .monitor = t->c.monitor_accuracy ? "val_acc" : "val_loss",
+                                .best = t->m.best,
+                                .val_loss = t->m.val_loss,
+                                .val_accuracy = t->m.val_accuracy,
+                                .world = world(t)});
     loom_checkpoint_config cc = {
         .dir = t->c.checkpoint_dir, .keep = t->c.keep, .maximize = t->c.monitor_accuracy};
     if (!s && first_process(t))
@@ -217,14 +214,15 @@ static loom_status resume(loom_trainer *t, loom_model *m, loom_optim *o, loom_lo
     loom_status s = loom_checkpoint_resume(t->c.resume, m, o, &steps, t->ckpt, sizeof t->ckpt);
     if (s)
         return s;
-    const char *e = loom_model_meta(m, "loom.epoch"), *b = loom_model_meta(m, "loom.batch");
-    const char *best = loom_model_meta(m, "loom.best"), *mon = loom_model_meta(m, "loom.monitor");
-    long long epoch = e ? atoll(e) : -1, batch = b ? atoll(b) : -1;
-    if (epoch < 0 || batch < 0 || batch > loom_loader_batches(train))
-        return loom__error(LOOM_EFORMAT, "%s: no position of its run (loom.epoch, loom.batch)",
+    loom_run_position at;
+    if (loom_run_position_get(m, &at) || at.epoch < 0 || at.batch > loom_loader_batches(train))
+        return loom__error(LOOM_EFORMAT,
+                           "%s: no position of its run in an epoch (loom.epoch, "
+                           "loom.batch)",
                            t->ckpt);
-    bool same = mon && !strcmp(mon, t->c.monitor_accuracy ? "val_acc" : "val_loss");
-    t->m.best = same && best ? strtod(best, NULL) : NAN;
+    bool same = at.monitor && !strcmp(at.monitor, t->c.monitor_accuracy ? "val_acc" : "val_loss");
+    t->m.best = same ? at.best : NAN;
+    int64_t epoch = at.epoch, batch = at.batch;
     t->m.steps = t->ckpt_step = steps, t->at_epoch = epoch, t->at_batch = batch;
     return LOOM_OK;
 }

@@ -1,36 +1,13 @@
 /*
- * ckpt.c - what every training command shares about checkpoints: the run's configuration and
- * position kept in the model's metadata (so that every checkpoint and weights file says how it
- * was made and where the run was), the comparison of a resumed checkpoint's configuration with
- * the run's, and the write by the job's process 0 into --checkpoint-dir.
+ * ckpt.c - what every training command shares about checkpoints: the run's configuration kept
+ * in the model's metadata (so that every checkpoint and weights file says how it was made; where
+ * the run was is loom_run_position's), the comparison of a resumed checkpoint's configuration
+ * with the run's, and the write by the job's process 0 into --checkpoint-dir.
  */
 #include "cli.h"
 
-#include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
-#include <stdlib.h>
 #include <string.h>
-
-int cli_meta_put(loom_model *m, const char *key, const char *fmt, ...) {
-    char v[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v, sizeof v, fmt, ap);
-    va_end(ap);
-    return loom_model_set_meta(m, key, v) ? cli_fail("%s", loom_last_error()) : 0;
-}
-
-bool cli_meta_int(const loom_model *m, const char *key, int64_t *v) {
-    const char *s = loom_model_meta(m, key);
-    char *end;
-    errno = 0;
-    long long x = s ? strtoll(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno)
-        return false;
-    *v = x;
-    return true;
-}
 
 /* Item it's name (before '=') into name; its value after it. */
 static const char *split_item(const char *item, char *name, size_t cap) {

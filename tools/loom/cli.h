@@ -131,20 +131,18 @@ void cli_item(cli_items *it, const char *name, const char *fmt, ...)
 /* 0 when every process has the same items; else 2, after one line from process 0 naming the
  * first process and option that differ (every process returns, none aborts the job). */
 int cli_agree(loom_devices *d, cli_items *it);
-/* ckpt.c: a run's state in its model's metadata, written with every checkpoint and weights file.
+/* ckpt.c: a run's configuration in its model's metadata, written with every checkpoint and
+ * weights file.
  * cli_config_meta: the configuration items as "config.<name>" (0, or 1 after a line);
  * cli_resume_check: a resumed checkpoint's (at path) against this run's: every item but those in
  * may_change (NULL-terminated) must be the same, or 2 after one line naming the first that is
- * not; cli_meta_int: an integer the metadata holds (false: none); cli_meta_put: one into it. */
+ * not. */
 int cli_config_meta(loom_model *m, const cli_items *it);
 /* The recipe --init's file records (its config.recipe), when the command names none: 0, or 1 or
  * 2 after one line. */
 int cli_recipe_of(train_opts *o);
 int cli_resume_check(const loom_model *m, const cli_items *it, const char *path,
                      const char *const *may_change);
-bool cli_meta_int(const loom_model *m, const char *key, int64_t *v);
-int cli_meta_put(loom_model *m, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* A checkpoint of the run after `steps` steps into --checkpoint-dir, by process 0 of the job
  * (writer; the others return 0 at once), with the monitored value (NaN: none); its path into
  * path. 0, or 1 after one line. */

@@ -375,12 +375,17 @@ static const char *const may_change[] = {"--steps", "--eval-interval", "--timeou
 static int checkpoint(const gpt_opts *o, gpt_run *r, gpt_train *t, double monitored) {
     if (!o->ck.dir || t->ckpt_step == t->step)
         return 0;
-    if (cli_meta_put(r->m, "loom.step", "%lld", (long long)t->step) ||
-        cli_meta_put(r->m, "loom.monitor", "val_loss") ||
-        cli_meta_put(r->m, "loom.best", "%.17g", t->best) ||
-        cli_meta_put(r->m, "loom.val_loss", "%.17g", t->last_val) ||
-        cli_meta_put(r->m, "loom.world", "%d", loom_devices_world(r->d)) ||
-        cli_ckpt_write(&o->ck, r->m, t->opt, t->step, monitored, t->talk, t->ckpt, sizeof t->ckpt))
+    loom_run_position at = {.step = t->step,
+                            .epoch = -1, /* (windows keyed by the step: no epochs) */
+                            .batch = -1,
+                            .monitor = "val_loss",
+                            .best = t->best,
+                            .val_loss = t->last_val,
+                            .val_accuracy = NAN,
+                            .world = loom_devices_world(r->d)};
+    if (loom_run_position_set(r->m, &at))
+        return cli_fail("%s", loom_last_error());
+    if (cli_ckpt_write(&o->ck, r->m, t->opt, t->step, monitored, t->talk, t->ckpt, sizeof t->ckpt))
         return 1;
     t->ckpt_step = t->step;
     return 0;
@@ -394,9 +399,10 @@ static int resume(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     int bad = cli_resume_check(r->m, &r->it, t->ckpt, may_change);
     if (bad)
         return bad;
-    const char *best = loom_model_meta(r->m, "loom.best"),
-               *v = loom_model_meta(r->m, "loom.val_loss");
-    t->best = best ? strtod(best, NULL) : NAN, t->last_val = v ? strtod(v, NULL) : NAN;
+    loom_run_position at;
+    if (loom_run_position_get(r->m, &at))
+        return cli_fail("--resume: %s: %s", t->ckpt, loom_last_error());
+    t->best = at.best, t->last_val = at.val_loss;
     t->ckpt_step = t->step;
     if (t->talk)
         printf("loom: resuming from %s: step %lld of %lld\n", t->ckpt, (long long)t->step,

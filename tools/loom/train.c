@@ -174,15 +174,16 @@ static int checkpoint(run_state *r, double monitored) {
     loom_model *m = r->model;
     if (!o->ck.dir || r->ckpt_step == r->step)
         return 0;
-    if (cli_meta_put(m, "loom.step", "%lld", (long long)r->step) ||
-        cli_meta_put(m, "loom.epoch", "%lld", (long long)r->at_epoch) ||
-        cli_meta_put(m, "loom.batch", "%lld", (long long)r->at_batch) ||
-        cli_meta_put(m, "loom.monitor", "%s", o->ck.monitor_acc ? "val_acc" : "val_loss") ||
-        cli_meta_put(m, "loom.best", "%.17g", r->best) ||
-        cli_meta_put(m, "loom.val_acc", "%.17g", r->last_acc) ||
-        cli_meta_put(m, "loom.val_loss", "%.17g", r->last_loss) ||
-        cli_meta_put(m, "loom.world", "%d", loom_devices_world(r->devs)))
-        return 1;
+    if (loom_run_position_set(
+            m, &(loom_run_position){.step = r->step,
+                                    .epoch = r->at_epoch,
+                                    .batch = r->at_batch,
+                                    .monitor = o->ck.monitor_acc ? "val_acc" : "val_loss",
+                                    .best = r->best,
+                                    .val_loss = r->last_loss,
+                                    .val_accuracy = r->last_acc,
+                                    .world = loom_devices_world(r->devs)}))
+        return cli_fail("%s", loom_last_error());
     if (cli_ckpt_write(&o->ck, m, r->opt, r->step, monitored, r->writer, r->ckpt, sizeof r->ckpt))
         return 1;
     r->ckpt_step = r->step;
@@ -194,21 +195,19 @@ static int checkpoint(run_state *r, double monitored) {
 static int resume(run_state *r) {
     const train_opts *o = r->o;
     loom_model *m = r->model;
-    int64_t steps, epoch, batch;
+    int64_t steps;
     if (loom_checkpoint_resume(o->ck.resume, m, r->opt, &steps, r->ckpt, sizeof r->ckpt))
         return cli_fail("--resume: %s", loom_last_error());
     int bad = cli_resume_check(m, &r->it, r->ckpt, may_change);
     if (bad)
         return bad;
-    if (!cli_meta_int(m, "loom.epoch", &epoch) || !cli_meta_int(m, "loom.batch", &batch) ||
-        epoch < 0 || batch < 0 || batch > loom_loader_batches(r->loader))
+    loom_run_position at;
+    if (loom_run_position_get(m, &at) || at.epoch < 0 || at.batch > loom_loader_batches(r->loader))
         return cli_fail("--resume: %s does not record where in its epoch the run was", r->ckpt);
-    const char *mon = loom_model_meta(m, "loom.monitor"), *best = loom_model_meta(m, "loom.best");
-    const char *acc = loom_model_meta(m, "loom.val_acc"),
-               *loss = loom_model_meta(m, "loom.val_loss");
-    bool same = mon && !strcmp(mon, o->ck.monitor_acc ? "val_acc" : "val_loss");
-    r->best = same && best ? strtod(best, NULL) : NAN;
-    r->last_acc = acc ? strtod(acc, NULL) : 0, r->last_loss = loss ? strtod(loss, NULL) : NAN;
+    bool same = at.monitor && !strcmp(at.monitor, o->ck.monitor_acc ? "val_acc" : "val_loss");
+    r->best = same ? at.best : NAN;
+    r->last_acc = isnan(at.val_accuracy) ? 0 : at.val_accuracy, r->last_loss = at.val_loss;
+    int64_t epoch = at.epoch, batch = at.batch;
     r->step = r->ckpt_step = steps, r->at_epoch = epoch, r->at_batch = batch;
     printf("loom: resuming from %s: step %lld, epoch %lld, batch %lld of %lld\n", r->ckpt,
            (long long)steps, (long long)epoch + 1, (long long)batch,
