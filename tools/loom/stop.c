@@ -11,8 +11,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static volatile sig_atomic_t stop_signal;
-static loom_devices *agreeing; /* across processes: they stop together */
+static volatile sig_atomic_t stop_signal; /* as the handler set it */
+static loom_devices *agreeing;            /* across processes: they stop together */
+static int agreed; /* across processes: the stop as of the last cli_stopping */
 
 static void on_stop(int sig) {
     stop_signal = sig;
@@ -32,20 +33,28 @@ void cli_stop_agree(loom_devices *d) {
     agreeing = d;
 }
 
-bool cli_stopping(void) {
-    bool stop = stop_signal != 0;
-    if (agreeing && loom_devices_world(agreeing) > loom_devices_count(agreeing) &&
-        loom_devices_any(agreeing, stop) && !stop)
-        stop_signal = SIGTERM;
-    return stop_signal != 0;
+/* Whether the processes of an MPI job decide together. */
+static bool across(void) {
+    return agreeing && loom_devices_world(agreeing) > loom_devices_count(agreeing);
 }
 
+bool cli_stopping(void) {
+    if (!across())
+        return stop_signal != 0;
+    int mine = stop_signal; /* (read once: the handler may set it meanwhile) */
+    if (!agreed && loom_devices_any(agreeing, mine != 0))
+        agreed = mine ? mine : SIGTERM;
+    return agreed != 0;
+}
+
+/* Across processes the signal counts from the cli_stopping call that agreed on it, so that a
+ * signal landing between two of them cannot make one process skip what the others do. */
 int cli_stop_signal(void) {
-    return stop_signal;
+    return across() ? agreed : stop_signal;
 }
 
 const char *cli_stop_name(void) {
-    return stop_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    return cli_stop_signal() == SIGINT ? "SIGINT" : "SIGTERM";
 }
 
 int cli_stop_report(bool writer, int64_t step, const char *ckpt, const char *dir,
