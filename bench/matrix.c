@@ -4,6 +4,9 @@
  * build/bench_matrix; bench/matrix.sh runs it beside PyTorch (bench/torch_matrix.py).
  *   bench_matrix --list                 the models, one a line, as torch_matrix.py reads them
  *   bench_matrix MODEL DEVICES STEPS    "samples/s R": STEPS steps after 20 warm-up steps
+ *   bench_matrix MODEL DEVICES STEPS --digest   ... and "params H": a hash (FNV-1a) of every
+ *                                       parameter's bits after them (bench/bitwise.sh compares
+ *                                       builds by it)
  */
 #include "matrix.h"
 
@@ -60,14 +63,28 @@ static double fit(const matrix_model *mm, loom_model *m, loom_optim *o, model_ct
     return tm.samples_per_s;
 }
 
+/* FNV-1a over the bits of every parameter of m, in order. */
+static uint64_t params_digest(loom_model *m) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < loom_model_count(m); i++) {
+        loom_param *p = loom_model_at(m, i);
+        const unsigned char *b = (const unsigned char *)loom_param_data(p);
+        for (size_t k = 0; k < sizeof(float) * (size_t)loom_param_numel(p); k++)
+            h = (h ^ b[k]) * 1099511628211ull;
+    }
+    return h;
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--list")) {
         list();
         return 0;
     }
-    const matrix_model *mm = argc == 4 ? matrix_find(argv[1]) : NULL;
+    bool digest = argc == 5 && !strcmp(argv[4], "--digest");
+    const matrix_model *mm = argc == 4 || digest ? matrix_find(argv[1]) : NULL;
     if (!mm) {
-        fprintf(stderr, "usage: bench_matrix --list | MODEL DEVICES STEPS (MODEL from --list)\n");
+        fprintf(stderr,
+                "usage: bench_matrix --list | MODEL DEVICES STEPS [--digest] (MODEL from --list)\n");
         return 2;
     }
     int devices = atoi(argv[2]);
@@ -102,6 +119,8 @@ int main(int argc, char **argv) {
         rate = fit(mm, m, o, &ctx, l, devices, steps);
     if (rate > 0)
         printf("samples/s %.0f\n", rate);
+    if (rate > 0 && digest)
+        printf("params %016llx\n", (unsigned long long)params_digest(m));
     loom_loader_free(l);
     loom_optim_free(o);
     loom_sequential_free(net);
