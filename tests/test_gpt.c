@@ -11,7 +11,7 @@
  *   - under the check executor (src/backend/check.c) every kernel of those steps equals the
  *     reference interpreter's, and the parameters those of the CPU executor's run, bitwise.
  */
-#include "../src/backend/internal.h"
+#include "../src/compile/internal.h"
 #include "harness.h"
 
 #include <math.h>

@@ -12,7 +12,7 @@
  * models' kernels, are what is checked) runs the models named only.
  */
 #include "../bench/matrix.h"
-#include "../src/backend/internal.h"
+#include "../src/compile/internal.h"
 #include "harness.h"
 
 #include <math.h>

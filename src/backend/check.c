@@ -1,7 +1,7 @@
 /*
  * check.c - the check executor (LOOM_CHECK=1, or loom__set_executor(&loom__check_executor)): a
  * second implementation of the executor interface (internal.h) that builds a program as the CPU
- * executor does and runs each step beside the program's reference twin (loom__program_reference:
+ * executor does and runs each step beside the program's reference twin (its planner's reference:
  * the same nodes, nothing fused, every op its own interpreted kernel, every value kept), which
  * writes copies of the slabs. After each of the program's kernels (on the real bindings) the
  * twin runs up to the nodes that kernel made, and every value the kernel leaves whole
@@ -46,7 +46,7 @@ static twin *check_twin(const loom__program *p) {
             t = check.twin[i];
     if (!t && check.n < CHECK_TWINS && (t = loom__calloc(1, sizeof *t))) {
         t->of = p;
-        if ((t->q = loom__program_reference(p, &loom__cpu_executor)))
+        if ((t->q = p->planner->reference(p, p->planner->cpu)))
             check.twin[check.n++] = t;
         else
             loom__free(t), t = NULL;
@@ -57,7 +57,7 @@ static twin *check_twin(const loom__program *p) {
 
 static loom_status check_build(const loom__executor *x, loom__program *p, bool *compiled) {
     (void)x;
-    return loom__cpu_executor.build(&loom__cpu_executor, p, compiled);
+    return p->planner->cpu->build(p->planner->cpu, p, compiled);
 }
 
 static void check_release(const loom__executor *x, loom__program *p) {
@@ -70,13 +70,13 @@ static void check_release(const loom__executor *x, loom__program *p) {
                       "executor check: program %016llx: %lld values its kernels made in %lld "
                       "runs agreed with the reference interpreter's",
                       (unsigned long long)p->hash, (long long)t->values, (long long)t->runs);
-            loom__program_free(t->q);
+            p->planner->free(t->q);
             loom__free(t);
             check.twin[i] = check.twin[--check.n];
             break;
         }
     pthread_mutex_unlock(&check.mu);
-    loom__cpu_executor.release(&loom__cpu_executor, p);
+    p->planner->cpu->release(p->planner->cpu, p);
 }
 
 /* Element i (row-major over the node's shape) of value v's elements, bound by b in p. */

@@ -137,8 +137,20 @@ static inline bool loom__fused_out_arg(const loom__fused *k, int a) {
     return false;
 }
 
+/* What the planner (compile/program.c, above the executors) lends every program it plans, so that
+ * an executor reaches the compiler only through it: the CPU executor (the one a check executor
+ * builds with), a program's reference twin (the same ids, shapes and outputs, planned with nothing
+ * fused: each op its own interpreted kernel, every value in its own buffer to the step's end;
+ * NULL out of memory) and how to free one. */
+typedef struct {
+    const loom__executor *cpu;
+    loom__program *(*reference)(const loom__program *p, const loom__executor *x);
+    void (*free)(loom__program *p);
+} loom__planner;
+
 struct loom__program {
     uint64_t hash;
+    const loom__planner *planner;
     int64_t n; /* nodes */
     loom__pnode *nodes;
     int32_t *exec; /* ids of nodes that run, in order */
@@ -213,9 +225,6 @@ struct loom__executor {
     void (*release)(const loom__executor *x, loom__program *p);
     void *ctx;
 };
-extern const loom__executor loom__cpu_executor;
-/* Whether executor x runs the kernel form of fusion rule `rule` (x or its forms NULL: yes). */
-bool loom__executor_runs(const loom__executor *x, const char *rule);
 /* backend/check.c: the check executor, each kernel's values against the reference interpreter's
  * (LOOM_CHECK=1 makes it every graph's); what it compared over all runs (atomic counts), and
  * corrupt_entry >= 0 flips a bit of that exec entry's first value before comparing (a test that
@@ -226,21 +235,6 @@ typedef struct {
     int64_t corrupt_entry;
 } loom__check_counts;
 extern loom__check_counts loom__check;
-/* The executor of graphs planned from now on (NULL: loom__cpu_executor, or loom__check_executor
- * under LOOM_CHECK=1); not thread-safe. */
-void loom__set_executor(const loom__executor *x);
-const loom__executor *loom__executor_default(void);
-
-/* Whether p can run on devices that share the PARAM and STATE slabs (p->share, p->own): every
- * entry writing into them writes nothing else and reads them only where it writes (so that one
- * device can run it for all), no two write the same element, and a collective (SYNC: every
- * device is past it only once all have reached it) lies between the last entry reading them
- * otherwise and the first writing them. After the exec list. */
-loom_status loom__plan_owners(loom__program *p, const bool *live);
-/* For n devices sharing the slabs: owner[e] (of p->nexec) the device that runs owned entry e, -1
- * for the entries every device runs. The largest first, each onto the least loaded device (the
- * lowest on ties). Returns how many entries are owned, -1 out of memory. */
-int64_t loom__owners(const loom__program *p, int n, int32_t *owner);
 
 /* The executable entries of a program one at a time: exec entry e with bindings b. */
 loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e);
@@ -258,12 +252,6 @@ typedef struct {
 /* The values exec entry e of p leaves whole in memory once it has run (its node's, an epilogue's
  * root, a ReLU it wrote, sums it made, members stored), into out; returns how many. */
 int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
-/* A twin of p planned from its nodes (the same ids, shapes and outputs) with nothing fused: each
- * op its own interpreted kernel, the reference that compiled programs are checked against; every
- * value it computes keeps its own buffer to the step's end. Its executor is x; NULL out of
- * memory. loom__program_free() it. */
-loom__program *loom__program_reference(const loom__program *p, const loom__executor *x);
-void loom__program_free(loom__program *p);
 
 /* out = x[0 .. n) combined by OP(acc, a) in LOOM_LANES lanes (element j into lane j % LOOM_LANES,
  * each lane starting from IDENT), the lanes then folded in a fixed tree (lane j with lane j + 8,

@@ -73,6 +73,34 @@ static inline bool loom__epilogue_root(const loom__program *p, int64_t i) {
     return p->fused_of && p->fused_of[i] >= 0 && p->fused[p->fused_of[i]].epi_of >= 0;
 }
 
+/* cpu.c: the CPU executor (C rendered by codegen.c, built by cc.c, run with backend/'s kernels),
+ * and the choice of executor. */
+extern const loom__executor loom__cpu_executor;
+/* Whether executor x runs the kernel form of fusion rule `rule` (x or its forms NULL: yes). */
+bool loom__executor_runs(const loom__executor *x, const char *rule);
+/* The executor of graphs planned from now on (NULL: loom__cpu_executor, or loom__check_executor
+ * under LOOM_CHECK=1); not thread-safe. */
+void loom__set_executor(const loom__executor *x);
+const loom__executor *loom__executor_default(void);
+
+/* memplan.c: whether p can run on devices that share the PARAM and STATE slabs (p->share, p->own):
+ * every entry writing into them writes nothing else and reads them only where it writes (so that
+ * one device can run it for all), no two write the same element, and a collective (SYNC: every
+ * device is past it only once all have reached it) lies between the last entry reading them
+ * otherwise and the first writing them. After the exec list. */
+loom_status loom__plan_owners(loom__program *p, const bool *live);
+/* For n devices sharing the slabs: owner[e] (of p->nexec) the device that runs owned entry e, -1
+ * for the entries every device runs. The largest first, each onto the least loaded device (the
+ * lowest on ties). Returns how many entries are owned, -1 out of memory. */
+int64_t loom__owners(const loom__program *p, int n, int32_t *owner);
+
+/* program.c: the planner of every program (loom__program.planner, whose functions these are): a
+ * twin of p planned from its nodes with nothing fused, run by executor x (loom__planner), and a
+ * program's end. */
+extern const loom__planner loom__the_planner;
+loom__program *loom__program_reference(const loom__program *p, const loom__executor *x);
+void loom__program_free(loom__program *p);
+
 /* The C source of p's fused kernels (functions loom_k<root>), with `key` written into it; owned by
  * the caller (loom__free). NULL out of memory. */
 char *loom__codegen(const loom__program *p, uint64_t *key);
@@ -86,5 +114,30 @@ const char *loom__cc_identity(void);
 /* Whether the kernel cache entry at path is whole (a regular file whose trailer matches its
  * bytes): what is checked before dlopen. */
 bool loom__cc_entry_intact(const char *path);
+
+/* program.c, for dist/ above it (the graph reaches it only through loom_graph.run_hooks): the
+ * program of g's last step that ran (NULL before). */
+const loom__program *loom__graph_last(const loom_graph *g);
+/* The buffers g's step reads its caller-supplied inputs from, by input ordinal, into src. With
+ * `copy` (a step that runs on after submit returns), every input but a borrowed one is copied
+ * into `a` now (a batch input: the whole global batch), so that the step reads its inputs' values
+ * at submit whatever the host does meanwhile; without, the caller's buffers. */
+loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, const void **src);
+/* Input pointers for device d of ndev, from the sources above (padded shards, masks and counts
+ * built in the arena). */
+loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
+                              const void *const *src, const void **inputs);
+/* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
+ * another graph's step before starting one. */
+loom_status loom__graph_finish(loom_graph *g);
+/* Copies the outputs of g's last step off its devices into g's arena, where they are read until
+ * g's next step or reset: another graph's step is about to use the devices' memory. If out of
+ * memory, the outputs become unreadable (loom_tensor_data NULL), never stale. */
+void loom__graph_keep(loom_graph *g);
+/* Local device d's copy of node id of program p after its step (the graph's own without
+ * devices), and the mean of its first element over every device of every process (a loss:
+ * normalised so that this is global; across processes a collective). */
+const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d);
+double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt);
 
 #endif

@@ -293,12 +293,15 @@ static void compile_kernels(loom__program *p, const loom__fuse_in *in, loom_metr
     m->fused_ops += fused;
 }
 
+const loom__planner loom__the_planner = {&loom__cpu_executor, loom__program_reference,
+                                         loom__program_free};
+
 /* A program of n nodes (zeroed) for executor x; NULL out of memory. */
 static loom__program *program_new(int64_t n, const loom__executor *x) {
     loom__program *p = loom__calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->n = n, p->x = x;
+    p->n = n, p->x = x, p->planner = &loom__the_planner;
     p->nodes = loom__calloc((size_t)n + 1, sizeof *p->nodes);
     p->exec = loom__calloc((size_t)n + 1, sizeof *p->exec);
     p->consts = loom__calloc((size_t)n + 1, sizeof *p->consts);
@@ -412,14 +415,10 @@ loom__program *loom__program_reference(const loom__program *p, const loom__execu
     return q;
 }
 
-loom__steps *loom__steps_new(void) {
-    loom__steps *r = loom__calloc(1, sizeof *r);
-    if (r)
-        r->ended_loss = NAN;
-    return r;
-}
+static loom_status steps_finish(loom_graph *g);
 
-void loom__steps_free(loom_graph *g) {
+static void steps_free(loom_graph *g) {
+    steps_finish(g); /* a submitted step reads the programs and the workspace */
     loom__steps *r = g->run;
     for (int64_t i = 0; i < r->nprograms; i++)
         loom__program_free(r->programs[i]);
@@ -429,14 +428,26 @@ void loom__steps_free(loom_graph *g) {
     g->run = NULL;
 }
 
-void loom__steps_reset(loom_graph *g) {
+static void steps_reset(loom_graph *g) {
     if (g->run->inflight) /* a submitted step runs on (its bindings are the devices') */
         g->run->inflight_reset = true;
     g->run->last = NULL, g->run->kept = NULL;
 }
 
+static const loom__steps_hooks steps_hooks = {steps_finish, steps_reset, steps_free};
+
+/* g's run state, made on its first step (graph/ knows it only through steps_hooks); NULL out of
+ * memory. */
+static loom__steps *steps_of(loom_graph *g) {
+    if (!g->run && (g->run = loom__calloc(1, sizeof *g->run))) {
+        g->run->ended_loss = NAN;
+        g->run_hooks = &steps_hooks;
+    }
+    return g->run;
+}
+
 const loom__program *loom__graph_last(const loom_graph *g) {
-    return g->run->last;
+    return g->run ? g->run->last : NULL;
 }
 
 /* A new program after the first: if a cached program has the same ops and only input shapes differ
@@ -599,7 +610,7 @@ static loom__bind here_bind(const loom_graph *g, const void **inputs) {
 }
 
 void loom__graph_keep(loom_graph *g) {
-    const loom__program *p = g->run->last;
+    const loom__program *p = loom__graph_last(g);
     if (!p || g->run->kept || !g->runner)
         return;
     const void **kept = loom__arena_alloc(&g->arena, sizeof(void *) * (size_t)(g->n * g->nlocal));
@@ -681,6 +692,8 @@ loom_status loom_graph_submit(loom_graph *g) {
     loom_status st = loom__graph_finish(g); /* the step before, if still running */
     if (!st)
         st = loom_env_check();
+    if (!st && !steps_of(g))
+        st = loom__error(LOOM_ENOMEM, "loom_graph_submit: out of memory");
     if (st)
         return st;
     g->run->last = NULL, g->run->kept = NULL;
@@ -743,6 +756,10 @@ static loom_status step_loss(const loom_graph *g, const loom__program *p, int32_
 }
 
 loom_status loom__graph_finish(loom_graph *g) {
+    return g->run ? steps_finish(g) : LOOM_OK;
+}
+
+static loom_status steps_finish(loom_graph *g) {
     loom__program *p = g->run->inflight;
     if (!p)
         return LOOM_OK;
@@ -763,6 +780,11 @@ loom_status loom__graph_finish(loom_graph *g) {
 loom_status loom_graph_wait(loom_graph *g, double *loss) {
     if (!g)
         return loom__error(LOOM_EINVAL, "loom_graph_wait: NULL graph");
+    if (!g->run) { /* no step yet */
+        if (loss)
+            *loss = NAN;
+        return LOOM_OK;
+    }
     loom_status st = g->run->inflight ? loom__graph_finish(g) : g->run->ended_status;
     if (loss)
         *loss = g->run->ended_loss;
@@ -780,6 +802,8 @@ const void *loom_tensor_data(const loom_tensor *t) {
     if (!t)
         return NULL;
     loom_graph *g = t->g;
+    if (!g->run)
+        return NULL;
     if (g->run->inflight && !g->run->inflight_reset) /* its step, submitted: it ends first */
         loom__graph_finish(g);
     const loom__program *p = g->run->last;
@@ -788,28 +812,39 @@ const void *loom_tensor_data(const loom_tensor *t) {
     return loom__node_data(g, p, t->id, 0);
 }
 
-void loom_graph_metrics(const loom_graph *g, loom_metrics *out) {
-    *out = g->metrics;
+double loom_item(const loom_tensor *t) {
+    const void *p = t ? loom_tensor_data(t) : NULL;
+    if (!p || loom_tensor_numel(t) < 1)
+        return NAN;
+    /* the mean over devices (a loss is normalised so that this is global) */
+    return loom__node_mean(t->g, loom__graph_last(t->g), t->id, (loom_dtype)t->dtype);
 }
 
-void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
-    int k =
-        snprintf(buf, size,
-                 "metrics: graphs built %lld, programs built %lld, cache hits %lld, nodes %lld, "
-                 "kernels/step %lld, ops fused %lld, compiles %lld (%.2f s), disk cache hits "
-                 "%lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
-                 (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
-                 (long long)m->nodes, (long long)m->kernels, (long long)m->fused_ops,
-                 (long long)m->compiles, m->compile_seconds, (long long)m->disk_hits,
-                 (double)m->workspace_bytes / 1048576.0, m->plan_seconds, m->exec_seconds);
-    if (m->devices > 0 && k > 0 && (size_t)k < size)
-        snprintf(buf + k, size - (size_t)k,
-                 "\nmetrics: %lld devices, all-reduced %.1f MiB, %.3f s in collectives per device, "
-                 "compute per device %.3f to %.3f s (imbalance %.1f%%), %lld updates shared",
-                 (long long)m->devices, (double)m->allreduce_bytes / 1048576.0,
-                 m->collective_seconds, m->device_compute_min, m->device_compute_max,
-                 m->device_compute_min > 0
-                     ? 100.0 * (m->device_compute_max / m->device_compute_min - 1.0)
-                     : 0.0,
-                 (long long)m->shared_updates);
+int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
+    if (!t || !t->ndim || !loom_tensor_data(t))
+        return -1;
+    const loom_graph *g = t->g;
+    size_t block = loom__dtype_size((loom_dtype)t->dtype) * (size_t)loom_tensor_numel(t);
+    size_t row = block / (size_t)(t->shape[0] ? t->shape[0] : 1);
+    bool across = g->nlocal < g->ndev; /* devices of other processes: everyone's copies, first */
+    char *mine = across ? loom__malloc(block * (size_t)g->nlocal + 1) : NULL;
+    char *all = across ? loom__malloc(block * (size_t)g->ndev + 1) : NULL;
+    for (int d = 0; across && mine && d < g->nlocal; d++)
+        memcpy(mine + (size_t)d * block, loom__node_data(g, loom__graph_last(g), t->id, d), block);
+    if (across && (!mine || !all ||
+                   g->runner->allgather(g->runner_ctx, mine, block * (size_t)g->nlocal, all))) {
+        loom__free(mine), loom__free(all);
+        return -1;
+    }
+    int64_t rows = 0;
+    for (int d = 0; d < (across ? g->ndev : g->nlocal); d++) {
+        int64_t r = loom__shard_rows(g, across ? d : g->dev0 + d, g->ndev);
+        r = r < t->shape[0] ? r : t->shape[0];
+        const char *src =
+            across ? all + (size_t)d * block : loom__node_data(g, loom__graph_last(g), t->id, d);
+        memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
+        rows += r;
+    }
+    loom__free(mine), loom__free(all);
+    return rows;
 }

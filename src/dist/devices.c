@@ -17,7 +17,7 @@
  * returns the first real cause as "device D, step S: reason", and refuses further steps.
  */
 #define _GNU_SOURCE
-#include "../backend/internal.h"
+#include "../compile/internal.h"
 #include "internal.h"
 
 #include <errno.h>

@@ -67,10 +67,6 @@ loom_graph *loom_graph_new(loom_model *m) {
     if (loom_env_check())
         return NULL;
     loom_graph *g = loom__calloc(1, sizeof *g);
-    if (g && !(g->run = loom__steps_new())) {
-        loom__free(g);
-        return NULL;
-    }
     if (g) {
         g->model = m;
         g->ndev = g->nlocal = 1;
@@ -82,7 +78,7 @@ loom_graph *loom_graph_new(loom_model *m) {
 void loom_graph_free(loom_graph *g) {
     if (!g)
         return;
-    loom__graph_finish(g); /* a submitted step reads the programs and the workspace */
+    loom__graph_settle(g); /* a submitted step reads the programs and the workspace */
     if (g->runner)
         g->runner->forget(g->runner_ctx, g);
     if (loom__getenv()->metrics) {
@@ -90,14 +86,16 @@ void loom_graph_free(loom_graph *g) {
         loom_metrics_format(&g->metrics, buf, sizeof buf);
         loom__log(LOOM_LOG_INFO, "%s", buf);
     }
-    loom__steps_free(g);
+    if (g->run)
+        g->run_hooks->free(g);
     loom__arena_free(&g->arena);
     loom__free(g->nodes);
     loom__free(g);
 }
 
 void loom_graph_reset(loom_graph *g) {
-    loom__steps_reset(g);
+    if (g->run)
+        g->run_hooks->reset(g);
     loom__arena_reset(&g->arena);
     g->n = 0;
     g->ninputs = 0;
@@ -373,41 +371,30 @@ double loom__first_value(loom_dtype dt, const void *p) {
     return NAN;
 }
 
-double loom_item(const loom_tensor *t) {
-    const void *p = t ? loom_tensor_data(t) : NULL;
-    if (!p || loom_tensor_numel(t) < 1)
-        return NAN;
-    /* the mean over devices (a loss is normalised so that this is global) */
-    return loom__node_mean(t->g, loom__graph_last(t->g), t->id, (loom_dtype)t->dtype);
+void loom_graph_metrics(const loom_graph *g, loom_metrics *out) {
+    *out = g->metrics;
 }
 
-int64_t loom_tensor_gather(const loom_tensor *t, void *dst) {
-    if (!t || !t->ndim || !loom_tensor_data(t))
-        return -1;
-    const loom_graph *g = t->g;
-    size_t block = loom__dtype_size((loom_dtype)t->dtype) * (size_t)loom_tensor_numel(t);
-    size_t row = block / (size_t)(t->shape[0] ? t->shape[0] : 1);
-    bool across = g->nlocal < g->ndev; /* devices of other processes: everyone's copies, first */
-    char *mine = across ? loom__malloc(block * (size_t)g->nlocal + 1) : NULL;
-    char *all = across ? loom__malloc(block * (size_t)g->ndev + 1) : NULL;
-    for (int d = 0; across && mine && d < g->nlocal; d++)
-        memcpy(mine + (size_t)d * block, loom__node_data(g, loom__graph_last(g), t->id, d), block);
-    if (across && (!mine || !all ||
-                   g->runner->allgather(g->runner_ctx, mine, block * (size_t)g->nlocal, all))) {
-        loom__free(mine), loom__free(all);
-        return -1;
-    }
-    int64_t rows = 0;
-    for (int d = 0; d < (across ? g->ndev : g->nlocal); d++) {
-        int64_t r = loom__shard_rows(g, across ? d : g->dev0 + d, g->ndev);
-        r = r < t->shape[0] ? r : t->shape[0];
-        const char *src =
-            across ? all + (size_t)d * block : loom__node_data(g, loom__graph_last(g), t->id, d);
-        memcpy((char *)dst + (size_t)rows * row, src, (size_t)r * row);
-        rows += r;
-    }
-    loom__free(mine), loom__free(all);
-    return rows;
+void loom_metrics_format(const loom_metrics *m, char *buf, size_t size) {
+    int k =
+        snprintf(buf, size,
+                 "metrics: graphs built %lld, programs built %lld, cache hits %lld, nodes %lld, "
+                 "kernels/step %lld, ops fused %lld, compiles %lld (%.2f s), disk cache hits "
+                 "%lld, peak workspace %.1f MiB, plan %.3f s, execute %.3f s",
+                 (long long)m->graphs_built, (long long)m->programs_built, (long long)m->cache_hits,
+                 (long long)m->nodes, (long long)m->kernels, (long long)m->fused_ops,
+                 (long long)m->compiles, m->compile_seconds, (long long)m->disk_hits,
+                 (double)m->workspace_bytes / 1048576.0, m->plan_seconds, m->exec_seconds);
+    if (m->devices > 0 && k > 0 && (size_t)k < size)
+        snprintf(buf + k, size - (size_t)k,
+                 "\nmetrics: %lld devices, all-reduced %.1f MiB, %.3f s in collectives per device, "
+                 "compute per device %.3f to %.3f s (imbalance %.1f%%), %lld updates shared",
+                 (long long)m->devices, (double)m->allreduce_bytes / 1048576.0,
+                 m->collective_seconds, m->device_compute_min, m->device_compute_max,
+                 m->device_compute_min > 0
+                     ? 100.0 * (m->device_compute_max / m->device_compute_min - 1.0)
+                     : 0.0,
+                 (long long)m->shared_updates);
 }
 
 void loom_assign(loom_graph *g, loom_param *p, loom_tensor *v) {

@@ -97,6 +97,11 @@ struct loom_tensor {
 typedef struct loom__program loom__program;
 typedef struct loom__executor loom__executor;
 typedef struct loom__steps loom__steps;
+typedef struct {
+    loom_status (*finish)(loom_graph *g); /* ends g's submitted step, if any */
+    void (*reset)(loom_graph *g);         /* the step's tensors go; a step in flight runs on */
+    void (*free)(loom_graph *g);          /* its step in flight ended first */
+} loom__steps_hooks;
 
 /* Runs programs on several devices (dist/devices.c); NULL in a graph means one device, here.
  * submit starts g's step (program p) and returns; wait ends it (LOOM_OK if g has none running).
@@ -125,8 +130,10 @@ struct loom_graph {
     loom_status err;
     char errmsg[512];
     /* what running its steps keeps: programs, workspace, the step in flight and the last one's
-     * results (compile/program.c's alone) */
+     * results (compile/program.c's alone, made on the first step; NULL before), and how the graph,
+     * which knows nothing of compiling, ends a step in flight, resets that state and frees it */
     loom__steps *run;
+    const loom__steps_hooks *run_hooks;
     loom_metrics metrics;
     loom_backend backend;
     /* devices: set by loom_graph_set_devices() before the first node */
@@ -234,35 +241,12 @@ typedef void (*loom__grad_ready)(void *ctx, int i, loom_tensor *grad);
 void loom__grads(loom_graph *g, loom_tensor *loss, int n, loom_tensor *const *wrt,
                  loom_tensor **out, loom__grad_ready ready, void *ctx);
 
-/* compile/program.c: a graph's run state (loom_graph.run), made with it, freed with it (its step
- * in flight ended first), and reset with it (the step's tensors, through which outputs are read,
- * go; a step in flight runs on); the program of its last step that ran (NULL before). */
-loom__steps *loom__steps_new(void);
-void loom__steps_free(loom_graph *g);
-void loom__steps_reset(loom_graph *g);
-const loom__program *loom__graph_last(const loom_graph *g);
-/* The buffers g's step reads its caller-supplied inputs from, by input ordinal, into src. With
- * `copy` (a step that runs on after submit returns), every input but a borrowed one is copied
- * into `a` now (a batch input: the whole global batch), so that the step reads its inputs' values
- * at submit whatever the host does meanwhile; without, the caller's buffers. */
-loom_status loom__input_sources(const loom_graph *g, loom__arena *a, bool copy, const void **src);
-/* Input pointers for device d of ndev, from the sources above (padded shards, masks and counts
- * built in the arena). */
-loom_status loom__bind_inputs(const loom_graph *g, loom__arena *a, int d, int ndev,
-                              const void *const *src, const void **inputs);
-/* Ends g's submitted step, if any (loom_graph_wait without the loss); devices call it to end
- * another graph's step before starting one. */
-loom_status loom__graph_finish(loom_graph *g);
-/* Copies the outputs of g's last step off its devices into g's arena, where they are read until
- * g's next step or reset: another graph's step is about to use the devices' memory. If out of
- * memory, the outputs become unreadable (loom_tensor_data NULL), never stale. */
-void loom__graph_keep(loom_graph *g);
+/* Ends the step running on g, if any (through g->run_hooks: graph/ calls nothing above it). */
+static inline void loom__graph_settle(loom_graph *g) {
+    if (g->run)
+        g->run_hooks->finish(g);
+}
+
 /* The first element of a tensor's data of dtype dt, as a double. */
 double loom__first_value(loom_dtype dt, const void *p);
-/* Local device d's copy of node id of program p after its step (the graph's own without
- * devices), and the mean of its first element over every device of every process (a loss:
- * normalised so that this is global; across processes a collective). */
-const void *loom__node_data(const loom_graph *g, const loom__program *p, int32_t id, int d);
-double loom__node_mean(const loom_graph *g, const loom__program *p, int32_t id, loom_dtype dt);
-
 #endif

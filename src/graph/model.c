@@ -13,7 +13,7 @@
 void loom__model_settle(const loom_model *cm) {
     loom_model *m = (loom_model *)(uintptr_t)cm; /* (the host's view of m, made current) */
     if (m && m->running)
-        loom__graph_finish(m->running);
+        loom__graph_settle(m->running);
     for (int s = 0; m && s < LOOM_SLAB_COUNT; s++)
         if (m->away[s]) {
             memcpy(m->slab[s], m->away[s], sizeof(float) * (size_t)m->len[s]);
