@@ -1,0 +1,120 @@
+/*
+ * pool_back.c - a fold computing its convolution's backward from a pool gradient's codes
+ * (loom__pnode.back): the gradient made a block of columns at a time, fed to both products.
+ */
+#include "kernels.h"
+
+/* Elements x[0 .. len) added into RED_LANES lanes as red_lanes_SUM_f32 adds them (x[k] into lane
+ * k % RED_LANES), 16 at a time where the CPU has AVX-512. */
+#ifdef HAVE_POOL512
+__attribute__((target("avx512f")))
+#endif
+static void
+sum_lanes(float *lane, const float *x, int64_t len) {
+    int64_t k = 0;
+#ifdef HAVE_POOL512
+    _Static_assert(RED_LANES == 16, "a vector of lanes");
+    __m512 l = _mm512_loadu_ps(lane);
+    for (; k + 16 <= len; k += 16)
+        l = _mm512_add_ps(l, _mm512_loadu_ps(x + k));
+    _mm512_storeu_ps(lane, l);
+#endif
+    for (; k + RED_LANES <= len; k += RED_LANES)
+        for (int j = 0; j < RED_LANES; j++)
+            lane[j] += x[k + j];
+    for (int j = 0; k + j < len; j++)
+        lane[j] += x[k + j];
+}
+
+/* A fold computing its convolution's backward from a pool gradient (loom__pnode.back): the fold's
+ * product A, the weight gradient's B (an unfold), and the room made on either side of a row (a
+ * plane: planes straddle the runs). */
+typedef struct {
+    const loom__pnode *fold, *prod, *pg, *w;
+    loom__gmat a, b;
+    int64_t K, pad;
+} back_plan;
+
+static back_plan back_plan_of(const loom__program *p, int32_t f) {
+    back_plan q = {.fold = &p->nodes[f], .pg = &p->nodes[p->nodes[f].back]};
+    q.prod = &p->nodes[p->nodes[q.fold->src[0]].src[0]], q.w = &p->nodes[q.fold->back_w];
+    loom__operand_dims(&p->nodes[q.prod->src[0]], &q.a.row, &q.a.col);
+    loom__operand_dims(&p->nodes[q.w->src[1]], &q.b.row, &q.b.col);
+    q.K = loom__numel(q.a.col.n, q.a.col.size);
+    q.pad = (q.pg->shape[2] * q.pg->shape[3] + 15) / 16 * 16;
+    return q;
+}
+
+size_t loom__fold_back_bytes(const loom__program *p, int32_t f) {
+    back_plan q = back_plan_of(p, f);
+    return sizeof(float) * (size_t)(q.K * RED_LANES) +
+           loom__conv_back_bytes(q.prod->shape[1], q.K, q.w->shape[1], q.pad);
+}
+
+/* The pool gradient's rows (a row per channel, its planes one after another) made from the
+ * argmax codes, and summed into the lanes of red_lanes_SUM_f32 (each column once: runs overlap). */
+typedef struct {
+    const float *dy;
+    int64_t dys0, dys1; /* dy's planes: a row's, and the next along it */
+    const uint8_t *codes;
+    int64_t rows, planes, P, OP, summed;
+    bool relu;
+    pool_gtab gt;
+    float *lanes; /* RED_LANES a row, or NULL */
+} back_rows;
+
+static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t ld) {
+    back_rows *s = ctx;
+    int64_t from = s->summed > j0 ? s->summed : j0; /* a multiple of the lanes, or the end */
+    for (int64_t k = 0; k < s->rows; k++) {
+        float *row = r + k * ld - j0; /* column j at row + j; whole planes spill into the pad */
+        for (int64_t pl = j0 / s->P; pl * s->P < j0 + n; pl++)
+            loom__pool2_grad_plane_float(&s->gt, s->dy + k * s->dys0 + pl * s->dys1,
+                                         s->codes + (k * s->planes + pl) * s->OP, s->relu,
+                                         row + pl * s->P, s->OP);
+        if (s->lanes && from < j0 + n)
+            sum_lanes(s->lanes + k * RED_LANES, row + from, j0 + n - from);
+    }
+    s->summed = j0 + n > s->summed ? j0 + n : s->summed;
+}
+
+/* The fold's product reads the pool gradient's rows; here they are made a run of columns at a
+ * time from the codes and go, while in cache, into the fold's product, the weight gradient and
+ * the bias gradient's sum (its lanes carried from run to run, then red_lanes_SUM_f32's tree): the
+ * pool gradient is never written, and each value is the one the three nodes compute alone. */
+loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id, int32_t mid) {
+    back_plan q = back_plan_of(p, id);
+    const loom__pnode *g = q.pg, *t = q.fold;
+    q.a.p = loom__addr(p, b, q.prod->src[0]), q.b.p = loom__addr(p, b, q.w->src[1]);
+    int32_t dn = g->relu_dy >= 0 ? g->relu_dy : g->src[1];
+    const loom__pnode *d = &p->nodes[dn];
+    float *lanes = (float *)(b->ws + p->nodes[mid].ws_off);
+    float *sum = t->back_sum >= 0 ? loom__addr(p, b, t->back_sum) : NULL;
+    back_rows s = {.dy = loom__addr(p, b, dn),
+                   .dys0 = d->lay.stride[0],
+                   .dys1 = d->lay.stride[1],
+                   .codes = loom__pool_codes(p, b, g->codes_of),
+                   .rows = q.K,
+                   .planes = g->shape[1],
+                   .P = g->shape[2] * g->shape[3],
+                   .OP = d->shape[2] * d->shape[3],
+                   .relu = g->relu >= 0 || g->relu_dy >= 0,
+                   .lanes = sum ? lanes : NULL};
+    loom__pool_gtab_init(&s.gt, g->shape[2], g->shape[3], d->shape[2], d->shape[3]);
+    memset(lanes, 0, sizeof(float) * (size_t)(q.K * RED_LANES));
+    loom__gdim crow, ccol;
+    loom__fold_dims(t, &crow, &ccol);
+    float *x = loom__addr(p, b, id);
+    memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
+    loom__conv_back(q.prod->shape[0], q.prod->shape[1], q.K, &q.a, crow, ccol, x, q.w->shape[1],
+                    &q.b, loom__addr(p, b, t->back_w), q.w->lay.stride[0], back_rows_make, &s,
+                    q.pad, lanes + q.K * RED_LANES, b->ws + p->scratch);
+    for (int64_t r = 0; sum && r < q.K; r++) {
+        float *l = lanes + r * RED_LANES;
+        for (int w = RED_LANES / 2; w >= 1; w /= 2)
+            for (int j = 0; j < w; j++)
+                l[j] += l[j + w];
+        sum[r] = l[0];
+    }
+    return LOOM_OK;
+}

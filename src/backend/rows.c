@@ -1,0 +1,276 @@
+/*
+ * rows.c - row kernels along the last axis: softmax and LayerNorm (LNORM, LNORMGRAD), each built
+ * twice, the second for AVX-512 (the same operations in the same order: the same values).
+ */
+#include "kernels.h"
+
+#include "../graph/opmath.h"
+LOOM_OPMATH(LOOM_OPMATH_EMIT)
+
+/* out = the sum of x[0 .. n) in lanes and a fixed tree (internal.h), as red_lanes_SUM sums. */
+_Static_assert(RED_LANES == LOOM_LANES, "the row kernels' sums are the reductions'");
+#define LANE_SUM(T, x, n, out) LOOM_LANE_REDUCE(T, 0, LOOM_LANE_ADD, x, n, out)
+
+/* Softmax along the last axis, a row at a time: its max (in RED_LANES lanes: exact in any
+ * order, a NaN kept), exp(x - max) (a -inf, as a causal mask leaves, is 0 without calling exp),
+ * their sum in RED_LANES lanes and a fixed tree (LANE_SUM's order; this one loop with the ragged
+ * end inside measured faster here than LANE_SUM's two), each exp divided by it. Each loop
+ * vectorizes; built twice, the second for AVX-512, chosen when the CPU has it (the same
+ * operations in the same order: the same values). */
+#define SOFTMAX_ROWS(NAME, T, EXP, ATTR)                                                        \
+    ATTR static void NAME(const T *x, int64_t rs, int64_t cs, T *y, int64_t rows, int64_t n) {  \
+        int64_t full = n / RED_LANES * RED_LANES;                                               \
+        for (int64_t r = 0; r < rows; r++) {                                                    \
+            const T *xr = x + r * rs;                                                           \
+            T *yr = y + r * n, lane[RED_LANES];                                                 \
+            for (int64_t j = 0; j < n; j++) /* the row, contiguous */                           \
+                yr[j] = xr[j * cs];                                                             \
+            for (int j = 0; j < RED_LANES; j++)                                                 \
+                lane[j] = -INFINITY;                                                            \
+            for (int64_t q = 0; q < n; q += RED_LANES)                                          \
+                for (int j = 0; j < RED_LANES && (q < full || q + j < n); j++) {                \
+                    T a = yr[q + j];                                                            \
+                    lane[j] = a > lane[j] || a != a ? a : lane[j];                              \
+                }                                                                               \
+            for (int w = RED_LANES / 2; w >= 1; w /= 2)                                         \
+                for (int j = 0; j < w; j++)                                                     \
+                    lane[j] = lane[j + w] > lane[j] || lane[j + w] != lane[j + w] ? lane[j + w] \
+                                                                                  : lane[j];    \
+            T mx = lane[0];                                                                     \
+            for (int64_t j = 0; j < n; j++) {                                                   \
+                T a = yr[j], e = EXP(a - mx);                                                   \
+                yr[j] = a == -INFINITY ? (T)0 : e;                                              \
+            }                                                                                   \
+            for (int j = 0; j < RED_LANES; j++)                                                 \
+                lane[j] = 0;                                                                    \
+            for (int64_t q = 0; q < n; q += RED_LANES)                                          \
+                for (int j = 0; j < RED_LANES && (q < full || q + j < n); j++)                  \
+                    lane[j] += yr[q + j];                                                       \
+            for (int w = RED_LANES / 2; w >= 1; w /= 2)                                         \
+                for (int j = 0; j < w; j++)                                                     \
+                    lane[j] += lane[j + w];                                                     \
+            T sum = lane[0];                                                                    \
+            for (int64_t j = 0; j < n; j++)                                                     \
+                yr[j] /= sum;                                                                   \
+        }                                                                                       \
+    }
+SOFTMAX_ROWS(softmax_rows_float, float, loom_expf, )
+SOFTMAX_ROWS(softmax_rows_double, double, exp, )
+#if defined(__x86_64__) && defined(__GNUC__)
+SOFTMAX_ROWS(softmax_rows_float512, float, loom_expf, __attribute__((target("avx512f"))))
+#endif
+
+static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, int64_t rows,
+                             int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) {
+        softmax_rows_float512(x, rs, cs, y, rows, n);
+        return;
+    }
+#endif
+    softmax_rows_float(x, rs, cs, y, rows, n);
+}
+
+/* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
+ * scratch first where strided; the AVX-512 row reads contiguous ones in place): the mean (a sum
+ * in RED_LANES lanes and a fixed tree, over n), the biased variance of x - mean the same way,
+ * rstd = 1 / sqrt(var + eps);
+ *   forward:  y = (x - mean) rstd
+ *   gradient: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), xhat = (x - mean) rstd
+ * the statistics recomputed from x exactly as the forward computes them. Built twice like the
+ * softmax rows (AVX-512 chosen when the CPU has it; the same operations in the same order). */
+#define LNORM_ROW(NAME, T, ATTR)                                                           \
+    /* xr: the row (n), centred in place; gr: its gradient (NULL: forward), tmp: n more */ \
+    ATTR static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps) {            \
+        T sum, sq, mean, rstd;                                                             \
+        LANE_SUM(T, xr, n, sum);                                                           \
+        mean = sum / (T)n;                                                                 \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            xr[j] -= mean, tmp[j] = xr[j] * xr[j];                                         \
+        LANE_SUM(T, tmp, n, sq);                                                           \
+        rstd = (T)1 / sqrt(sq / (T)n + eps);                                               \
+        if (!gr) {                                                                         \
+            for (int64_t j = 0; j < n; j++)                                                \
+                o[j] = xr[j] * rstd;                                                       \
+            return;                                                                        \
+        }                                                                                  \
+        T gsum, gdot;                                                                      \
+        LANE_SUM(T, gr, n, gsum);                                                          \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            xr[j] *= rstd, tmp[j] = gr[j] * xr[j]; /* xhat, gy xhat */                     \
+        LANE_SUM(T, tmp, n, gdot);                                                         \
+        T gm = gsum / (T)n, dm = gdot / (T)n;                                              \
+        for (int64_t j = 0; j < n; j++)                                                    \
+            o[j] = rstd * (gr[j] - gm - xr[j] * dm);                                       \
+    }
+LNORM_ROW(lnorm_row_float, float, )
+LNORM_ROW(lnorm_row_double, double, )
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The float row in AVX-512 intrinsics, read in place (x and g, n contiguous each; o n more):
+ * LANE_SUM's lanes are a vector's (the ragged end added into the first lanes), its tree the
+ * halves folded in (lane j + 8, + 4, + 2, + 1 into lane j), x - mean and xhat recomputed where
+ * the macro keeps them: the same operations in the same order as lnorm_row_float, so the same
+ * values, without the copies and the scalar loops' overhead (a GPT's rows are 128). */
+__attribute__((target("avx512f"), always_inline)) static inline float lane_tree(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 2, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 1, 1, 1)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 1, 1, 1)));
+    return _mm512_cvtss_f32(v);
+}
+#    define ROW_LANES(q, n) \
+        ((q) + 16 <= (n) ? (__mmask16)0xffff : (__mmask16)((1u << ((n) - (q))) - 1))
+__attribute__((target("avx512f"))) static void lnorm_row_float512(const float *x, const float *g,
+                                                                  float *o, int64_t n, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_maskz_loadu_ps(m, x + q));
+    }
+    __m512 mean = _mm512_set1_ps(lane_tree(acc) / (float)n);
+    acc = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + q), mean);
+        acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(d, d));
+    }
+    __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(lane_tree(acc) / (float)n + eps));
+#    define XHAT(q, m) _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + (q)), mean), rstd)
+    if (!g) {
+        for (int64_t q = 0; q < n; q += 16) {
+            __mmask16 m = ROW_LANES(q, n);
+            _mm512_mask_storeu_ps(o + q, m, XHAT(q, m));
+        }
+        return;
+    }
+    __m512 gs = _mm512_setzero_ps(), gd = _mm512_setzero_ps();
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 gq = _mm512_maskz_loadu_ps(m, g + q);
+        gs = _mm512_mask_add_ps(gs, m, gs, gq);
+        gd = _mm512_mask_add_ps(gd, m, gd, _mm512_mul_ps(gq, XHAT(q, m)));
+    }
+    __m512 gm = _mm512_set1_ps(lane_tree(gs) / (float)n);
+    __m512 dm = _mm512_set1_ps(lane_tree(gd) / (float)n);
+    for (int64_t q = 0; q < n; q += 16) {
+        __mmask16 m = ROW_LANES(q, n);
+        __m512 v = _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, g + q), gm),
+                                 _mm512_mul_ps(XHAT(q, m), dm));
+        _mm512_mask_storeu_ps(o + q, m, _mm512_mul_ps(rstd, v));
+    }
+#    undef XHAT
+}
+#    undef ROW_LANES
+#endif
+
+/* Offset of row r (its first element along the last axis) of node x. */
+int64_t loom__row_offset(const loom__pnode *x, int64_t r) {
+    int64_t off = 0;
+    for (int d = x->ndim - 2; d >= 0; d--) {
+        off += r % x->shape[d] * x->lay.stride[d];
+        r /= x->shape[d];
+    }
+    return off;
+}
+
+/* Row r of node x (n elements along the last axis) into dst, contiguous. */
+#define GATHER_ROW(T, src, x, r, n, dst)                         \
+    do {                                                         \
+        const T *s_ = (const T *)(src) + loom__row_offset(x, r); \
+        int64_t cs_ = (x)->lay.stride[(x)->ndim - 1];            \
+        for (int64_t j_ = 0; j_ < (n); j_++)                     \
+            (dst)[j_] = s_[j_ * cs_];                            \
+    } while (0)
+
+size_t loom__lnorm_scratch_bytes(const loom__pnode *t) {
+    return loom__dtype_size((loom_dtype)t->dtype) * (size_t)(3 * t->shape[t->ndim - 1]);
+}
+
+static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
+    void *o = loom__addr(p, b, id);
+    unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
+#if defined(__x86_64__) && defined(__GNUC__)
+    bool wide = __builtin_cpu_supports("avx512f");
+#else
+    bool wide = false;
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        if (t->dtype == LOOM_F64) {
+            double *xr = (double *)(void *)tmp, *gr = grad ? xr + n : NULL,
+                   *o_r = (double *)o + r * n;
+            GATHER_ROW(double, xs, x, r, n, xr);
+            if (grad)
+                GATHER_ROW(double, gs, gy, r, n, gr);
+            lnorm_row_double(xr, gr, xr + 2 * n, o_r, n, t->attr.value);
+        } else {
+            float *xr = (float *)(void *)tmp, *gr = grad ? xr + n : NULL, *o_r = (float *)o + r * n;
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (wide) { /* rows read in place where their elements are contiguous */
+                const float *xw = (const float *)xs + loom__row_offset(x, r), *gw = NULL;
+                if (x->lay.stride[x->ndim - 1] != 1) {
+                    GATHER_ROW(float, xs, x, r, n, xr);
+                    xw = xr;
+                }
+                if (grad)
+                    gw = (const float *)gs + loom__row_offset(gy, r);
+                if (grad && gy->lay.stride[gy->ndim - 1] != 1) {
+                    GATHER_ROW(float, gs, gy, r, n, gr);
+                    gw = gr;
+                }
+                lnorm_row_float512(xw, gw, o_r, n, (float)t->attr.value);
+                continue;
+            }
+#endif
+            GATHER_ROW(float, xs, x, r, n, xr);
+            if (grad)
+                GATHER_ROW(float, gs, gy, r, n, gr);
+            (void)wide;
+            lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
+        }
+    }
+    return LOOM_OK;
+}
+
+loom_status loom__k_lnorm(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_lnorm(p, b, id, false);
+}
+
+loom_status loom__k_lnormgrad(const loom__program *p, const loom__bind *b, int32_t id) {
+    return k_lnorm(p, b, id, true);
+}
+
+loom_status loom__k_softmax(const loom__program *p, const loom__bind *b, int32_t id) {
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    const void *src = loom__addr(p, b, t->src[0]);
+    void *o = loom__addr(p, b, id);
+    int64_t cs = x->lay.stride[x->ndim - 1], rs = n;
+    /* rows evenly spaced (contiguous, or any layout whose leading dims merge) take one loop;
+     * others go a row at a time */
+    bool even = true;
+    for (int d = x->ndim - 3; d >= 0 && even; d--)
+        even = x->shape[d] == 1 || x->lay.stride[d] == x->lay.stride[d + 1] * x->shape[d + 1];
+    if (x->ndim >= 2)
+        rs = x->lay.stride[x->ndim - 2];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    int64_t ix[MAXD] = {0}, off = 0;
+    for (int64_t r = 0; r < rows; r += even ? rows : 1) {
+        int64_t m = even ? rows : 1;
+        const char *xr = (const char *)src + (size_t)off * es;
+        char *yr = (char *)o + (size_t)(r * n) * es;
+        if (t->dtype == LOOM_F64)
+            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
+                                n);
+        else
+            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
+        if (!even) { /* to the next row's first element */
+            off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
+            loom__next_strided(x, ix, &off);
+        }
+    }
+    return LOOM_OK;
+}

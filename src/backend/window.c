@@ -1,0 +1,196 @@
+/*
+ * window.c - UNFOLD (im2col) and FOLD (col2im, its adjoint): windows over an image, a row at a
+ * time; a fold whose product feeds it adds the product into the image as it goes.
+ */
+#include "kernels.h"
+
+/* ---- im2col and col2im ------------------------------------------------------------------------
+ */
+
+/* UNFOLD: x (N,C,H,W) strided -> out (C,KH,KW,N,OH,OW) contiguous; FOLD is its adjoint: it adds
+ * cols (C,KH,KW,N,OH,OW) strided into x (N,C,H,W) contiguous, zeroed first. One walk serves both;
+ * each output row splits into a padded head, an inside run and a padded tail. */
+static void window_range(int64_t len, int64_t out, int k, int s, int p, int64_t *lo, int64_t *hi) {
+    /* o is inside when 0 <= o*s - p + k < len */
+    int64_t a = p - k, b = len - 1 + p - k; /* s*o in [a, b] */
+    *lo = a <= 0 ? 0 : (a + s - 1) / s;
+    *hi = b < 0 ? 0 : b / s + 1;
+    *hi = *hi > out ? out : *hi;
+    *lo = *lo > *hi ? *hi : *lo;
+}
+
+#define WINDOW_ROW(T)                                                                             \
+    static inline void window_row_##T(T *xrow, int64_t xs, T *crow, int64_t cs, int64_t ow,       \
+                                      int64_t lo, int64_t hi, int64_t first, int sw, bool fold) { \
+        T *restrict c = crow;                                                                     \
+        T *restrict x = xrow + first * xs;                                                        \
+        if (fold && cs == 1 && xs == 1 && sw == 1) {                                              \
+            for (int64_t ox = lo; ox < hi; ox++)                                                  \
+                x[ox - lo] += c[ox];                                                              \
+        } else if (fold) {                                                                        \
+            for (int64_t ox = lo; ox < hi; ox++)                                                  \
+                x[(ox - lo) * sw * xs] += c[ox * cs];                                             \
+        } else if (cs == 1 && xs == 1) { /* the common case: unit strides, inlined */             \
+            for (int64_t ox = 0; ox < lo; ox++)                                                   \
+                c[ox] = (T)0;                                                                     \
+            if (sw == 1)                                                                          \
+                for (int64_t ox = lo; ox < hi; ox++)                                              \
+                    c[ox] = x[ox - lo];                                                           \
+            else                                                                                  \
+                for (int64_t ox = lo; ox < hi; ox++)                                              \
+                    c[ox] = x[(ox - lo) * sw];                                                    \
+            for (int64_t ox = hi; ox < ow; ox++)                                                  \
+                c[ox] = (T)0;                                                                     \
+        } else {                                                                                  \
+            for (int64_t ox = 0; ox < ow; ox++)                                                   \
+                c[ox * cs] = ox >= lo && ox < hi ? x[(ox - lo) * sw * xs] : (T)0;                 \
+        }                                                                                         \
+    }
+WINDOW_ROW(float)
+WINDOW_ROW(double)
+
+#define WINDOW_KERNEL(T)                                                                         \
+    static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,          \
+                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {    \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];              \
+        for (int64_t c = 0; c < C; c++)                                                          \
+            for (int64_t i = 0; i < w->kh; i++)                                                  \
+                for (int64_t j = 0; j < w->kw; j++) {                                            \
+                    int64_t ylo, yhi, xlo, xhi;                                                  \
+                    window_range(H, OH, (int)i, w->sh, w->ph, &ylo, &yhi);                       \
+                    window_range(W, OW, (int)j, w->sw, w->pw, &xlo, &xhi);                       \
+                    int64_t first = xlo * w->sw - w->pw + j;                                     \
+                    for (int64_t n = 0; n < N; n++)                                              \
+                        for (int64_t oy = 0; oy < OH; oy++) {                                    \
+                            T *crow = cols + c * cst[0] + i * cst[1] + j * cst[2] + n * cst[3] + \
+                                      oy * cst[4];                                               \
+                            if (oy < ylo || oy >= yhi) {                                         \
+                                for (int64_t ox = 0; ox < OW && !fold; ox++)                     \
+                                    crow[ox * cst[5]] = (T)0;                                    \
+                                continue;                                                        \
+                            }                                                                    \
+                            int64_t iy = oy * w->sh - w->ph + i;                                 \
+                            window_row_##T(x + n * xst[0] + c * xst[1] + iy * xst[2], xst[3],    \
+                                           crow, cst[5], OW, xlo, xhi, first, w->sw, fold);      \
+                        }                                                                        \
+                }                                                                                \
+    }
+WINDOW_KERNEL(float)
+WINDOW_KERNEL(double)
+
+/* A fold over columns of contiguous planes, an image plane (n, c) at a time, which stays in L1
+ * while its window places add into it: each place (i, j)'s columns row by row into the elements
+ * they go to, so that every element takes its window places in the same order as window_T's
+ * (the same sums), without walking the whole image once a place. Plain loops, no gather and
+ * scatter: Zen 4's slow scatters made that form the slower one (bench/RESULTS.md). The planes'
+ * and columns' strides: loom__contiguous_strides' of x (N,C,H,W) and cols (C,KH,KW,N,OH,OW) with
+ * the columns' planes (N's stride) cst3 apart. */
+enum { FOLD_TAPS = 64 }; /* window places whose ranges fold_planes works out once */
+#define FOLD_PLANES(T)                                                                      \
+    static void fold_planes_##T(const loom_window *w, const int64_t *xs, const int64_t *cs, \
+                                int64_t cst3, T *x, const T *cols) {                        \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];         \
+        int64_t taps = (int64_t)w->kh * w->kw, sw = w->sw, rg[FOLD_TAPS][4], g[4];          \
+        for (int64_t t = 0; t < taps && t < FOLD_TAPS; t++) {                               \
+            window_range(H, OH, (int)(t / w->kw), w->sh, w->ph, &rg[t][0], &rg[t][1]);      \
+            window_range(W, OW, (int)(t % w->kw), w->sw, w->pw, &rg[t][2], &rg[t][3]);      \
+        }                                                                                   \
+        for (int64_t c = 0; c < C; c++)                                                     \
+            for (int64_t n = 0; n < N; n++) {                                               \
+                T *plane = x + (n * C + c) * H * W;                                         \
+                for (int64_t t = 0; t < taps; t++) {                                        \
+                    int i = (int)(t / w->kw), j = (int)(t % w->kw);                         \
+                    const int64_t *e = t < FOLD_TAPS ? rg[t] : g;                           \
+                    if (t >= FOLD_TAPS) {                                                   \
+                        window_range(H, OH, i, w->sh, w->ph, &g[0], &g[1]);                 \
+                        window_range(W, OW, j, w->sw, w->pw, &g[2], &g[3]);                 \
+                    }                                                                       \
+                    const T *cp = cols + ((c * taps + t) * N + n) * cst3;                   \
+                    for (int64_t oy = e[0]; oy < e[1]; oy++) {                              \
+                        T *restrict r =                                                     \
+                            plane + (oy * w->sh - w->ph + i) * W + e[2] * sw - w->pw + j;   \
+                        const T *restrict v = cp + oy * OW + e[2];                          \
+                        if (sw == 1)                                                        \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
+                                r[q] += v[q];                                               \
+                        else                                                                \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
+                                r[q * sw] += v[q];                                          \
+                    }                                                                       \
+                }                                                                           \
+            }                                                                               \
+    }
+FOLD_PLANES(float)
+FOLD_PLANES(double)
+
+/* Whether fold_planes can run a fold of columns s: their planes contiguous. */
+static bool fold_planes_ok(const loom__pnode *s) {
+    const int64_t *cs = s->shape, *st = s->lay.stride;
+    return st[5] == 1 && st[4] == cs[5] && st[3] >= cs[4] * cs[5] && st[2] == cs[3] * st[3] &&
+           st[1] == cs[2] * st[2] && st[0] == cs[1] * st[1];
+}
+
+static loom_status window_kernel(const loom__program *p, const loom__bind *b, int32_t id,
+                                 bool fold) {
+    const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
+    const loom__pnode *xn = fold ? t : s, *cn = fold ? s : t;
+    int64_t xst[MAXD], cst[MAXD];
+    if (fold) {
+        loom__contiguous_strides(4, t->shape, xst);
+        memcpy(cst, s->lay.stride, sizeof cst);
+        memset(loom__addr(p, b, id), 0,
+               (size_t)loom__numel(4, t->shape) * loom__dtype_size((loom_dtype)t->dtype));
+    } else {
+        memcpy(xst, s->lay.stride, sizeof xst);
+        loom__contiguous_strides(6, t->shape, cst);
+    }
+    void *x = loom__addr(p, b, fold ? id : t->src[0]);
+    void *c = loom__addr(p, b, fold ? t->src[0] : id);
+    if (fold && fold_planes_ok(s)) {
+        if (t->dtype == LOOM_F64)
+            fold_planes_double(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+        else
+            fold_planes_float(&t->attr.win, t->shape, s->shape, cst[3], x, c);
+    } else if (t->dtype == LOOM_F64)
+        window_double(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
+    else
+        window_float(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
+    return LOOM_OK;
+}
+
+loom_status loom__k_unfold(const loom__program *p, const loom__bind *b, int32_t id) {
+    return window_kernel(p, b, id, false);
+}
+/* Where a fold adds its product's (c, i, j), (n, oy, ox) element: x(n, c, oy*sh + i, ox*sw + j). */
+void loom__fold_dims(const loom__pnode *t, loom__gdim *crow, loom__gdim *ccol) {
+    const loom_window *w = &t->attr.win;
+    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
+    int64_t OH = (H - w->kh) / w->sh + 1, OW = (W - w->kw) / w->sw + 1;
+    *crow = (loom__gdim){.n = 3, .size = {C, w->kh, w->kw}, .stride = {H * W, W, 1}};
+    *ccol = (loom__gdim){
+        .n = 3, .size = {t->shape[0], OH, OW}, .stride = {C * H * W, W * w->sh, w->sw}};
+}
+
+/* A fold that computes its product (compile/fuse.c): x = 0, then x(c, oy*sh + i, ox*sw + j) +=
+ * (A B)((c,i,j), (n,oy,ox)), each result added straight from the product's register tile. */
+static loom_status fold_product(const loom__program *p, const loom__bind *b, int32_t id,
+                                int32_t mid) {
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[mid];
+    loom__gmat ga, gb;
+    int64_t k = loom__product_operands(p, b, mid, &ga, &gb);
+    loom__gdim crow, ccol;
+    loom__fold_dims(t, &crow, &ccol);
+    float *x = loom__addr(p, b, id);
+    memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
+    loom__sgemm_g(m->shape[0], m->shape[1], k, &ga, &gb, x, crow, ccol, true, b->ws + p->scratch);
+    return LOOM_OK;
+}
+
+loom_status loom__k_fold(const loom__program *p, const loom__bind *b, int32_t id) {
+    int32_t v = p->nodes[id].src[0], m = p->nodes[v].src[0];
+    if (m >= 0 && p->nodes[m].fused_into == id && p->nodes[id].back >= 0)
+        return loom__fold_back(p, b, id, m);
+    if (m >= 0 && p->nodes[m].fused_into == id)
+        return fold_product(p, b, id, m);
+    return window_kernel(p, b, id, true);
+}
