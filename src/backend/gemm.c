@@ -15,11 +15,11 @@
  * once, already activated (or, for a product run as its transpose, nt_by_transpose, as C^T is
  * transposed into C); a residual (a matrix added) likewise. A product with a small C and a long K
  * (a first convolution's weight gradient: few input channels, every position of the batch) is dot
- * products along K instead (skinny_gemm). Every element is summed in a fixed order (k ascending
+ * products along K instead (gemm_dot.c). Every element is summed in a fixed order (k ascending
  * within KC blocks; on the dot-product path 16 lanes of k and a fixed tree), so runs repeat
  * bitwise.
  */
-#include "internal.h"
+#include "gemm_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,16 +27,6 @@
 
 #include "../graph/opmath.h"
 
-#define MR      8
-#define NR      48  /* the widest panel (panel_at) */
-#define KC      192 /* a 48-wide B micro-panel of KC rows, 36 KB, stays in the 48 KB L1 */
-#define MC      144
-#define NC      LOOM_GEMM_NC
-/* floats of packed A: a block, or all of A packed once (up to PA_ONCE where A could be read in
- * place, else up to PA: a transposed A, a weight gradient's, is then packed once for every column
- * block instead of once for each; bench/RESULTS.md) */
-#define PA_ONCE (2 * (MC + MR) * KC)
-#define PA      (8 * (MC + MR) * KC)
 _Static_assert(NC % 48 == 0 && NC % 32 == 0, "column blocks are whole panels");
 
 size_t loom__gemm_scratch_bytes(void) {
@@ -44,212 +34,7 @@ size_t loom__gemm_scratch_bytes(void) {
            sizeof(int64_t) * (KC + NR + (MC + MR) + (NC + 2 * NR)) + 128;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#    include <immintrin.h>
-
-/* Offsets of indices from, from + 1, ... (count of them) of compound dimension d: runs along its
- * innermost sub-dimension, then a carry. */
-static void gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t *out) {
-    int64_t dig[LOOM_GDIM_MAX], off = 0, i = from;
-    int last = d->n - 1;
-    for (int s = last; s >= 0; s--) {
-        dig[s] = i % d->size[s];
-        i /= d->size[s];
-        off += dig[s] * d->stride[s];
-    }
-    int64_t st = d->stride[last], len = d->size[last];
-    for (int64_t k = 0; k < count;) {
-        int64_t run = len - dig[last] < count - k ? len - dig[last] : count - k;
-        for (int64_t q = 0; q < run; q++)
-            out[k + q] = off + q * st;
-        k += run, dig[last] += run, off += run * st;
-        if (dig[last] < len)
-            break;
-        off -= st * len, dig[last] = 0;
-        for (int s = last - 1; s >= 0; s--) {
-            off += d->stride[s];
-            if (++dig[s] < d->size[s])
-                break;
-            off -= d->stride[s] * d->size[s];
-            dig[s] = 0;
-        }
-    }
-}
-
-/* The 16 x 16 transpose in registers: unpacks, then 128-bit lane shuffles. */
-__attribute__((target("avx512f"))) static inline void transpose16(__m512 *r) {
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
-}
-
-/* pack() of an operand contiguous along k (each lane a row of memory, rs apart) into panels of w
- * lanes: 16 lanes by 16 k at a time through a register transpose, masked at the edges; a group of
- * 16 lanes covers half a 32- or 48-wide panel, or two 8-wide ones. */
-__attribute__((target("avx512f"))) static void pack_tr(int64_t lanes, int64_t kc, const float *src,
-                                                       int64_t rs, int64_t w, float *dst) {
-    int64_t total = (lanes + w - 1) / w * w; /* lanes past `lanes` are zeros */
-    for (int64_t l0 = 0; l0 < total; l0 += 16) {
-        int rows = (int)(lanes - l0 > 16 ? 16 : lanes - l0 < 0 ? 0 : lanes - l0);
-        int64_t width = total - l0 < 16 ? total - l0 : 16;
-        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
-            int kn = (int)(kc - k0 < 16 ? kc - k0 : 16);
-            __mmask16 km = (__mmask16)((1u << kn) - 1);
-            __m512 r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = i < rows ? _mm512_maskz_loadu_ps(km, src + (l0 + i) * rs + k0)
-                                : _mm512_setzero_ps();
-            transpose16(r);
-            for (int64_t q = 0; q < width; q += w < 16 ? w : 16) {
-                int64_t at = l0 + q, off = at % w, len = w - off < width - q ? w - off : width - q;
-                float *d = dst + at / w * w * kc + k0 * w + off;
-                __mmask16 m = (__mmask16)((1u << len) - 1);
-                for (int k = 0; k < kn; k++) /* lanes 8.. moved down for a second 8-wide panel */
-                    _mm512_mask_storeu_ps(d + k * w, m,
-                                          q ? _mm512_shuffle_f32x4(r[k], r[k], 0xee) : r[k]);
-            }
-        }
-    }
-}
-
-/* The same for rows at their own offsets and runs of kn (<= 16) along k:
- * dst[k * dld + r] = src[loff[r] + k] for k < kn. */
-__attribute__((target("avx512f"))) static void tr16_runs(const float *src, const int64_t *loff,
-                                                         int rows, int kn, float *dst, int64_t dld,
-                                                         int cols) {
-    __m512 r[16];
-    __mmask16 km = (__mmask16)((1u << kn) - 1);
-    for (int i = 0; i < 16; i++)
-        r[i] = i < rows ? _mm512_maskz_loadu_ps(km, src + loff[i]) : _mm512_setzero_ps();
-    transpose16(r);
-    __mmask16 m = (__mmask16)((1u << cols) - 1);
-    for (int k = 0; k < kn; k++)
-        _mm512_mask_storeu_ps(dst + k * dld, m, r[k]);
-}
-
-/* Packs an operand into panels of w lanes (MR rows of A, NR columns of B): element (lane r, k)
- * of the operand is src[r * rs + k * ks]; panel p holds lanes p*w.. as dst[p*w*kc + k*w + r], with
- * zeros past the last lane. Runs along memory are kept: a panel contiguous along its lanes is
- * copied row by row, one contiguous along k by 16x16 register transposes (pack_tr), never as w
- * interleaved streams. */
-__attribute__((target("avx512f"))) static void pack(int64_t lanes, int64_t kc, const float *src,
-                                                    int64_t rs, int64_t ks, int64_t w, float *dst) {
-    if (ks == 1 && rs != 1) {
-        pack_tr(lanes, kc, src, rs, w, dst);
-        return;
-    }
-    if (rs == 1 && w <= 16) {
-        /* narrow panels of an operand contiguous along its lanes (A of a weight gradient, X^T):
-         * k outermost, so that each row of memory is read once, in order, into every panel, where
-         * panel by panel each would reread the same lines, a row apart (2 KB for a 512-wide
-         * activation: few of L1's sets, so they were gone by the next panel) */
-        __mmask16 wm = (__mmask16)((1u << w) - 1);
-        for (int64_t k = 0; k < kc; k++)
-            for (int64_t i = 0; i < lanes; i += w) {
-                int64_t m = lanes - i < w ? lanes - i : w;
-                if (k + 8 < kc) /* rows apart: too far for the hardware's prefetch */
-                    _mm_prefetch((const char *)(src + (k + 8) * ks + i), _MM_HINT_T0);
-                __mmask16 lm = (__mmask16)((1u << m) - 1);
-                _mm512_mask_storeu_ps(dst + i * kc + k * w, wm,
-                                      _mm512_maskz_loadu_ps(lm, src + k * ks + i));
-            }
-        return;
-    }
-    for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
-        int64_t m = lanes - i < w ? lanes - i : w;
-        const float *s = src + i * rs;
-        for (int64_t k = 0; k < kc; k++) {
-            if (rs == 1 && m == w && w % 16 == 0) { /* 16 at a time (memcpy was a rep movs) */
-                for (int64_t q = 0; q < w; q += 16)
-                    _mm512_storeu_ps(dst + k * w + q, _mm512_loadu_ps(s + k * ks + q));
-                continue;
-            }
-            for (int64_t r = 0; r < m; r++)
-                dst[k * w + r] = s[r * rs + k * ks];
-            for (int64_t r = m; r < w; r++)
-                dst[k * w + r] = 0;
-        }
-    }
-}
-
-/* pack() for compound operands: lane offsets are grouped into runs contiguous in memory (up to
- * 16), each copied per k by one masked load and store. */
-__attribute__((target("avx512f"))) static void pack_runs(const float *src, const int64_t *loff,
-                                                         int64_t m, const int64_t *koff, int64_t kc,
-                                                         int64_t w, float *dst) {
-    int64_t r0[NR], len[NR], nr = 0;
-    for (int64_t r = 0; r < m; r += len[nr++]) {
-        r0[nr] = r, len[nr] = 1;
-        while (r + len[nr] < m && len[nr] < 16 && loff[r + len[nr]] == loff[r] + len[nr])
-            len[nr]++;
-    }
-    for (int64_t k = 0; k < kc; k++) {
-        const float *s = src + koff[k];
-        float *d = dst + k * w;
-        for (int64_t q = 0; q < nr; q++) {
-            __mmask16 mk = (__mmask16)((1u << len[q]) - 1);
-            _mm512_mask_storeu_ps(d + r0[q], mk, _mm512_maskz_loadu_ps(mk, s + loff[r0[q]]));
-        }
-        for (int64_t r = m; r < w; r++)
-            d[r] = 0;
-    }
-}
-
-/* Packs lanes [i0, i0 + lanes) x k [k0, k0 + kc) of operand x (lanes along dimension ld, k along
- * kd) into panels of w lanes; koff and loff are scratch. */
-static void pack_g(const float *x, const loom__gdim *ld, int64_t i0, int64_t lanes,
-                   const loom__gdim *kd, int64_t k0, int64_t kc, int64_t w, float *dst,
-                   int64_t *koff, int64_t *loff) {
-    if (ld->n == 1 && kd->n == 1) {
-        pack(lanes, kc, x + i0 * ld->stride[0] + k0 * kd->stride[0], ld->stride[0], kd->stride[0],
-             w, dst);
-        return;
-    }
-    gd_offsets(kd, k0, kc, koff);
-    int64_t kruns = 1; /* runs contiguous along k, against runs across the lanes below */
-    for (int64_t k = 1; k < kc; k++)
-        kruns += koff[k] != koff[k - 1] + 1;
-    for (int64_t i = 0; i < lanes; i += w, dst += w * kc) {
-        int64_t m = lanes - i < w ? lanes - i : w, lruns = 1;
-        gd_offsets(ld, i0 + i, m, loff);
-        for (int64_t r = 1; r < m; r++)
-            lruns += loff[r] != loff[r - 1] + 1;
-        if (kc * lruns > m * kruns) { /* longer runs along k (a weight gradient's image) */
-            for (int64_t k = 0, kn; k < kc; k += kn) {
-                for (kn = 1; k + kn < kc && kn < 16 && koff[k + kn] == koff[k] + kn; kn++)
-                    ;
-                for (int64_t r0 = 0; r0 < w; r0 += 16)
-                    tr16_runs(x + koff[k], loff + r0,
-                              (int)(m - r0 < 0    ? 0
-                                    : m - r0 > 16 ? 16
-                                                  : m - r0),
-                              (int)kn, dst + k * w + r0, w, (int)(w - r0 < 16 ? w - r0 : 16));
-            }
-            continue;
-        }
-        pack_runs(x, loff, m, koff, kc, w, dst);
-    }
-}
+#ifdef LOOM_GEMM512
 
 /* The epilogue in registers on 16 final values of C from column j of the tile (those of lanes m:
  * the others are not read): the bias's element added (C + bias, as the generated ADD), then the
@@ -523,7 +308,7 @@ __attribute__((target("avx512f"))) static void put_transposed(const float *t, in
             for (int q = 0; q < 16; q++)
                 r[q] = q < rows ? _mm512_maskz_loadu_ps(lm, t + (j0 + q) * ld + i0)
                                 : _mm512_setzero_ps();
-            transpose16(r);
+            loom__transpose16(r);
             for (int q = 0; q < cols; q++)
                 _mm512_mask_storeu_ps(c + (i0 + q) * ldc + j0, sm,
                                       act ? act_vec(act, i0 + q, j0, sm, r[q]) : r[q]);
@@ -551,7 +336,7 @@ static int64_t t_kstep(int64_t K) {
  * there (written by the first). koff is scratch. */
 static void t_kblock(int64_t nc, int64_t mpad, int64_t pc, int64_t kc, const float *pp,
                      const loom__gmat *b, const int64_t *coff, int64_t *koff, float *tb) {
-    gd_offsets(&b->row, pc, kc, koff);
+    loom__gd_offsets(&b->row, pc, kc, koff);
     for (int64_t ic = 0; ic < mpad; ic += TW)
         for (int64_t jr = 0; jr < nc; jr += TR) {
             const float *rp[TR];
@@ -570,16 +355,16 @@ static void gemm_t(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const l
     int64_t kstep = t_kstep(K), mpad = (M + TW - 1) / TW * TW;
     bool once = mpad * K <= (int64_t)KC * (NC + 2 * NR); /* A^T packed once for every block */
     for (int64_t pc = 0; once && pc < K; pc += kstep)
-        pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0], a->row.stride[0],
-             a->col.stride[0], TW, pb + mpad * pc);
+        loom__gemm_pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0],
+                        a->row.stride[0], a->col.stride[0], TW, pb + mpad * pc);
     for (int64_t jc = 0; jc < N; jc += NC) {
         int64_t nc = N - jc < NC ? N - jc : NC;
-        gd_offsets(&b->col, jc, nc, coff);
+        loom__gd_offsets(&b->col, jc, nc, coff);
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             if (!once)
-                pack(M, kc, a->p + pc * a->col.stride[0], a->row.stride[0], a->col.stride[0], TW,
-                     pb);
+                loom__gemm_pack(M, kc, a->p + pc * a->col.stride[0], a->row.stride[0],
+                                a->col.stride[0], TW, pb);
             t_kblock(nc, mpad, pc, kc, once ? pb + mpad * pc : pb, b, coff, koff, tb);
         }
         float *cb = done ? c : c + jc;
@@ -648,9 +433,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         act->colsum[j] = 0;
     if (K == 0) {
         for (int64_t i = 0; i < M && !accumulate; i++) {
-            gd_offsets(crow, i, 1, roff);
+            loom__gd_offsets(crow, i, 1, roff);
             for (int64_t j = 0; j < N; j++) {
-                gd_offsets(ccol, j, 1, coff);
+                loom__gd_offsets(ccol, j, 1, coff);
                 c[roff[0] + coff[0]] = act ? act_one(act, i, j, 0) : 0;
                 if (act && act->colsum)
                     act->colsum[j] = act->colsum[j] + c[roff[0] + coff[0]];
@@ -682,11 +467,11 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
     bool a_once = mpad * K <= (int64_t)(a_rows ? PA_ONCE : PA);
     bool direct = !a_once && a_rows;
     for (int64_t pc = 0; a_once && !(part && part->a_ready) && pc < K; pc += kstep)
-        pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
-               pa + mpad * pc, koff, loff);
+        loom__gemm_pack_g(a->p, &a->row, 0, M, &a->col, pc, K - pc < kstep ? K - pc : kstep, MR,
+                          pa + mpad * pc, koff, loff);
     for (int64_t jc = 0; jc < N; jc += nstep) {
         int64_t nc = N - jc < nstep ? N - jc : nstep;
-        gd_offsets(ccol, j0 + jc, nc, coff);
+        loom__gd_offsets(ccol, j0 + jc, nc, coff);
         for (int64_t j = nc - 1; done && j >= 0; j--) /* the block's own buffer */
             coff[j] -= coff[0];
         for (int64_t pc = 0; pc < K; pc += kstep) {
@@ -695,24 +480,25 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
             bool fin = act && pc + kc == K; /* C's final values are stored now */
             for (int64_t jr = 0, w; !b_rows && !by_panel && jr < nc; jr += w) {
                 w = panel_at(nc, jr); /* the block's panels, one after another */
-                pack_g(b->p, &b->col, jc + jr, nc - jr < w ? nc - jr : w, &b->row, pc, kc, w,
-                       pb + jr * kc, koff, loff);
+                loom__gemm_pack_g(b->p, &b->col, jc + jr, nc - jr < w ? nc - jr : w, &b->row, pc,
+                                  kc, w, pb + jr * kc, koff, loff);
             }
             for (int64_t ic = 0; ic < M; ic += MC) {
                 int64_t mc = M - ic < MC ? M - ic : MC;
                 const float *pap = a_once ? pa + mpad * pc + ic * kc : pa;
                 int64_t full = direct ? mc / MR * MR : 0; /* panels read in place */
                 if (!a_once && full < mc)
-                    pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa, koff,
-                           loff);
-                gd_offsets(crow, ic, mc, roff);
+                    loom__gemm_pack_g(a->p, &a->row, ic + full, mc - full, &a->col, pc, kc, MR, pa,
+                                      koff, loff);
+                loom__gd_offsets(crow, ic, mc, roff);
                 for (int64_t jr = 0, w; jr < nc; jr += w) {
                     w = panel_at(nc, jr);
                     int64_t n = nc - jr < w ? nc - jr : w;
                     /* into the panel buffer, just before its tiles read it (read in place: only
                      * a ragged last panel is packed) */
                     if (by_panel || (b_rows && n < w))
-                        pack_g(b->p, &b->col, jc + jr, n, &b->row, pc, kc, w, pb, koff, loff);
+                        loom__gemm_pack_g(b->p, &b->col, jc + jr, n, &b->row, pc, kc, w, pb, koff,
+                                          loff);
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t m = mc - ir < MR ? mc - ir : MR;
                         const float *bp = pb + (b_rows || by_panel ? 0 : jr * kc),
@@ -754,296 +540,6 @@ static void gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loo
         }
         if (done)
             done->fn(done->ctx, jc, nc);
-    }
-}
-
-/* Products with a small C and a long K whose operands both run contiguously along k (a
- * convolution's weight gradient with few input channels: Cout x Cin KH KW over every position of
- * the batch, A the output gradient, B the image through the unfold's view). Panels would be mostly
- * padding and the packs would cost more than the arithmetic, so each C element is a dot product
- * along K instead: 16 lanes of k per FMA, a tile of up to 4 x 5 elements in registers over a block
- * of SK_KB k at a time (A's block read from memory once, the tiles then sweep it in cache), the
- * block's lanes added into a buffer, and the 16 lanes summed at the end. A fixed order, so runs
- * repeat bitwise. */
-#    define SK_KB  1024
-#    define SK_MI  4
-#    define SK_NJ  5   /* 20 accumulators: no register spills */
-#    define SK_MAX 512 /* M x N at most (lane buffer 32 KB) */
-
-typedef struct { /* 16 (or fewer, masked) consecutive k where both operands are contiguous */
-    int64_t ka, kb;
-    uint32_t mask;
-} kchunk;
-_Static_assert(sizeof(float) * 16 * SK_MAX + sizeof(int64_t) * 2 * SK_MAX + sizeof(kchunk) * SK_KB +
-                       sizeof(float *) * 2 * SK_MAX + 64 <=
-                   sizeof(float) * (MC + MR) * KC,
-               "the dot-product path's buffers fit the scratch");
-
-/* The chunks of k in [k0, k1) (one block): greedily from k0, up to 16 consecutive k over which
- * both operands are contiguous. A's k is one dim of stride 1 (skinny), so that is where B's k
- * offsets (d: runs along its innermost sub-dim, of stride 1) go on by one. Returns how many. */
-static int64_t chunks(const loom__gdim *d, int64_t k0, int64_t k1, kchunk *ch) {
-    int last = d->n - 1;
-    int64_t dig[LOOM_GDIM_MAX], off = 0, x = k0, n = 0, clen = 0, lastkb = 0;
-    for (int q = last; q >= 0; q--) {
-        dig[q] = x % d->size[q];
-        x /= d->size[q];
-        off += dig[q] * d->stride[q];
-    }
-    for (int64_t k = k0; k < k1;) {
-        int64_t run = d->size[last] - dig[last] < k1 - k ? d->size[last] - dig[last] : k1 - k;
-        int64_t at = 0;
-        if (clen > 0 && clen < 16 && off == lastkb + 1) { /* the last chunk goes on */
-            int64_t more = 16 - clen < run ? 16 - clen : run;
-            ch[n - 1].mask = (1u << (clen + more)) - 1;
-            clen += more, at = more;
-        }
-        for (; at < run; at += clen) {
-            clen = 16 < run - at ? 16 : run - at;
-            ch[n++] = (kchunk){k + at, off + at, (1u << clen) - 1};
-        }
-        lastkb = off + run - 1;
-        k += run, dig[last] += run, off += run;
-        if (dig[last] < d->size[last])
-            continue;
-        off -= d->size[last], dig[last] = 0; /* carry into the outer sub-dims */
-        for (int q = last - 1; q >= 0; q--) {
-            off += d->stride[q];
-            if (++dig[q] < d->size[q])
-                break;
-            off -= d->stride[q] * d->size[q], dig[q] = 0;
-        }
-    }
-    return n;
-}
-
-/* The 16 lanes' sum, pairwise in a fixed order. */
-static float lane_sum(const float *l) {
-    float t[8];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++)
-            t[i] = (w == 8 ? l[i] + l[i + 8] : t[i] + t[i + w]);
-    return t[0];
-}
-
-/* lane_sum() of n lane vectors (16 floats each, at l) into out: 16 at a time by a register
- * transpose, the same pairs added in the same order, so the same bits. */
-__attribute__((target("avx512f"))) static void lane_sums(const float *l, int64_t n, float *out) {
-    for (int64_t q0 = 0; q0 < n; q0 += 16) {
-        int cnt = (int)(n - q0 < 16 ? n - q0 : 16);
-        __m512 r[16];
-        for (int t = 0; t < 16; t++)
-            r[t] = t < cnt ? _mm512_loadu_ps(l + 16 * (q0 + t)) : _mm512_setzero_ps();
-        transpose16(r); /* r[i]: lane i of each */
-        for (int w = 8; w >= 1; w /= 2)
-            for (int i = 0; i < w; i++)
-                r[i] = _mm512_add_ps(r[i], r[i + w]);
-        _mm512_mask_storeu_ps(out + q0, (__mmask16)((1u << cnt) - 1), r[0]);
-    }
-}
-
-/* A tile of MI rows of A (ar) by NJ columns of B (bc) over one block's chunks: the lanes of
- * each C element accumulated in a register from zero, then added to its lanes in memory (n
- * columns a row). B is loaded a column at a time, so that MI x NJ accumulators fit. */
-#    define DOT_TILE(MI, NJ)                                                               \
-        __attribute__((target("avx512f"))) static void dot_##MI##_##NJ(                    \
-            const float *const *ar, const float *const *bc, const kchunk *ch, int64_t nch, \
-            float *lanes, int64_t n) {                                                     \
-            __m512 acc[MI][NJ];                                                            \
-            _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
-                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) acc[i][j] =           \
-                    _mm512_setzero_ps();                                                   \
-            for (int64_t q = 0; q < nch; q++) {                                            \
-                __mmask16 m = (__mmask16)ch[q].mask;                                       \
-                __m512 av[MI];                                                             \
-                _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++) av[i] =               \
-                    _mm512_maskz_loadu_ps(m, ar[i] + ch[q].ka);                            \
-                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) {                     \
-                    __m512 bv = _mm512_maskz_loadu_ps(m, bc[j] + ch[q].kb);                \
-                    _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++) acc[i][j] =       \
-                        _mm512_fmadd_ps(av[i], bv, acc[i][j]);                             \
-                }                                                                          \
-            }                                                                              \
-            _Pragma("GCC unroll 4") for (int i = 0; i < MI; i++)                           \
-                _Pragma("GCC unroll 9") for (int j = 0; j < NJ; j++) {                     \
-                float *l = lanes + (i * n + j) * 16;                                       \
-                _mm512_storeu_ps(l, _mm512_add_ps(_mm512_loadu_ps(l), acc[i][j]));         \
-            }                                                                              \
-        }
-DOT_TILE(1, 1)
-DOT_TILE(1, 2)
-DOT_TILE(1, 3)
-DOT_TILE(1, 4)
-DOT_TILE(1, 5)
-DOT_TILE(1, 6)
-DOT_TILE(1, 7)
-DOT_TILE(1, 8)
-DOT_TILE(1, 9)
-DOT_TILE(2, 1)
-DOT_TILE(2, 2)
-DOT_TILE(2, 3)
-DOT_TILE(2, 4)
-DOT_TILE(2, 5)
-DOT_TILE(2, 6)
-DOT_TILE(2, 7)
-DOT_TILE(2, 8)
-DOT_TILE(2, 9)
-DOT_TILE(3, 1)
-DOT_TILE(3, 2)
-DOT_TILE(3, 3)
-DOT_TILE(3, 4)
-DOT_TILE(3, 5)
-DOT_TILE(3, 6)
-DOT_TILE(3, 7)
-DOT_TILE(3, 8)
-DOT_TILE(3, 9)
-DOT_TILE(4, 1)
-DOT_TILE(4, 2)
-DOT_TILE(4, 3)
-DOT_TILE(4, 4)
-DOT_TILE(4, 5)
-typedef void dot_fn(const float *const *, const float *const *, const kchunk *, int64_t, float *,
-                    int64_t);
-/* [rows - 1][columns - 1]: up to 9 columns for one to three rows (27 accumulators), 5 for four */
-static dot_fn *const dot_tile[4][9] = {
-    {dot_1_1, dot_1_2, dot_1_3, dot_1_4, dot_1_5, dot_1_6, dot_1_7, dot_1_8, dot_1_9},
-    {dot_2_1, dot_2_2, dot_2_3, dot_2_4, dot_2_5, dot_2_6, dot_2_7, dot_2_8, dot_2_9},
-    {dot_3_1, dot_3_2, dot_3_3, dot_3_4, dot_3_5, dot_3_6, dot_3_7, dot_3_8, dot_3_9},
-    {dot_4_1, dot_4_2, dot_4_3, dot_4_4, dot_4_5, NULL, NULL, NULL, NULL}};
-
-/* A B whose k is strided (a strided convolution's taps) goes block by block into the scratch
- * after the lanes' buffers, contiguous along k: N columns of SK_KB floats, for N up to this. */
-#    define SK_PACK_AT (sizeof(float) * (MC + MR) * KC + 64)
-#    define SK_PACK_N                                                                   \
-        ((int64_t)((loom__gemm_scratch_bytes() - SK_PACK_AT - sizeof(int64_t) * SK_KB - \
-                    sizeof(float *) * SK_MAX - 64) /                                    \
-                   (sizeof(float) * SK_KB)))
-
-static void skinny_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
-                        float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
-                        void *scratch) {
-    float *lanes = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    int64_t *roff = (int64_t *)(lanes + 16 * SK_MAX), *coff = roff + SK_MAX;
-    kchunk *ch = (kchunk *)(coff + SK_MAX);
-    const float **ar = (const float **)(ch + SK_KB), **bc = ar + SK_MAX;
-    bool pack = b->row.stride[b->row.n - 1] != 1;
-    const float **bp = (const float **)((unsigned char *)scratch + SK_PACK_AT);
-    int64_t *koff = (int64_t *)(bp + SK_MAX);
-    float *blk = (float *)(((uintptr_t)(koff + SK_KB) + 63) & ~(uintptr_t)63);
-    memset(lanes, 0, sizeof(float) * 16 * (size_t)(M * N));
-    gd_offsets(&a->row, 0, M, roff);
-    gd_offsets(&b->col, 0, N, coff);
-    for (int64_t i = 0; i < M; i++)
-        ar[i] = a->p + roff[i];
-    for (int64_t j = 0; j < N; j++)
-        bc[j] = b->p + coff[j];
-    for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
-        int64_t kc = K - k0 < SK_KB ? K - k0 : SK_KB, nch = 0;
-        const float **bk = bc;
-        if (pack) { /* the block's columns, contiguous, and chunks of 16 k along them */
-            gd_offsets(&b->row, k0, kc, koff);
-            for (int64_t j = 0; j < N; j++) {
-                float *d = blk + j * SK_KB;
-                for (int64_t q = 0; q < kc; q++)
-                    d[q] = bc[j][koff[q]];
-                bp[j] = d;
-            }
-            for (int64_t q = 0; q < kc; q += 16)
-                ch[nch++] = (kchunk){k0 + q, q, kc - q >= 16 ? 0xffffu : (1u << (kc - q)) - 1};
-            bk = bp;
-        } else {
-            nch = chunks(&b->row, k0, k0 + kc, ch);
-        }
-        for (int64_t i = 0; i < M; i += SK_MI)
-            for (int64_t j = 0; j < N; j += SK_NJ) {
-                int64_t nj = N - j < SK_NJ ? N - j : SK_NJ;
-                if (M - i >= SK_MI)
-                    dot_tile[SK_MI - 1][nj - 1](ar + i, bk + j, ch, nch, lanes + (i * N + j) * 16,
-                                                N);
-                else
-                    for (int64_t r = i; r < M; r++)
-                        dot_tile[0][nj - 1](ar + r, bk + j, ch, nch, lanes + (r * N + j) * 16, N);
-            }
-    }
-    gd_offsets(crow, 0, M, roff);
-    gd_offsets(ccol, 0, N, coff);
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float v = lane_sum(lanes + (i * N + j) * 16);
-            float *d = c + roff[i] + coff[j];
-            *d = accumulate ? *d + v : v;
-        }
-}
-
-/* The dot-product path a row or two of A at a time (a pool gradient's rows as it makes them,
- * so that they are never written whole): B's chunks built once for all of K, and per row the same
- * blocks, chunks and lanes as skinny_gemm, so the same bits. */
-bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    return loom__gemm_available() && loom__gemm_choose(M, N, K, a, b) == LOOM_GEMM_DOT &&
-           N <= LOOM_DOT_MAX_N && b->row.stride[b->row.n - 1] == 1; /* (B read in place) */
-}
-
-size_t loom__dot_rows_bytes(int64_t K) {
-    return sizeof(kchunk) * (size_t)K + sizeof(int64_t) * (size_t)(K / SK_KB + 1) + 64;
-}
-
-void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int64_t K, void *buf) {
-    kchunk *ch = (kchunk *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    int64_t *bend = (int64_t *)(ch + K), coff[LOOM_DOT_MAX_N], n = 0, nb = 0;
-    for (int64_t k0 = 0; k0 < K; k0 += SK_KB) {
-        n += chunks(&b->row, k0, K - k0 < SK_KB ? K : k0 + SK_KB, ch + n);
-        bend[nb++] = n;
-    }
-    *s = (loom__dot_rows){.N = N, .chunks = ch, .bend = bend, .nblocks = nb};
-    gd_offsets(&b->col, 0, N, coff);
-    for (int64_t j = 0; j < N; j++)
-        s->bc[j] = b->p + coff[j];
-}
-
-#    define DOT_ROWS 3 /* rows a tile: 27 accumulators, and 9 loads of B per 27 FMAs */
-_Static_assert(LOOM_SINK_ROWS <= DOT_ROWS, "a pool gradient's rows go into one tile");
-void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
-                        float *c) {
-    float lanes[DOT_ROWS * 16 * LOOM_DOT_MAX_N];
-    const kchunk *ch = s->chunks;
-    for (int64_t i = 0; i < rows; i += DOT_ROWS) { /* the rows share each load of B */
-        int64_t mi = rows - i < DOT_ROWS ? rows - i : DOT_ROWS;
-        const float *ar[DOT_ROWS];
-        for (int64_t r = 0; r < DOT_ROWS; r++)
-            ar[r] = a + (i + (r < mi ? r : mi - 1)) * lda;
-        memset(lanes, 0, sizeof(float) * 16 * (size_t)(mi * s->N));
-        for (int64_t j = 0, g = (s->N + 8) / 9, w = (s->N + g - 1) / g; j < s->N; j += w) {
-            int64_t nj = s->N - j < w ? s->N - j : w;
-            for (int64_t bl = 0, q = 0; bl < s->nblocks; q = s->bend[bl++])
-                dot_tile[mi - 1][nj - 1](ar, s->bc + j, ch + q, s->bend[bl] - q, lanes + 16 * j,
-                                         s->N);
-        }
-        lane_sums(lanes, mi * s->N, c + i * s->N);
-    }
-}
-
-/* Products narrower than 16 columns (a classifier's logits, N = 10) whose operands both run
- * contiguously along k: rows of dot products (loom__dot_rows) in place of panels that would be
- * mostly padding and a transposing pack of all of A. A block of rows at a time into the scratch,
- * then to C. */
-static void narrow_gemm(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
-                        float *c, const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
-                        void *scratch) {
-    enum { ROWS = 48 }; /* a block (K <= 16384: its chunks fit the scratch after it) */
-    float *out = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    int64_t *roff = (int64_t *)(out + ROWS * 16), coff[16];
-    loom__dot_rows s;
-    loom__dot_rows_begin(&s, b, N, K, roff + ROWS);
-    gd_offsets(ccol, 0, N, coff);
-    for (int64_t i0 = 0; i0 < M; i0 += ROWS) {
-        int64_t rows = M - i0 < ROWS ? M - i0 : ROWS;
-        loom__dot_rows_run(&s, a->p + i0 * a->row.stride[0], a->row.stride[0], rows, out);
-        gd_offsets(crow, i0, rows, roff);
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < N; j++) {
-                float *d = c + roff[i] + coff[j];
-                *d = accumulate ? *d + out[i * N + j] : out[i * N + j];
-            }
     }
 }
 
@@ -1108,9 +604,9 @@ void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const 
                       bool accumulate, void *scratch) {
     LOOM_ASSERT(loom__gemm_form_ok(f, M, N, K, a, b));
     if (f == LOOM_GEMM_DOT) {
-        skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+        loom__skinny_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (f == LOOM_GEMM_DOT_ROWS) {
-        narrow_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
+        loom__narrow_gemm(M, N, K, a, b, c, &crow, &ccol, accumulate, scratch);
     } else if (f == LOOM_GEMM_TRANSPOSED) {
         loom__gmat at = transposed(a), bt = transposed(b);
         gemm(N, M, K, &bt, &at, c, &ccol, &crow, accumulate, NULL, scratch, NULL, NULL);
@@ -1194,14 +690,14 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
     float *r = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63) + pad;
     float *tb = r - pad + K * ld; /* the weight gradient's transpose, summed over k blocks */
     int64_t *coff = (int64_t *)(tb + mpad * WN);
-    gd_offsets(&b->col, 0, WN, coff);
+    loom__gd_offsets(&b->col, 0, WN, coff);
     /* spans of the fold's columns; the rows from the first k block not yet done (lo), so that
      * every k block of the weight gradient lies in the rows made for it */
     for (int64_t fj = 0, pc = 0; fj < N; fj += span) {
         int64_t hi = N - fj < span ? N : fj + span, lo = pc < fj ? pc : fj;
         rows(ctx, lo, hi - lo, r, ld);
         for (int64_t kc; pc < N && pc + (kc = N - pc < kstep ? N - pc : kstep) <= hi; pc += kc) {
-            pack(K, kc, r + (pc - lo), ld, 1, TW, pb);
+            loom__gemm_pack(K, kc, r + (pc - lo), ld, 1, TW, pb);
             t_kblock(WN, mpad, pc, kc, pb, b, coff, koff, tb);
         }
         loom__gmat rb = rows_of(r + (fj - lo), K, ld, hi - fj);
@@ -1230,8 +726,8 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
     int64_t *koff = (int64_t *)(tb + (size_t)(MC + MR) * NC);
     int64_t kstep = t_kstep(K), mpad = (M + TW - 1) / TW * TW;
     for (int64_t pc = 0; !packed && pc < K; pc += kstep)
-        pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0], a->row.stride[0],
-             a->col.stride[0], TW, pb + mpad * pc);
+        loom__gemm_pack(M, K - pc < kstep ? K - pc : kstep, a->p + pc * a->col.stride[0],
+                        a->row.stride[0], a->col.stride[0], TW, pb + mpad * pc);
     for (int64_t jc = 0; jc < n; jc += NC) {
         int64_t nc = n - jc < NC ? n - jc : NC;
         for (int64_t pc = 0; pc < K; pc += kstep)
@@ -1243,117 +739,6 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
 #    undef TR
 #    undef TW
 #    undef KT
-
-/* B's column offsets for plane 0 (P of them) and the offset between planes; false if B's columns
- * do not fall in planes of P. */
-static bool plane_offsets(const loom__gdim *c, int64_t N, int64_t P, int64_t *off, int64_t *bps) {
-    int64_t inner = 1;
-    for (int s = 1; s < c->n; s++)
-        inner *= c->size[s];
-    if (P < 1 || N % P || (c->n > 1 && inner != P))
-        return false;
-    *bps = c->n > 1 ? c->stride[0] : P * c->stride[0];
-    if (off)
-        gd_offsets(c, 0, P, off);
-    return true;
-}
-
-bool loom__conv_planes_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
-                          int64_t P) {
-    int64_t bps, span = 0;
-    if (!loom__gemm_available() || M < 1 || K < 1 || K > LOOM_CONV_MAX_K || N < 16 ||
-        a->row.n != 1 || a->col.n != 1 || loom__gemm_choose(M, N, K, a, b) != LOOM_GEMM_PACKED ||
-        !plane_offsets(&b->col, N, P, NULL, &bps))
-        return false;
-    for (int s = 0; s < b->col.n; s++) /* every offset fits the slots' 32 bits */
-        span +=
-            (b->col.size[s] - 1) * (b->col.stride[s] < 0 ? -b->col.stride[s] : b->col.stride[s]);
-    for (int s = 0; s < b->row.n; s++)
-        span +=
-            (b->row.size[s] - 1) * (b->row.stride[s] < 0 ? -b->row.stride[s] : b->row.stride[s]);
-    return span < INT32_MAX / 2;
-}
-
-size_t loom__conv_planes_bytes(int64_t P) {
-    size_t slots = (size_t)P + 8; /* a slot has a column at least; a group's padding */
-    return slots * (2 * sizeof(int32_t) + sizeof(uint16_t)) + sizeof(int64_t) * (size_t)P + 64;
-}
-
-void loom__conv_planes_begin(loom__conv_planes *s, const loom__gmat *a, const loom__gmat *b,
-                             int64_t K, int64_t P, void *buf) {
-    int64_t *coff = (int64_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    int32_t *off = (int32_t *)(coff + P), *at = off + P + 8;
-    uint16_t *mask = (uint16_t *)(at + P + 8);
-    *s = (loom__conv_planes){.a = a->p,
-                             .b = b->p,
-                             .ars = a->row.stride[0],
-                             .acs = a->col.stride[0],
-                             .K = K,
-                             .off = off,
-                             .at = at,
-                             .mask = mask};
-    plane_offsets(&b->col, P, P, coff, &s->bps);
-    gd_offsets(&b->row, 0, K, s->koff);
-    int64_t n = 0;
-    for (int64_t j = 0, len; j < P; j += len, n++) {
-        for (len = 1; j + len < P && len < 16 && coff[j + len] == coff[j] + len; len++)
-            ;
-        off[n] = (int32_t)coff[j], at[n] = (int32_t)j, mask[n] = (uint16_t)((1u << len) - 1);
-    }
-    for (; n % 4; n++) /* empty slots: nothing loaded or stored */
-        off[n] = 0, at[n] = 0, mask[n] = 0;
-    s->nslot = n;
-}
-
-/* Four rows of A (ar: their first elements, acs apart along k) against a group of 4 slots: the
- * image's loads shared by the rows, 16 independent sums (the FMA's latency covered); the first
- * `rows` rows stored, pitch apart. */
-__attribute__((target("avx512f"))) static inline void
-conv_slots(const float *const *ar, int64_t acs, const int64_t *koff, int64_t K, const float *bq,
-           const int32_t *off, const int32_t *at, const uint16_t *mk, int rows, float *out,
-           int64_t pitch) {
-    __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
-    const float *b0 = bq + off[0], *b1 = bq + off[1], *b2 = bq + off[2], *b3 = bq + off[3];
-    const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3];
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00,
-           c12 = c00, c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00,
-           c32 = c00, c33 = c00;
-    for (int64_t k = 0; k < K; k++) {
-        int64_t o = koff[k];
-        __m512 x0 = _mm512_maskz_loadu_ps(m0, b0 + o), x1 = _mm512_maskz_loadu_ps(m1, b1 + o);
-        __m512 x2 = _mm512_maskz_loadu_ps(m2, b2 + o), x3 = _mm512_maskz_loadu_ps(m3, b3 + o);
-        __m512 w = _mm512_set1_ps(a0[k * acs]);
-        c00 = _mm512_fmadd_ps(w, x0, c00), c01 = _mm512_fmadd_ps(w, x1, c01);
-        c02 = _mm512_fmadd_ps(w, x2, c02), c03 = _mm512_fmadd_ps(w, x3, c03);
-        w = _mm512_set1_ps(a1[k * acs]);
-        c10 = _mm512_fmadd_ps(w, x0, c10), c11 = _mm512_fmadd_ps(w, x1, c11);
-        c12 = _mm512_fmadd_ps(w, x2, c12), c13 = _mm512_fmadd_ps(w, x3, c13);
-        w = _mm512_set1_ps(a2[k * acs]);
-        c20 = _mm512_fmadd_ps(w, x0, c20), c21 = _mm512_fmadd_ps(w, x1, c21);
-        c22 = _mm512_fmadd_ps(w, x2, c22), c23 = _mm512_fmadd_ps(w, x3, c23);
-        w = _mm512_set1_ps(a3[k * acs]);
-        c30 = _mm512_fmadd_ps(w, x0, c30), c31 = _mm512_fmadd_ps(w, x1, c31);
-        c32 = _mm512_fmadd_ps(w, x2, c32), c33 = _mm512_fmadd_ps(w, x3, c33);
-    }
-    __m512 c[4][4] = {
-        {c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}, {c30, c31, c32, c33}};
-    __mmask16 m[4] = {m0, m1, m2, m3};
-    for (int r = 0; r < rows; r++)
-        for (int q = 0; q < 4; q++)
-            _mm512_mask_storeu_ps(out + r * pitch + at[q], m[q], c[r][q]);
-}
-
-__attribute__((target("avx512f"))) void loom__conv_planes_run(const loom__conv_planes *s, int64_t i,
-                                                              int rows, int64_t q, float *out,
-                                                              int64_t pitch) {
-    const float *ar[4], *bq = s->b + q * s->bps;
-    for (int r = 0; r < 4; r++) /* a missing row computes the last one again, not stored */
-        ar[r] = s->a + (i + (r < rows ? r : rows - 1)) * s->ars;
-    for (int64_t s0 = 0; s0 < s->nslot; s0 += 4)
-        conv_slots(ar, s->acs, s->koff, s->K, bq, s->off + s0, s->at + s0, s->mask + s0, rows, out,
-                   pitch);
-}
-
 #else
 bool loom__gemm_available(void) {
     return false;
@@ -1382,10 +767,6 @@ void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
     (void)c, (void)ldc, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm without AVX-512");
 }
-bool loom__dot_rows_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
-    (void)M, (void)N, (void)K, (void)a, (void)b;
-    return false;
-}
 bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
                         const loom__gmat *b) {
     (void)f, (void)M, (void)N, (void)K, (void)a, (void)b;
@@ -1402,19 +783,6 @@ void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const 
     (void)f, (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)crow, (void)ccol;
     (void)accumulate, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm_form without AVX-512");
-}
-size_t loom__dot_rows_bytes(int64_t K) {
-    (void)K;
-    return 0;
-}
-void loom__dot_rows_begin(loom__dot_rows *s, const loom__gmat *b, int64_t N, int64_t K, void *buf) {
-    (void)s, (void)b, (void)N, (void)K, (void)buf;
-    LOOM_ASSERT(!"loom__dot_rows without AVX-512");
-}
-void loom__dot_rows_run(const loom__dot_rows *s, const float *a, int64_t lda, int64_t rows,
-                        float *c) {
-    (void)s, (void)a, (void)lda, (void)rows, (void)c;
-    LOOM_ASSERT(!"loom__dot_rows without AVX-512");
 }
 bool loom__gemm_t_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b) {
     (void)M, (void)N, (void)K, (void)a, (void)b;
@@ -1441,24 +809,5 @@ void loom__conv_back(int64_t M, int64_t N, int64_t K, const loom__gmat *a, loom_
                      void *scratch) {
     (void)M, (void)N, (void)K, (void)a, (void)crow, (void)ccol, (void)c, (void)WN, (void)b;
     (void)w, (void)ldw, (void)rows, (void)ctx, (void)pad, (void)buf, (void)scratch;
-}
-bool loom__conv_planes_ok(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
-                          int64_t P) {
-    (void)M, (void)N, (void)K, (void)a, (void)b, (void)P;
-    return false;
-}
-size_t loom__conv_planes_bytes(int64_t P) {
-    (void)P;
-    return 0;
-}
-void loom__conv_planes_begin(loom__conv_planes *s, const loom__gmat *a, const loom__gmat *b,
-                             int64_t K, int64_t P, void *buf) {
-    (void)s, (void)a, (void)b, (void)K, (void)P, (void)buf;
-    LOOM_ASSERT(!"loom__conv_planes without AVX-512");
-}
-void loom__conv_planes_run(const loom__conv_planes *s, int64_t i, int rows, int64_t q, float *out,
-                           int64_t pitch) {
-    (void)s, (void)i, (void)rows, (void)q, (void)out, (void)pitch;
-    LOOM_ASSERT(!"loom__conv_planes without AVX-512");
 }
 #endif
