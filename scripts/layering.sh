@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/layering.sh OBJDIR SRCDIR - fails when a folder of src/ reaches a folder above it: a
 # call (an undefined symbol of one folder's objects that another folder's objects define, read
-# with nm from OBJDIR/FOLDER/*.c.o) or an include ("../FOLDER/..." in SRCDIR/FOLDER). Each folder
+# with nm from OBJDIR/FOLDER/**/*.c.o) or an include ("../FOLDER/..." in SRCDIR/FOLDER/**). Each folder
 # may use only those listed after it below, the layering the README's Layout section shows.
 #   scripts/layering.sh build/CMakeFiles/loom_objects.dir/src src
 set -euo pipefail
@@ -26,11 +26,12 @@ shopt -s nullglob
 for dir in "$objdir"/*/; do
     f=$(basename "$dir")
     [ -n "${may[$f]+x}" ] || { echo "layering: folder src/$f is not in scripts/layering.sh's table"; bad=1; continue; }
-    for o in "$dir"*.c.o; do
-        name=$(basename "$o" .c.o)
+    while read -r o; do
+        name=${o#"$dir"}
+        name=${name%.c.o}
         nm --defined-only "$o" | awk -v w="$f/$name" '$2 ~ /^[TDBRVW]$/ {print $3, w}' >>"$tmp/defs"
         nm -u "$o" | awk -v w="$f/$name" '{print $NF, w}' >>"$tmp/uses"
-    done
+    done < <(find "$dir" -name '*.c.o')
 done
 [ -s "$tmp/defs" ] || { echo "layering: no objects under $objdir"; exit 1; }
 sort -o "$tmp/defs" "$tmp/defs"
@@ -41,16 +42,19 @@ while read -r sym user owner; do
         bad=1
     fi
 done < <(join "$tmp/uses" "$tmp/defs")
-for file in "$srcdir"/*/*.[ch]; do
-    f=$(basename "$(dirname "$file")")
+src_abs=$(realpath "$srcdir")
+while read -r file; do
+    rel=${file#"$srcdir"/}
+    f=${rel%%/*}
     while read -r inc; do
-        to=${inc#../}
+        to=$(realpath -m "$(dirname "$file")/$inc")
+        to=${to#"$src_abs"/}
         to=${to%%/*}
         if ! allowed "$f" "$to"; then
             echo "layering: ${file#"$srcdir"/} includes \"$inc\": $f/ may use only ${may[$f]:-nothing}"
             bad=1
         fi
     done < <(sed -n 's/^#include "\(\.\.\/[^"]*\)".*/\1/p' "$file")
-done
+done < <(find "$srcdir" -mindepth 2 -name '*.[ch]')
 [ $bad -eq 0 ] && echo "layering: clean"
 exit $bad
