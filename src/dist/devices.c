@@ -17,8 +17,7 @@
  * returns the first real cause as "device D, step S: reason", and refuses further steps.
  */
 #define _GNU_SOURCE
-#include "../compile/internal.h"
-#include "internal.h"
+#include "devices.h"
 
 #include <errno.h>
 #include <math.h>
@@ -27,100 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-typedef struct loom__device device;
-
-struct loom__device {
-    loom_devices *owner;
-    int index, cpu;
-    pthread_t thread;
-    bool started, holds_cpu; /* holds_cpu: its thread is pinned to cpu (core/cpus.c) */
-    loom_comm *comm;
-    void *ws;
-    size_t ws_size;
-    float *slab[LOOM_SLAB_COUNT]; /* replicas (PARAM and STATE only where a program needs
-                                   * them); device 0 uses the model's slabs */
-    int64_t slab_cap[LOOM_SLAB_COUNT];
-    loom__bind bind;
-    loom_status st;
-    char msg[512];
-    bool done;         /* finished the current job (under the owner's mutex) */
-    double busy, coll; /* this run: seconds in all, seconds in collectives */
-    double busy_total, coll_total;
-    int64_t coll_bytes; /* cumulative */
-};
-
-/* Whether the devices share the parameters and optimizer state or each update a replica gives
- * the same bits; which is faster depends on the model: a small one's replicas stay in each
- * core's cache, where shared ones cross between the cores every step, and a large optimizer
- * state's update costs twice on replicas (bench/RESULTS.md has both measured). Under
- * LOOM_SHARE_AUTO each program that allows sharing runs its first
- * 2 x SHARE_STEPS steps both ways (SHARE_WARM of each untimed) and keeps the faster by the
- * median of the rest; a few programs are remembered by hash. */
-#define SHARE_STEPS  8
-#define SHARE_WARM   2
-#define SHARE_TRIALS 4
-typedef struct {
-    uint64_t hash; /* 0: unused */
-    int steps;     /* of the trial so far */
-    int mode;      /* -1: trying; else 1 shared, 0 replicas */
-    double t[2][SHARE_STEPS - SHARE_WARM];
-    int64_t used; /* the step it was last used at (the least recently used slot is reused) */
-} share_trial;
-
-typedef enum { JOB_STEP, JOB_REPLICATE } job_kind;
-
-struct loom_devices {
-    loom_devices_config c;
-    int n;
-    loom_group *group;
-    device *dev;
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    uint64_t gen, ndone; /* written under mu, also read without it (spinning) */
-    double started_at;   /* when the current job started (its deadline counts from there) */
-    bool quit, broken;
-    job_kind job;
-    loom__program *prog;
-    loom_model *model;
-    int64_t step;
-    const loom_model *synced_model;
-    uint64_t synced_version;
-    int fault_dev;
-    int64_t fault_step;
-    bool fault_hang;
-    loom__runner runner;
-    loom_graph *inflight; /* the graph whose step the devices are running (submitted), or NULL */
-    loom_graph *holder;   /* the graph whose last step's results the devices' memory holds */
-    /* the processes these devices span (an MPI job; NULL: this process alone): this one's rank
-     * prank of nproc, each with n devices, world in all */
-    loom_group *procs;
-    loom_comm *pcomm;
-    int prank, nproc, world;
-    /* the same processes for the host's own collectives (the loss, gathered outputs, agreeing to
-     * stop): a communicator of their own, never the one device 0 may be using meanwhile */
-    loom_group *hprocs;
-    loom_comm *hcomm;
-    /* device 0's gradients where the processes' all-reduce reads them in place (lend_grads),
-     * and the model that lent them */
-    float *grads;
-    size_t grads_bytes;
-    size_t unshared_bytes; /* a size the group had no shared memory for (not asked again) */
-    loom_model *lent;
-    loom__arena arena; /* that step's input bindings: its graph may be reset meanwhile */
-    bool share;        /* the current job's: PARAM and STATE are the model's on every device */
-    bool behind; /* devices 1..'s replicas of PARAM and STATE do not hold the model's values */
-    bool across; /* the current replication's: from process 0 (the model changed), or local */
-    /* which device runs each entry of the program of hash owner_hash (loom__owners), and how many
-     * entries are so run: made once a program */
-    int32_t *owner;
-    int64_t owner_cap, owner_n;
-    uint64_t owner_hash;
-    share_trial trials[SHARE_TRIALS];
-    share_trial *trying; /* the submitted step's trial, to be timed at its end; or NULL */
-    int trying_mode;
-    bool spare_cpu; /* fewer devices than CPUs: the controller may spin while a step runs */
-};
 
 /* With a CPU to spare (fewer devices than CPUs), spin-then-sleep: a device polls for its next
  * step, and the controller (yielding) for the step's end, this long before sleeping on the
@@ -545,59 +450,6 @@ static void add_metrics(loom_devices *D, loom_graph *g) {
     m->exec_seconds += D->dev[0].busy;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* The step just ended was its trial's: its time (the slowest device's) recorded, and once both
- * ways have their steps, the faster kept. */
-static void trial_timed(loom_devices *D) {
-    share_trial *t = D->trying;
-    double slowest = 0;
-    for (int i = 0; i < D->n; i++)
-        slowest = D->dev[i].busy > slowest ? D->dev[i].busy : slowest;
-    int at = t->steps % SHARE_STEPS - SHARE_WARM;
-    if (at >= 0)
-        t->t[D->trying_mode][at] = slowest;
-    if (++t->steps == 2 * SHARE_STEPS)
-        t->mode =
-            median(t->t[1], SHARE_STEPS - SHARE_WARM) < median(t->t[0], SHARE_STEPS - SHARE_WARM);
-}
-
-/* Whether program p (which allows it) runs on the shared slabs (loom_devices_config.share). A
- * program without updates shares them where the replicas are behind (they would need making
- * first) and reads its own replica where it is up to date (in its own core's cache). */
-static bool choose_sharing(loom_devices *D, const loom__program *p) {
-    D->trying = NULL; /* (a step whose submit failed was never timed) */
-    if (D->c.share != LOOM_SHARE_AUTO)
-        return D->c.share == LOOM_SHARE_ALWAYS;
-    if (!p->own)
-        return D->behind;
-    share_trial *t = &D->trials[0];
-    for (int k = 0; k < SHARE_TRIALS; k++) {
-        if (D->trials[k].hash == p->hash) {
-            t = &D->trials[k];
-            break;
-        }
-        if (D->trials[k].used < t->used)
-            t = &D->trials[k];
-    }
-    if (t->hash != p->hash)
-        *t = (share_trial){.hash = p->hash, .mode = -1};
-    t->used = D->step;
-    if (t->mode >= 0)
-        return t->mode;
-    D->trying = t;
-    D->trying_mode = t->steps >= SHARE_STEPS; /* replicas first, then shared */
-    return D->trying_mode;
-}
-
 /* Starts g's step (program p) on the devices and returns: devices_wait() ends it. A step of
  * another graph still running is waited for first (its graph keeps its status). */
 static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
@@ -611,7 +463,7 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
     D->step++;
-    D->share = D->n > 1 && p->share && choose_sharing(D, p);
+    D->share = D->n > 1 && p->share && loom__share_choose(D, p);
     loom_status st = g->model ? ensure_replicas(D, g->model) : LOOM_OK;
     D->behind = D->behind || (D->share && p->own); /* (its updates go to the model's alone) */
     if (!st && D->share && p->own && D->owner_hash != p->hash) { /* who runs which update */
@@ -641,7 +493,7 @@ static loom_status devices_wait(void *ctx, loom_graph *g) {
     D->inflight = NULL;
     add_metrics(D, g);
     if (!st && D->trying)
-        trial_timed(D);
+        loom__share_timed(D);
     D->trying = NULL;
     return st;
 }
