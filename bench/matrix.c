@@ -83,8 +83,9 @@ int main(int argc, char **argv) {
     bool digest = argc == 5 && !strcmp(argv[4], "--digest");
     const matrix_model *mm = argc == 4 || digest ? matrix_find(argv[1]) : NULL;
     if (!mm) {
-        fprintf(stderr,
-                "usage: bench_matrix --list | MODEL DEVICES STEPS [--digest] (MODEL from --list)\n");
+        fprintf(
+            stderr,
+            "usage: bench_matrix --list | MODEL DEVICES STEPS [--digest] (MODEL from --list)\n");
         return 2;
     }
     int devices = atoi(argv[2]);
