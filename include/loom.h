@@ -1022,7 +1022,8 @@ LOOM_API double loom_cross_entropy_sum(const float *logits, int64_t rows, int64_
  */
 
 /* This machine's float32 FMA peak on one core in GFLOP/s, measured the first time (about 50 ms of
- * AVX-512 FMAs on registers: call it while the devices are idle); 0 without AVX-512. */
+ * FMAs on registers in AVX-512, or AVX2 where the CPU has no AVX-512: call it while the devices
+ * are idle); 0 with neither. */
 LOOM_API double loom_fma_peak_gflops(void);
 /* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
 LOOM_API void loom_info(char *buf, size_t size);

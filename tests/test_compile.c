@@ -334,7 +334,7 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
          * library kernels, each running its epilogue (with loom's matmul; with BLAS the product's
          * runs apart) */
         ASSERT_EQ(mi.kernels, f == 1 || f == 2 ? 5 : 6);
-        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+        ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 2 : 3);
         if (f == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
             int nans = 0;
             for (int j = 0; j < 300; j++)
@@ -400,8 +400,8 @@ TEST(a_residual_is_added_in_the_products_registers_bitwise) {
          * ADD into the ReLU's kernel (variant 1), that kernel into the product as its epilogue,
          * and the epilogue into its registers (a block epilogue would count one fewer). */
         ASSERT_EQ(mi.kernels, variant == 1 ? 4 : 3);
-        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
-        if (!getenv("LOOM_MATMUL"))
+        ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 2 : 3);
+        if (loom__use_own_gemm())
             ASSERT_EQ(mc.fused_ops, variant == 1 ? 3 : 2);
     }
 }
@@ -436,7 +436,7 @@ TEST(products_sum_their_columns_as_they_store_bitwise) {
     for (int relu = 0; relu < 2; relu++) {
         loom_metrics mi, mc;
         ASSERT(compiled_as_interpreted(run_column_sum, relu, &mi, &mc));
-        if (!getenv("LOOM_MATMUL")) /* one kernel: the product, its epilogue and the sum */
+        if (loom__use_own_gemm()) /* one kernel: the product, its epilogue and the sum */
             ASSERT_EQ(mc.kernels, 1);
     }
 }
@@ -500,7 +500,7 @@ TEST(a_sum_takes_rows_others_read_too) {
     ASSERT(same_bits(ref, got, n1, LOOM_F32));
     /* kept: pool gradient, sum, product; else the sum inside the pool gradient */
     ASSERT_EQ(mi.kernels, 3);
-    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 2);
+    ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 2 : 3);
     free(ref);
     free(got);
 }
@@ -513,7 +513,7 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
     ASSERT(ref && got && n1 == n2);
     ASSERT(same_bits(ref, got, n1, LOOM_F32));
     /* compiled: the pool gradient alone, computing the sum and the product (loom's matmul) */
-    ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 1);
+    ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 1 : 3);
     free(ref);
     free(got);
     for (int be = 0; be < 2; be++) { /* no epilogue: the pool gradient's own rows, either way */
@@ -523,7 +523,7 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
         ASSERT(ref && got && n1 == n2);
         ASSERT(same_bits(ref, got, n1, LOOM_F32));
         ASSERT_EQ(mi.kernels, 3);
-        ASSERT_EQ(mc.kernels, getenv("LOOM_MATMUL") ? 3 : 1);
+        ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 1 : 3);
         free(ref);
         free(got);
     }
@@ -579,7 +579,7 @@ TEST(pooling_computes_its_convolution_bitwise) {
         /* kept: the product runs (its bias as its epilogue) and its output is copied out as
          * (N,O,OH,OW); fused, only that copy is gone and the product runs inside the pooling
          * (with BLAS it runs on its own either way) */
-        ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 1 : 2);
+        ASSERT_EQ(mk.kernels - mc.kernels, loom__use_own_gemm() ? 2 : 1);
     }
 }
 
@@ -642,7 +642,7 @@ TEST(a_fold_computes_its_convolutions_backward_bitwise) {
         ASSERT(three_agree(ref, n1, got, n2, interp, n3));
         /* fused, the pool gradient, the weight gradient's product and the bias's sum run in the
          * fold (with BLAS each runs on its own either way) */
-        ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 0 : 2 + bias);
+        ASSERT_EQ(mk.kernels - mc.kernels, loom__use_own_gemm() ? 2 + bias : 0);
     }
 }
 
@@ -700,7 +700,7 @@ TEST(pool_gradient_sinks_take_its_windows) {
     ASSERT(scale > 1 && err <= 1e-6 * scale);
     /* fused, the bias's sum and the weights' product run in the pool gradient (with BLAS the
      * rows are written and each runs on its own either way) */
-    ASSERT_EQ(mk.kernels - mc.kernels, getenv("LOOM_MATMUL") ? 0 : 2);
+    ASSERT_EQ(mk.kernels - mc.kernels, loom__use_own_gemm() ? 2 : 0);
     free(ref);
     free(got);
     free(interp);

@@ -120,11 +120,13 @@ fi
 
 # The same run resumed on one device instead of two (its steps 15 to 28): the same samples in
 # each step, summed in another order: within float rounding of the two-device run's step 28
-# (measured: 2.4e-7 of each tensor's largest magnitude; float32's epsilon is 1.2e-7).
+# (measured: 2.4e-7 of each tensor's largest magnitude with loom's own products on AVX-512,
+# 1.9e-6 with OpenBLAS's on an AVX2 CPU, whose blocking of the batch's sum differs more between
+# one device's batch and two halves, compounded over 14 steps; float32's epsilon is 1.2e-7).
 # shellcheck disable=SC2086
 if "$loom" $mlp --devices 1 --steps 28 --resume "$tmp/mlp-kill.ck/step-000014.safetensors" \
     --save "$tmp/one.res" >/dev/null 2>"$tmp/err" &&
-   out=$(equal "$tmp/one.res" "$tmp/mlp-kill.ck/step-000028.safetensors" 1e-6); then
+   out=$(equal "$tmp/one.res" "$tmp/mlp-kill.ck/step-000028.safetensors" 1e-5); then
     ok "resumed on 1 device instead of 2: $out"
 else
     fail "resumed on 1 device: $(cat "$tmp/err") ${out:-}"
