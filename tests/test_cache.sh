@@ -83,8 +83,8 @@ if "$loom" info | grep -q "matmul: loom's"; then
         [ "$(grep -c "the ReLU's backward" $train)" = 2 ] &&
         grep -q "POOLGRAD (32,128,26,26).*windows into SUM#[0-9]* MATMUL#" $train &&
         grep -q "FOLD (128,32,13,13).*computing POOLGRAD#[0-9]*, computing SUM#[0-9]*, computing MATMUL#[0-9]*, computing MATMUL#[0-9]*, making POOLGRAD#[0-9]*'s rows a block at a time" $train &&
-        grep -q "POOLMAX (32,128,13,13).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]* plane by plane" $train &&
-        grep -q "POOLMAX (64,128,5,5).*computing MATMUL#[0-9]* with its epilogue loom_k[0-9]*" $train; then
+        grep -q "POOLMAX (32,128,13,13).*its product MATMUL#[0-9]* made plane by plane with its epilogue loom_k[0-9]*" $train &&
+        grep -q "POOLMAX (64,128,5,5).*its product MATMUL#[0-9]* made plane by plane with its epilogue loom_k[0-9]*" $train; then
         echo "ok   the CNN's poolings compute their ReLUs and keep argmax codes for their gradients; conv1's computes conv1 and feeds its weight gradients; conv2's backward runs in its fold; conv2's pooling computes conv2; fc1's bias and ReLU and their backward in registers"
     else
         fail "cnn schedule: $(grep -h "POOL\|FOLD" $train)"

@@ -5,13 +5,13 @@
  * the same nodes, nothing fused, every op its own interpreted kernel, every value kept), which
  * writes copies of the slabs. After each of the program's kernels (on the real bindings) the
  * twin runs up to the nodes that kernel made, and every value the kernel leaves whole
- * (loom__entry_values) is compared with the twin's, bit for bit; a value of other arithmetic (a
- * fold summing its taps in its product's order, a pool gradient's sinks by windows) within a
- * normwise bound, the twin then going on from the program's bits. The first difference fails
- * the step with one line naming the node, its kernel and the element: a miscompiled or wrong fast
- * kernel is found where it happens, not as a loss that drifts. Steps take several times as long.
- * Graphs, trainers and devices running with it show that nothing above the interface depends on
- * the CPU executor (tests/test_matrix.c, tests/test_gpt.c, tests/test_cli.sh).
+ * (the planner's values, loom__entry_values) is compared with the twin's, bit for bit; a value of
+ * other arithmetic (a fold summing its taps in its product's order, a pool gradient's sinks by
+ * windows) within a normwise bound, the twin then going on from the program's bits. The first
+ * difference fails the step with one line naming the node, its kernel and the element: a
+ * miscompiled or wrong fast kernel is found where it happens, not as a loss that drifts. Steps take
+ * several times as long. Graphs, trainers and devices running with it show that nothing above the
+ * interface depends on the CPU executor (tests/test_matrix.c, tests/test_gpt.c, tests/test_cli.sh).
  */
 #include "internal.h"
 
@@ -127,7 +127,7 @@ static loom_status check_advance(check_ref *r, int32_t upto) {
     loom__value v[LOOM_ENTRY_VALUES_MAX];
     for (; r->next < r->q->nexec && r->q->exec[r->next] <= upto; r->next++) {
         loom_status st = loom__interp_entry(r->q, &r->b, r->next);
-        for (int k = 0, nv = st ? 0 : loom__entry_values(r->q, r->next, v); k < nv && !st; k++) {
+        for (int k = 0, nv = st ? 0 : r->q->planner->values(r->q, r->next, v); k < nv && !st; k++) {
             const loom__pnode *t = &r->q->nodes[v[k].id];
             size_t es = loom__dtype_size((loom_dtype)t->dtype);
             int64_t n = loom__numel(t->ndim, t->shape);
@@ -244,7 +244,7 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
             continue;
         if ((st = loom__interp_entry(p, b, e)))
             break;
-        int nv = loom__entry_values(p, e, v);
+        int nv = p->planner->values(p, e, v);
         int32_t upto = p->exec[e];
         for (int k = 0; k < nv; k++)
             upto = v[k].id > upto ? v[k].id : upto;

@@ -49,52 +49,66 @@ typedef struct {
     int8_t gndim, gsplit;
     bool gtrans;
     int64_t gshape[LOOM_MAX_DIMS];
-    int32_t epi; /* a product or pool gradient: the generated kernel (index in fused) it
-                  * runs on each block of its output as that block is done, -1 for none */
-    /* A product whose epilogue is a bias row or a matrix added (a residual) and/or a ReLU (ADD,
-     * RELU of it, nothing else), or a ReLU's backward where(h > 0, product, 0): done in registers
-     * as the product stores its final values (loom__sgemm_act), straight into the epilogue's
-     * root; act_add is the leaf added (a row broadcast down, or a matrix of the product's shape,
-     * by its row stride), -1 for none. */
-    bool act, act_relu;
-    int32_t act_add, act_mask; /* act_mask: where(act_mask > 0, product, 0), or -1 */
-    int32_t act_sum;           /* a SUM over axis 0 of the epilogue's root made too, or -1 */
-    int64_t ws_off;            /* bytes: where this node's own workspace buffer starts */
-    int32_t fused_into;        /* the consumer computing this node in its kernel, -1 for none */
-    /* A pool gradient whose rows (its epilogue's 2-D root, or a 2-D view of its output) only
-     * sinks read: a sum along them, a product on the dot-product path (compile/fuse.c). It keeps
-     * two of those rows at a time, each going into the sinks once complete and still in cache, so
-     * its output is never written whole. */
-    int32_t sinks[2], nsinks, stream; /* the sinks, and the node whose rows they read */
-    bool keep; /* ... rows that others read too: written whole, a sum fed each row once complete */
-    int32_t sink_of; /* a sink: the pool gradient computing it, or -1 */
-    /* Max pooling's argmax codes (a byte a window, after a POOLMAX's values): the POOLMAX of a
-     * pool gradient's input writes them (codes) and that POOLGRAD reads them (codes_of, or -1)
-     * instead of its input, which may then be gone. */
-    bool codes;
-    int32_t codes_of;
-    int32_t relu; /* a POOLMAX whose only reader is a ReLU: that RELU, written by the POOLMAX (its
-                   * own values then never are; its codes first in its buffer), or -1 */
-    /* A POOLGRAD whose dy is that ReLU's backward, where(relu > 0, x, 0): x, read instead, the
-     * ReLU's mask taken from the codes (bit 2 of a 2x2 window's, bit 7 of any other's: the
-     * maximum > 0), or -1. */
-    int32_t relu_dy;
-    /* A POOLMAX whose input is a product's output (or its epilogue's root) read by it alone,
-     * where the product can be made a plane at a time (loom__conv_planes_ok): that MATMUL, which
-     * the POOLMAX computes plane by plane, each through the epilogue and pooled while in L1 (the
-     * MATMUL's fused_into names it; its ws_off is the planes' scratch); or -1. */
-    int32_t conv;
-    /* A FOLD whose product's B is a 2-D view of this POOLGRAD's output, which the fold makes a
-     * block of columns at a time from the codes (loom__conv_back) and feeds, while in cache, to
-     * the product, to back_w (the weight gradient: those rows times an unfold) and to back_sum (a
-     * sum along them, or -1); the POOLGRAD, back_w and back_sum name the FOLD as fused_into, and
-     * the product's ws_off is the blocks' scratch (loom__fold_back_bytes). Or -1. */
-    int32_t back, back_w, back_sum;
-    /* A POOLGRAD with sinks whose rows are zero but at its windows' argmax places (2 x 2 windows
-     * tiling its planes, codes read): the sinks take the windows instead and the rows are never
-     * made (interp.c, loom__pool_quad_ok). */
-    bool quad;
+    int32_t epi;        /* a product or pool gradient: the generated kernel (index in fused) it
+                         * runs on each block of its output as that block is done, -1 for none */
+    int64_t ws_off;     /* bytes: where this node's own workspace buffer starts */
+    int32_t fused_into; /* the consumer computing this node in its kernel, -1 for none */
+    int32_t made_by;    /* the producer whose kernel computes this node (a sum fed rows as a pool
+                         * gradient makes them, the ReLU a pooling writes), -1 for none */
+    int32_t form;       /* the first of the kernel forms it runs (index in the program's forms, each
+                         * naming the next), -1 for none: see loom__form */
 } loom__pnode;
+
+/* A kernel form: what a fusion rule that is not a generated kernel (compile/forms/NAME.c, its row
+ * in compile/fuse.c's loom__rules) made of a node, as a record on the program. A node refers to
+ * its forms by one index (loom__pnode.form), the first of a list: a pool gradient may read codes,
+ * take a ReLU's backward and feed sinks at once. Executors look up the form a kernel family runs
+ * (loom__form_get); the planner and the program's printer ask the form's own functions
+ * (compile/'s loom__form_ops) for its buffers, its line and the values it leaves. The kinds in the
+ * order those functions are asked, each with the rule that makes it and what it holds: */
+typedef enum {
+    LOOM_FORM_ACT,        /* product-act, a MATMUL: its epilogue in registers as it stores */
+    LOOM_FORM_RELU,       /* pool-relu, a POOLMAX: it writes the ReLU of its maxima instead */
+    LOOM_FORM_CODES,      /* pool-codes, a POOLMAX: it keeps each window's argmax place */
+    LOOM_FORM_CONV,       /* pool-conv, a POOLMAX: it computes its product plane by plane */
+    LOOM_FORM_BACK,       /* conv-back, a FOLD: it makes a pool gradient's rows for its products */
+    LOOM_FORM_CODES_READ, /* pool-codes, a POOLGRAD: it reads a POOLMAX's codes, not its input */
+    LOOM_FORM_RELU_DY,    /* pool-relu, a POOLGRAD: it reads x of where(relu > 0, x, 0) as dy */
+    LOOM_FORM_SINKS,      /* pool-sinks, a POOLGRAD: it feeds its rows to sinks while in cache */
+    LOOM_FORM_QUAD,       /* pool-quad, a POOLGRAD with sinks: they take its windows instead */
+    LOOM_FORM_KINDS
+} loom__form_kind;
+
+typedef struct {
+    uint8_t kind; /* loom__form_kind */
+    int32_t node; /* the node whose kernel runs it */
+    int32_t next; /* the node's next form, -1 for none */
+    union {
+        /* ACT: the bias row or matrix added (-1 for none) and then the ReLU; or, with mask >= 0,
+         * where(mask > 0, product, 0); written into the epilogue's root; sum: a SUM over axis 0
+         * of that root made too (by columns as rows are stored), or -1 */
+        struct {
+            bool relu;
+            int32_t add, mask, sum;
+        } act;
+        int32_t relu;    /* RELU: the RELU node it writes (its own values then never are) */
+        int32_t product; /* CONV: the MATMUL it computes (naming the POOLMAX as fused_into) */
+        /* BACK: the POOLGRAD whose rows it makes, the weight gradient (a MATMUL of the rows and an
+         * unfold) and the sum along them (or -1) it feeds; each names the FOLD as fused_into */
+        struct {
+            int32_t grad, w, sum;
+        } back;
+        int32_t codes_of; /* CODES_READ: the POOLMAX keeping them */
+        int32_t dy;       /* RELU_DY: the gradient read instead of the WHERE */
+        /* SINKS: the sinks (a sum along the rows, a product on the dot-product path), the node
+         * whose 2-D rows they read, and keep: others read the rows too, so they are written
+         * whole (else two rows at a time are held) */
+        struct {
+            int32_t sink[2], n, stream;
+            bool keep;
+        } sinks;
+    } u;
+} loom__form;
 
 /* A view: strides over another node's values, no kernel (a MOV op not materialized, or an unfold
  * without padding read in place). */
@@ -137,6 +151,17 @@ static inline bool loom__fused_out_arg(const loom__fused *k, int a) {
     return false;
 }
 
+/* A value that a kernel leaves whole in memory: node id's elements at lay (its shape and dtype;
+ * a STORE's or SYNC's: the slab range it wrote). exact: the same arithmetic in the same order as
+ * the op alone computes it, so the same bits (false: a fold adding its product into the image as
+ * the product goes sums the taps in another order; a pool gradient's sinks by windows take the
+ * sums and products in another order). */
+typedef struct {
+    int32_t id;
+    bool exact;
+    loom__layout lay;
+} loom__value;
+#define LOOM_ENTRY_VALUES_MAX 8
 /* What the planner (compile/program.c, above the executors) lends every program it plans, so that
  * an executor reaches the compiler only through it: the CPU executor (the one a check executor
  * builds with), a program's reference twin (the same ids, shapes and outputs, planned with nothing
@@ -146,6 +171,8 @@ typedef struct {
     const loom__executor *cpu;
     loom__program *(*reference)(const loom__program *p, const loom__executor *x);
     void (*free)(loom__program *p);
+    /* the values exec entry e of p leaves whole in memory (loom__entry_values) */
+    int (*values)(const loom__program *p, int64_t e, loom__value *out);
 } loom__planner;
 
 struct loom__program {
@@ -163,7 +190,9 @@ struct loom__program {
                       * the attention's heads), which each uses while it runs; 0 with none */
     loom__fused *fused; /* generated kernels */
     int64_t nfused;
-    int32_t *fused_of;       /* per node: index in fused, -1 where the interpreter runs it */
+    int32_t *fused_of; /* per node: index in fused, -1 where the interpreter runs it */
+    loom__form *forms; /* the kernel forms of its nodes (loom__pnode.form) */
+    int32_t nforms, forms_cap;
     const loom__executor *x; /* the executor that built it and runs it */
     void *target;            /* what x's build made for it (the CPU's: the loaded object) */
     uint64_t *prof_ns; /* LOOM_PROFILE: nanoseconds per exec entry summed over devices, then runs */
@@ -180,6 +209,42 @@ struct loom__program {
     int32_t rule_hits[LOOM_RULES_MAX]; /* ops each fusion rule fused (compile/fuse.c's table) */
 };
 #define LOOM_PROF_KEEP 256
+
+/* Node id's form of kind k, or NULL. */
+static inline const loom__form *loom__form_get(const loom__program *p, int32_t id,
+                                               loom__form_kind k) {
+    for (int32_t f = p->nodes[id].form; f >= 0; f = p->forms[f].next)
+        if (p->forms[f].kind == k)
+            return &p->forms[f];
+    return NULL;
+}
+/* What the pooling forms hold, asked often: the RELU a POOLMAX writes (-1 for none), the POOLMAX
+ * whose codes a pool gradient reads (-1), the gradient it reads as dy (its WHERE's x, or its own
+ * second operand), and whether a POOLMAX keeps codes. */
+static inline int32_t loom__pool_relu_of(const loom__program *p, int32_t id) {
+    const loom__form *x = loom__form_get(p, id, LOOM_FORM_RELU);
+    return x ? x->u.relu : -1;
+}
+static inline int32_t loom__pool_codes_of(const loom__program *p, int32_t id) {
+    const loom__form *x = loom__form_get(p, id, LOOM_FORM_CODES_READ);
+    return x ? x->u.codes_of : -1;
+}
+static inline int32_t loom__pool_dy(const loom__program *p, int32_t id) {
+    const loom__form *x = loom__form_get(p, id, LOOM_FORM_RELU_DY);
+    return x ? x->u.dy : p->nodes[id].src[1];
+}
+static inline bool loom__pool_keeps_codes(const loom__program *p, int32_t id) {
+    return loom__form_get(p, id, LOOM_FORM_CODES) != NULL;
+}
+/* Node id's sinks (NULL for none), and whether they alone read its rows: then two rows at a
+ * time are held, never all (loom__form.u.sinks.keep false). */
+static inline const loom__form *loom__sinks_of(const loom__program *p, int32_t id) {
+    return loom__form_get(p, id, LOOM_FORM_SINKS);
+}
+static inline bool loom__rows_streamed(const loom__program *p, int32_t id) {
+    const loom__form *x = loom__sinks_of(p, id);
+    return x && !x->u.sinks.keep;
+}
 
 /* Collectives of the device running a program (set by dist/; NULL on a single device, where a
  * collective over one device is the identity). */
@@ -216,8 +281,9 @@ struct loom__executor {
     /* The fusion rules (compile/fuse.c's table, by name) whose kernel forms this executor runs,
      * NULL-terminated; the planner applies no other, so that an executor for another target takes
      * the forms it implements and is handed every other op as its own kernel. NULL: every rule.
-     * A rule finds what it builds on in the fields that earlier rules set, so one whose groundwork
-     * an executor does not take finds nothing to fuse (tests/test_compile.c leaves out each). */
+     * A rule finds what it builds on in the records that earlier rules made, so one whose
+     * groundwork an executor does not take finds nothing to fuse (tests/test_compile.c leaves out
+     * each). */
     const char *const *forms;
     /* *compiled: whether a compiler ran (else the build came from a cache) */
     loom_status (*build)(const loom__executor *x, loom__program *p, bool *compiled);
@@ -238,20 +304,6 @@ extern loom__check_counts loom__check;
 
 /* The executable entries of a program one at a time: exec entry e with bindings b. */
 loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e);
-/* A value that a kernel leaves whole in memory: node id's elements at lay (its shape and dtype;
- * a STORE's or SYNC's: the slab range it wrote). exact: the same arithmetic in the same order as
- * the op alone computes it, so the same bits (false: a fold adding its product into the image as
- * the product goes sums the taps in another order; a pool gradient's sinks by windows take the
- * sums and products in another order). */
-typedef struct {
-    int32_t id;
-    bool exact;
-    loom__layout lay;
-} loom__value;
-#define LOOM_ENTRY_VALUES_MAX 8
-/* The values exec entry e of p leaves whole in memory once it has run (its node's, an epilogue's
- * root, a ReLU it wrote, sums it made, members stored), into out; returns how many. */
-int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
 
 /* out = x[0 .. n) combined by OP(acc, a) in LOOM_LANES lanes (element j into lane j % LOOM_LANES,
  * each lane starting from IDENT), the lanes then folded in a fixed tree (lane j with lane j + 8,
@@ -352,7 +404,7 @@ void loom__sgemm_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a, co
  * added: C + bias, or NULL) or the addend (an M x N matrix, rows ldm apart: C + addend, or NULL)
  * and then the ReLU (a <= 0 ? 0 : a); or, with a mask (an M x N matrix, rows ldm apart),
  * where(mask > 0, C, 0) (a ReLU's backward). The same operations as the generated ADD, RELU,
- * CMPGT and WHERE, so the same bits (loom__pnode.act). */
+ * CMPGT and WHERE, so the same bits (the ACT form). */
 typedef struct {
     const float *bias;
     bool relu;
@@ -458,14 +510,14 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
  * AVX-512 unless LOOM_MATMUL=blas (BLAS then, and always for float64 and on other CPUs; attention's
  * plain loops). The one place this choice is made. */
 bool loom__use_own_gemm(void);
-/* Rows a pool gradient with sinks keeps at a time (loom__pnode.sinks): the product's sink runs
+/* Rows a pool gradient with sinks keeps at a time (its SINKS form): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit
  * a 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */
 #define LOOM_SINK_ROWS 3
 /* Whether pool gradient t's own buffer holds one plane of its values at a time (they go into
  * its epilogue, or into the rows its sinks alone read), not all of them. */
-static inline bool loom__pool_by_plane(const loom__pnode *t) {
-    return t->epi >= 0 || (t->nsinks && !t->keep);
+static inline bool loom__pool_by_plane(const loom__program *p, int32_t id) {
+    return p->nodes[id].epi >= 0 || loom__rows_streamed(p, id);
 }
 /* The 2x2, stride-2, unpadded window over unit-stride rows: max pooling's own row kernels (their
  * codes 0-3, bit 2 the ReLU's mask; other windows' are places i kw + j, bit 7 the mask). */
@@ -474,28 +526,28 @@ static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
            row_stride == 1;
 }
 /* Whether a pool gradient of H x W planes, OH x OW 2x2 windows, can be made a plane at a time
- * from the codes (loom__pnode.back). */
+ * from the codes (its BACK form). */
 bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
-/* Whether pool gradient id's sinks can take its windows (loom__pnode.quad; its sinks, codes and
+/* Whether pool gradient id's sinks can take its windows (its QUAD form; its sinks, codes and
  * ReLU's backward decided; a product sink: a 3 x 3 convolution's weight gradient), and the
  * scratch it then needs. */
 bool loom__pool_quad_ok(const loom__program *p, int32_t id);
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);
-/* The scratch of max pooling f computing its convolution (loom__pnode.conv); whether it can
+/* The scratch of max pooling f computing its convolution (its CONV form); whether it can
  * compute one that runs by its transpose (more channels than taps) window by window. */
 size_t loom__pool_conv_bytes(const loom__program *p, int32_t f);
 bool loom__pool_conv_t_ok(const loom__program *p, int32_t f);
-/* The scratch of fold f computing its convolution's backward (loom__pnode.back). */
+/* The scratch of fold f computing its convolution's backward (its BACK form). */
 size_t loom__fold_back_bytes(const loom__program *p, int32_t f);
 /* Whether the 2x2 max pooling's own row kernels can keep argmax codes, take a ReLU and read the
- * codes in its gradient (backend/interp.c; loom__pnode.codes, relu). */
+ * codes in its gradient (backend/interp.c; the CODES and RELU forms). */
 bool loom__pool_codes_available(void);
 /* Whether max pooling over window w (input rows row_stride apart) of dtype dt can keep argmax
  * codes (a byte a window: its maximum's place in the window, i kw + j) that its gradient reads
  * instead of its input: any window of up to 256 places, any dtype (the 2x2 rows keep them on
  * the AVX-512 path, the general loops elsewhere). */
 bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt);
-/* Whether a float max pooling over window w can write the ReLU of its maxima (loom__pnode.relu)
+/* Whether a float max pooling over window w can write the ReLU of its maxima (its RELU form)
  * and mark in its codes where it passes: the 2x2 rows where available (bit 2), any window of up
  * to 128 places (bit 7). */
 bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride);
@@ -503,7 +555,7 @@ bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride);
 static inline uint8_t *loom__pool_codes(const loom__program *p, const loom__bind *b, int32_t m) {
     const loom__pnode *t = &p->nodes[m];
     return (uint8_t *)loom__addr(p, b, m) +
-           (t->relu >= 0
+           (loom__pool_relu_of(p, m) >= 0
                 ? 0
                 : loom__numel(t->ndim, t->shape) * (int64_t)loom__dtype_size((loom_dtype)t->dtype));
 }

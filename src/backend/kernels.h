@@ -143,7 +143,7 @@ __attribute__((target("avx512f"))) static inline void pool_windows(__m512 a, __m
 }
 #endif
 
-/* pool_quad.c: a pool gradient's sinks by windows (loom__pnode.quad), and the subsampled images
+/* pool_quad.c: a pool gradient's sinks by windows (its QUAD form), and the subsampled images
  * it shares with pool_conv.c. */
 #define QUAD_IMGS 16 /* images a channel at most: (KH + 1)(KW + 1) for 3 x 3 */
 loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t id);
@@ -151,9 +151,9 @@ loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t
 void loom__quad_images(float *S, float *tmp, const float *x, const loom__gdim *br, int64_t sc,
                        int64_t OH, int64_t OW, int64_t chunks);
 #endif
-/* pool_conv.c: a max pooling computing its convolution (loom__pnode.conv). */
+/* pool_conv.c: a max pooling computing its convolution (its CONV form). */
 loom_status loom__pool_conv(const loom__program *p, const loom__bind *b, int32_t id);
-/* pool_back.c: a fold computing its convolution's backward from a pool gradient (.back). */
+/* pool_back.c: a fold computing its convolution's backward from a pool gradient (its BACK form). */
 loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id, int32_t mid);
 
 #endif

@@ -495,7 +495,9 @@ POOL_KERNELS(double, uint64_t)
 
 static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
-    int32_t dn = t->relu_dy >= 0 ? t->relu_dy : t->src[1]; /* the gradient read */
+    int32_t dn = grad ? loom__pool_dy(p, id) : -1; /* the gradient read */
+    int32_t relu = loom__pool_relu_of(p, id), codes_of = loom__pool_codes_of(p, id);
+    const loom__form *sk = loom__sinks_of(p, id);
     const loom__pnode *y = grad ? &p->nodes[dn] : t;
     const void *dy = NULL;
     int64_t dyst[MAXD] = {0};
@@ -507,7 +509,7 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
             memcpy(dyst, d->lay.stride, sizeof(int64_t) * 4);
         else {
             int64_t own =
-                loom__pool_by_plane(t) ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
+                loom__pool_by_plane(p, id) ? t->shape[2] * t->shape[3] : loom__numel(4, t->shape);
             void *tmp = b->ws + t->ws_off + (size_t)own * loom__dtype_size((loom_dtype)t->dtype);
             loom__strided_copy(tmp, dy, &d->lay, 4, d->shape,
                                loom__dtype_size((loom_dtype)t->dtype));
@@ -517,24 +519,24 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     const void *xv = loom__addr(p, b, t->src[0]);
     void *o = loom__addr(p, b, id);
     epilogue e = {0};
-    if (t->epi >= 0 || t->nsinks) { /* a plane at a time, each then through the epilogue */
+    if (t->epi >= 0 || sk) { /* a plane at a time, each then through the epilogue */
         loom__epilogue_init(&e, p, b, id);
         e.plane = t->shape[2] * t->shape[3];
         o = b->ws + t->ws_off;
     }
-    uint8_t *codes = t->codes           ? loom__pool_codes(p, b, id)
-                     : t->codes_of >= 0 ? loom__pool_codes(p, b, t->codes_of)
-                                        : NULL;
-    if (t->relu >= 0) /* the ReLU's output, not its own */
-        o = loom__addr(p, b, t->relu);
+    uint8_t *codes = loom__pool_keeps_codes(p, id) ? loom__pool_codes(p, b, id)
+                     : codes_of >= 0               ? loom__pool_codes(p, b, codes_of)
+                                                   : NULL;
+    if (relu >= 0) /* the ReLU's output, not its own */
+        o = loom__addr(p, b, relu);
     if (t->dtype == LOOM_F64)
         loom__pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad,
                           codes, false, NULL, NULL, NULL);
     else
-        loom__pool_float(
-            &t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad, codes,
-            t->relu >= 0 || t->relu_dy >= 0, t->epi >= 0 || t->nsinks ? loom__plane_done : NULL,
-            t->epi < 0 && t->nsinks && e.cols % e.plane == 0 ? loom__plane_place : NULL, &e);
+        loom__pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad,
+                         codes, relu >= 0 || loom__form_get(p, id, LOOM_FORM_RELU_DY),
+                         t->epi >= 0 || sk ? loom__plane_done : NULL,
+                         t->epi < 0 && sk && e.cols % e.plane == 0 ? loom__plane_place : NULL, &e);
     return LOOM_OK;
 }
 
@@ -544,12 +546,12 @@ bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW) {
 }
 
 loom_status loom__k_poolmax(const loom__program *p, const loom__bind *b, int32_t id) {
-    if (p->nodes[id].conv >= 0)
+    if (loom__form_get(p, id, LOOM_FORM_CONV))
         return loom__pool_conv(p, b, id);
     return pool_kernel(p, b, id, false);
 }
 loom_status loom__k_poolgrad(const loom__program *p, const loom__bind *b, int32_t id) {
-    if (p->nodes[id].quad)
+    if (loom__form_get(p, id, LOOM_FORM_QUAD))
         return loom__pool_quad(p, b, id);
     return pool_kernel(p, b, id, true);
 }

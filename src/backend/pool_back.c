@@ -1,6 +1,6 @@
 /*
  * pool_back.c - a fold computing its convolution's backward from a pool gradient's codes
- * (loom__pnode.back): the gradient made a block of columns at a time, fed to both products.
+ * (its BACK form): the gradient made a block of columns at a time, fed to both products.
  */
 #include "kernels.h"
 
@@ -26,18 +26,20 @@ sum_lanes(float *lane, const float *x, int64_t len) {
         lane[j] += x[k + j];
 }
 
-/* A fold computing its convolution's backward from a pool gradient (loom__pnode.back): the fold's
+/* A fold computing its convolution's backward from a pool gradient (its BACK form): the fold's
  * product A, the weight gradient's B (an unfold), and the room made on either side of a row (a
  * plane: planes straddle the runs). */
 typedef struct {
     const loom__pnode *fold, *prod, *pg, *w;
+    const loom__form *x;
     loom__gmat a, b;
     int64_t K, pad;
 } back_plan;
 
 static back_plan back_plan_of(const loom__program *p, int32_t f) {
-    back_plan q = {.fold = &p->nodes[f], .pg = &p->nodes[p->nodes[f].back]};
-    q.prod = &p->nodes[p->nodes[q.fold->src[0]].src[0]], q.w = &p->nodes[q.fold->back_w];
+    back_plan q = {.fold = &p->nodes[f], .x = loom__form_get(p, f, LOOM_FORM_BACK)};
+    q.pg = &p->nodes[q.x->u.back.grad];
+    q.prod = &p->nodes[p->nodes[q.fold->src[0]].src[0]], q.w = &p->nodes[q.x->u.back.w];
     loom__operand_dims(&p->nodes[q.prod->src[0]], &q.a.row, &q.a.col);
     loom__operand_dims(&p->nodes[q.w->src[1]], &q.b.row, &q.b.col);
     q.K = loom__numel(q.a.col.n, q.a.col.size);
@@ -86,19 +88,19 @@ loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t
     back_plan q = back_plan_of(p, id);
     const loom__pnode *g = q.pg, *t = q.fold;
     q.a.p = loom__addr(p, b, q.prod->src[0]), q.b.p = loom__addr(p, b, q.w->src[1]);
-    int32_t dn = g->relu_dy >= 0 ? g->relu_dy : g->src[1];
+    int32_t gid = q.x->u.back.grad, dn = loom__pool_dy(p, gid);
     const loom__pnode *d = &p->nodes[dn];
     float *lanes = (float *)(b->ws + p->nodes[mid].ws_off);
-    float *sum = t->back_sum >= 0 ? loom__addr(p, b, t->back_sum) : NULL;
+    float *sum = q.x->u.back.sum >= 0 ? loom__addr(p, b, q.x->u.back.sum) : NULL;
     back_rows s = {.dy = loom__addr(p, b, dn),
                    .dys0 = d->lay.stride[0],
                    .dys1 = d->lay.stride[1],
-                   .codes = loom__pool_codes(p, b, g->codes_of),
+                   .codes = loom__pool_codes(p, b, loom__pool_codes_of(p, gid)),
                    .rows = q.K,
                    .planes = g->shape[1],
                    .P = g->shape[2] * g->shape[3],
                    .OP = d->shape[2] * d->shape[3],
-                   .relu = g->relu >= 0 || g->relu_dy >= 0,
+                   .relu = loom__form_get(p, gid, LOOM_FORM_RELU_DY) != NULL,
                    .lanes = sum ? lanes : NULL};
     loom__pool_gtab_init(&s.gt, g->shape[2], g->shape[3], d->shape[2], d->shape[3]);
     memset(lanes, 0, sizeof(float) * (size_t)(q.K * RED_LANES));
@@ -107,7 +109,7 @@ loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t
     float *x = loom__addr(p, b, id);
     memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
     loom__conv_back(q.prod->shape[0], q.prod->shape[1], q.K, &q.a, crow, ccol, x, q.w->shape[1],
-                    &q.b, loom__addr(p, b, t->back_w), q.w->lay.stride[0], back_rows_make, &s,
+                    &q.b, loom__addr(p, b, q.x->u.back.w), q.w->lay.stride[0], back_rows_make, &s,
                     q.pad, lanes + q.K * RED_LANES, b->ws + p->scratch);
     for (int64_t r = 0; sum && r < q.K; r++) {
         float *l = lanes + r * RED_LANES;

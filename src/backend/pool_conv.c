@@ -1,10 +1,15 @@
 /*
- * pool_conv.c - a max pooling computing the convolution that feeds it (loom__pnode.conv), plane by
+ * pool_conv.c - a max pooling computing the convolution that feeds it (its CONV form), plane by
  * plane or window by window, pooled while in L1.
  */
 #include "kernels.h"
 
-/* A max pooling computing its product (loom__pnode.conv): the product's epilogue (or NULL) with
+/* The product max pooling id computes (its CONV form). */
+static int32_t product_of(const loom__program *p, int32_t id) {
+    return loom__form_get(p, id, LOOM_FORM_CONV)->u.product;
+}
+
+/* A max pooling computing its product (its CONV form): the product's epilogue (or NULL) with
  * its operands (args[0]: root, where it writes), the argmax codes it keeps (or NULL) and where
  * its values go (its ReLU's buffer when it computes that). */
 typedef struct {
@@ -16,13 +21,14 @@ typedef struct {
 
 static void pool_out_init(pool_out *po, const loom__program *p, const loom__bind *b, int32_t id,
                           float *root) {
-    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    const loom__pnode *m = &p->nodes[product_of(p, id)];
     po->k = m->epi >= 0 ? &p->fused[m->epi] : NULL;
     po->args[0] = root;
     for (int a = 1; po->k && a < po->k->nargs; a++)
         po->args[a] = a == po->k->epi_arg ? NULL : loom__addr(p, b, po->k->args[a]);
-    po->codes = t->codes ? loom__pool_codes(p, b, id) : NULL;
-    po->o = loom__addr(p, b, t->relu >= 0 ? t->relu : id);
+    po->codes = loom__pool_keeps_codes(p, id) ? loom__pool_codes(p, b, id) : NULL;
+    int32_t relu = loom__pool_relu_of(p, id);
+    po->o = loom__addr(p, b, relu >= 0 ? relu : id);
 }
 
 /* ---- a pooling computing its convolution by windows ------------------------------------------
@@ -54,7 +60,8 @@ static bool epilogue_by_rows(const loom__program *p, const loom__fused *k) {
 }
 
 static bool conv_quad_of(const loom__program *p, int32_t id, conv_quad *q) {
-    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]],
+                      *m = &p->nodes[product_of(p, id)];
     loom__gdim br, bc;
     loom__operand_dims(&p->nodes[m->src[1]], &bc, &br); /* B: rows (ci, kh, kw), cols (n, y, x) */
     int64_t OH = t->shape[2], OW = t->shape[3];
@@ -95,7 +102,8 @@ typedef struct {
 } conv_t;
 
 static bool conv_t_of(const loom__program *p, int32_t id, conv_t *q) {
-    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]],
+                      *m = &p->nodes[product_of(p, id)];
     loom__gmat ga = {NULL, {0}, {0}}, gb = {NULL, {0}, {0}};
     loom__operand_dims(&p->nodes[m->src[0]], &ga.row, &ga.col);
     loom__operand_dims(&p->nodes[m->src[1]], &gb.row, &gb.col);
@@ -118,7 +126,7 @@ static bool conv_t_of(const loom__program *p, int32_t id, conv_t *q) {
 /* Bytes of its scratch: the columns' offsets, a block of the product and of its epilogue (each
  * with 16 floats to spare: a window chunk's loads run past the last place). */
 static size_t conv_t_bytes(const loom__program *p, int32_t id, const conv_t *q) {
-    int64_t cols = q->G * 4 * q->PP, M = p->nodes[p->nodes[id].conv].shape[0];
+    int64_t cols = q->G * 4 * q->PP, M = p->nodes[product_of(p, id)].shape[0];
     return sizeof(int64_t) * (size_t)cols + 2 * sizeof(float) * (size_t)(M * cols + 16) + 128;
 }
 
@@ -191,9 +199,9 @@ pool_quad_plane(const float *v, int64_t cp, int64_t OP, bool relu, float *o, uin
 
 static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, int32_t id,
                                   const conv_quad *q) {
-    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    const loom__pnode *m = &p->nodes[product_of(p, id)];
     loom__gmat ga, gb;
-    loom__product_operands(p, b, t->conv, &ga, &gb);
+    loom__product_operands(p, b, product_of(p, id), &ga, &gb);
     int64_t cp = 16 * q->chunks, OP = q->OH * q->OW, O = m->shape[0];
     float *S = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
     float *tmp = S + q->Cin * QUAD_IMGS * cp, *prod = tmp + QUAD_IMGS * cp, *root = prod + 16 * cp;
@@ -216,8 +224,9 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
                 po.k->part(po.args, c + r, 0, 4 * cp, prod + r * 4 * cp);
             for (int64_t r = 0; r < rows; r++) {
                 int64_t pl = (c + r) * q->N + n;
-                pool_quad_plane((po.k ? root : prod) + r * 4 * cp, cp, OP, t->relu >= 0,
-                                po.o + pl * OP, po.codes ? po.codes + pl * OP : NULL);
+                pool_quad_plane((po.k ? root : prod) + r * 4 * cp, cp, OP,
+                                loom__pool_relu_of(p, id) >= 0, po.o + pl * OP,
+                                po.codes ? po.codes + pl * OP : NULL);
             }
         }
     }
@@ -225,16 +234,16 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
 }
 #endif
 
-/* A max pooling computing its input (loom__pnode.conv): each plane of the product made from the
+/* A max pooling computing its input (its CONV form): each plane of the product made from the
  * image, through the product's epilogue (conv bias), then pooled (with its ReLU and codes) while
  * it is in L1; the product's output is never written. The same values as the product, its
  * epilogue and the pooling run one after the other. */
 #ifdef HAVE_POOL512
 static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int32_t id,
                                const conv_t *q) {
-    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[t->conv];
+    const loom__pnode *t = &p->nodes[id], *m = &p->nodes[product_of(p, id)];
     loom__gmat ga, gb;
-    int64_t K = loom__product_operands(p, b, t->conv, &ga, &gb), M = m->shape[0];
+    int64_t K = loom__product_operands(p, b, product_of(p, id), &ga, &gb), M = m->shape[0];
     int64_t PP = q->PP, PW = t->shape[3], cols = q->G * 4 * PP;
     int64_t *coff = (int64_t *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
     float *prod = (float *)(coff + cols), *root = prod + M * cols + 16;
@@ -257,8 +266,9 @@ static loom_status pool_conv_t(const loom__program *p, const loom__bind *b, int3
         for (int64_t r = 0; r < M; r++)
             for (int64_t j = 0; j < g; j++) {
                 int64_t pl = r * q->N + n0 + j;
-                pool_quad_plane((po.k ? root : prod) + r * cols + j * 4 * PP, PP, PP, t->relu >= 0,
-                                po.o + pl * PP, po.codes ? po.codes + pl * PP : NULL);
+                pool_quad_plane((po.k ? root : prod) + r * cols + j * 4 * PP, PP, PP,
+                                loom__pool_relu_of(p, id) >= 0, po.o + pl * PP,
+                                po.codes ? po.codes + pl * PP : NULL);
             }
     }
     return LOOM_OK;
@@ -274,9 +284,10 @@ loom_status loom__pool_conv(const loom__program *p, const loom__bind *b, int32_t
     if (conv_t_of(p, id, &ct))
         return pool_conv_t(p, b, id, &ct);
 #endif
-    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]], *m = &p->nodes[t->conv];
+    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]],
+                      *m = &p->nodes[product_of(p, id)];
     loom__gmat ga, gb;
-    int64_t K = loom__product_operands(p, b, t->conv, &ga, &gb), P = x->lay.stride[1];
+    int64_t K = loom__product_operands(p, b, product_of(p, id), &ga, &gb), P = x->lay.stride[1];
     int64_t per_row = m->shape[1] / P, OP = t->shape[2] * t->shape[3];
     float *prod = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
     int64_t pitch = (P + 15) / 16 * 16; /* LOOM_CONV_ROWS planes of the product, one of the root */
@@ -298,7 +309,7 @@ loom_status loom__pool_conv(const loom__program *p, const loom__bind *b, int32_t
                     po.k->part(po.args, i0 + r, q * P, (q + 1) * P, prod + r * pitch);
                 loom__pool_float(&t->attr.win, xs, xst, ys, po.k ? root : prod + r * pitch, NULL,
                                  NULL, po.o + pl * OP, false, po.codes ? po.codes + pl * OP : NULL,
-                                 t->relu >= 0, NULL, NULL, NULL);
+                                 loom__pool_relu_of(p, id) >= 0, NULL, NULL, NULL);
             }
         }
     return LOOM_OK;

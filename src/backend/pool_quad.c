@@ -1,10 +1,10 @@
 /*
- * pool_quad.c - a 2x2 pool gradient's sinks taken by windows (loom__pnode.quad): its rows are
+ * pool_quad.c - a 2x2 pool gradient's sinks taken by windows (its QUAD form): its rows are
  * never made.
  */
 #include "kernels.h"
 
-/* ---- a pool gradient's sinks by windows (loom__pnode.quad) -------------------------------------
+/* ---- a pool gradient's sinks by windows (its QUAD form) -------------------------------------
  * The rows of a 2 x 2 pool gradient whose windows tile its planes are zero but at each window's
  * argmax, so the sinks take the windows instead, in the order (place in the window, window): the
  * sum of a row is the sum of its windows' gradients, and its product with an unfold's
@@ -24,20 +24,22 @@ typedef struct {
 
 static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t *dot) {
     const loom__pnode *t = &p->nodes[id];
-    if (t->op != LOOM_OP_POOLGRAD || t->dtype != LOOM_F32 || t->codes_of < 0 || t->epi >= 0 ||
-        !t->nsinks || t->keep || !loom__pool512() || !loom__pool2x2(&t->attr.win, 1))
+    const loom__form *sk = loom__sinks_of(p, id);
+    if (t->op != LOOM_OP_POOLGRAD || t->dtype != LOOM_F32 || loom__pool_codes_of(p, id) < 0 ||
+        t->epi >= 0 || !sk || sk->u.sinks.keep || !loom__pool512() ||
+        !loom__pool2x2(&t->attr.win, 1))
         return false;
-    const loom__pnode *d = &p->nodes[t->relu_dy >= 0 ? t->relu_dy : t->src[1]];
+    const loom__pnode *d = &p->nodes[loom__pool_dy(p, id)];
     int64_t H = t->shape[2], W = t->shape[3], OH = d->shape[2], OW = d->shape[3];
-    const loom__pnode *r = &p->nodes[t->stream];
+    const loom__pnode *r = &p->nodes[sk->u.sinks.stream];
     if (H != 2 * OH || W != 2 * OW || OW > 16 || d->lay.stride[3] != 1 || d->lay.stride[2] != OW ||
         r->shape[0] != t->shape[0] || r->shape[1] != t->shape[1] * H * W)
         return false;
     *sum = *dot = -1;
-    for (int q = 0; q < t->nsinks; q++) {
-        const loom__pnode *k = &p->nodes[t->sinks[q]];
+    for (int q = 0; q < sk->u.sinks.n; q++) {
+        const loom__pnode *k = &p->nodes[sk->u.sinks.sink[q]];
         if (k->op == LOOM_OP_SUM && *sum < 0) {
-            *sum = t->sinks[q];
+            *sum = sk->u.sinks.sink[q];
             continue;
         }
         loom__gdim br, bc;
@@ -47,7 +49,7 @@ static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t 
             br.stride[1] != bc.stride[1] || br.stride[2] != bc.stride[2] || bc.size[1] != 3 ||
             bc.size[2] != 3) /* (the kernel's window: 3 x 3) */
             return false;
-        *dot = t->sinks[q];
+        *dot = sk->u.sinks.sink[q];
     }
     return true;
 }
@@ -198,17 +200,17 @@ loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t
     const loom__pnode *t = &p->nodes[id];
     int32_t sum = -1, dot = -1;
     quad_plan(p, id, &sum, &dot);
-    int32_t dn = t->relu_dy >= 0 ? t->relu_dy : t->src[1];
+    int32_t dn = loom__pool_dy(p, id);
     const loom__pnode *d = &p->nodes[dn];
     int64_t OP = d->shape[2] * d->shape[3], chunks = (OP + 15) / 16;
     quad_run s = {.dy = loom__addr(p, b, dn),
-                  .codes = loom__pool_codes(p, b, t->codes_of),
+                  .codes = loom__pool_codes(p, b, loom__pool_codes_of(p, id)),
                   .d0 = d->lay.stride[0],
                   .d1 = d->lay.stride[1],
                   .planes = t->shape[1],
                   .OP = OP,
                   .chunks = chunks,
-                  .relu = t->relu >= 0 || t->relu_dy >= 0};
+                  .relu = loom__form_get(p, id, LOOM_FORM_RELU_DY) != NULL};
     float *S = (float *)(((uintptr_t)(b->ws + t->ws_off) + 63) & ~(uintptr_t)63);
     loom__gdim br = {0}, bc = {0};
     int64_t C = 1, per = quad_image_floats(p, id);

@@ -55,17 +55,20 @@ bool loom__use_own_gemm(void) {
  * generated kernel the rows are the node's own values, copied into its rows buffer. */
 void loom__epilogue_init(epilogue *e, const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id];
+    const loom__form *x = loom__sinks_of(p, id);
+    int32_t nsinks = x ? x->u.sinks.n : 0;
+    bool keep = x && x->u.sinks.keep;
     e->k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
     for (int a = 0; e->k && a < e->k->nargs; a++)
         e->args[a] = a == e->k->epi_arg ? NULL : loom__addr(p, b, e->k->args[a]);
-    const loom__pnode *r = &p->nodes[t->nsinks ? t->stream : e->k->root];
+    const loom__pnode *r = &p->nodes[x ? x->u.sinks.stream : e->k->root];
     e->rows = r->shape[0], e->cols = r->shape[1];
-    e->root = e->k      ? e->args[0] /* the pool gradient's plane, dy scratch, then the rows */
-              : t->keep ? loom__addr(p, b, id) /* or its own values, whole */
-                        : (float *)(b->ws + t->ws_off) + t->shape[2] * t->shape[3] +
-                              loom__numel(4, p->nodes[t->src[1]].shape);
-    for (int q = 0; q < t->nsinks; q++) {
-        int32_t s = t->sinks[q];
+    e->root = e->k   ? e->args[0] /* the pool gradient's plane, dy scratch, then the rows */
+              : keep ? loom__addr(p, b, id) /* or its own values, whole */
+                     : (float *)(b->ws + t->ws_off) + t->shape[2] * t->shape[3] +
+                           loom__numel(4, p->nodes[t->src[1]].shape);
+    for (int q = 0; q < nsinks; q++) {
+        int32_t s = x->u.sinks.sink[q];
         const loom__pnode *sk = &p->nodes[s];
         if (sk->op == LOOM_OP_SUM) {
             e->sum_out = loom__addr(p, b, s);
@@ -77,7 +80,7 @@ void loom__epilogue_init(epilogue *e, const loom__program *p, const loom__bind *
         loom__dot_rows_begin(&e->dot, &gb, sk->shape[1], e->cols,
                              e->root + LOOM_SINK_ROWS * e->cols);
     }
-    e->sinks = t->nsinks > 0, e->keep = t->keep;
+    e->sinks = nsinks > 0, e->keep = keep;
 }
 
 /* The epilogue over flat elements [lo, hi) of the library kernel's output, values at v. With
@@ -149,20 +152,22 @@ static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const in
 loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
-    if (t->epi >= 0 && t->act) { /* straight into the epilogue's root, done as it stores */
+    const loom__form *x = t->epi >= 0 ? loom__form_get(p, id, LOOM_FORM_ACT) : NULL;
+    if (x) { /* straight into the epilogue's root, done as it stores */
         loom__gmat ga, gb;
         int64_t k = loom__product_operands(p, b, id, &ga, &gb);
         /* the leaf added: a bias row (broadcast down: row stride 0) or a matrix */
-        const loom__pnode *v = t->act_add >= 0 ? &p->nodes[t->act_add] : NULL;
-        const float *vp = v ? loom__addr(p, b, t->act_add) : NULL;
+        int32_t add = x->u.act.add, mask = x->u.act.mask, sum = x->u.act.sum;
+        const loom__pnode *v = add >= 0 ? &p->nodes[add] : NULL;
+        const float *vp = v ? loom__addr(p, b, add) : NULL;
         bool matrix = v && v->lay.stride[0] != 0;
         loom__gemm_act act = {.bias = v && !matrix ? vp : NULL,
-                              .relu = t->act_relu,
-                              .mask = t->act_mask >= 0 ? loom__addr(p, b, t->act_mask) : NULL,
-                              .ldm = t->act_mask >= 0 ? p->nodes[t->act_mask].lay.stride[0]
-                                     : matrix         ? v->lay.stride[0]
-                                                      : 0,
-                              .colsum = t->act_sum >= 0 ? loom__addr(p, b, t->act_sum) : NULL,
+                              .relu = x->u.act.relu,
+                              .mask = mask >= 0 ? loom__addr(p, b, mask) : NULL,
+                              .ldm = mask >= 0 ? p->nodes[mask].lay.stride[0]
+                                     : matrix  ? v->lay.stride[0]
+                                               : 0,
+                              .colsum = sum >= 0 ? loom__addr(p, b, sum) : NULL,
                               .addend = matrix ? vp : NULL};
         loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
                         loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,

@@ -20,7 +20,7 @@
 
 void loom__unfuse(loom__program *p) {
     for (int64_t i = 0; i < p->n; i++)
-        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].made_by = -1;
     loom__free(p->fused);
     loom__free(p->fused_of);
     p->fused = NULL, p->fused_of = NULL, p->nfused = 0;
@@ -110,66 +110,105 @@ bool loom__fuse_sinkable(const loom__program *p, int32_t s, int32_t r, int32_t L
 
 /* The rules, in the order the planner applies them (each may rely on those above it). */
 const loom__rule loom__rules[] = {
-    {"elementwise", "elementwise ops (and at most one reduction) feeding each other",
+    {"elementwise",
+     "elementwise ops (and at most one reduction) feeding each other",
      "a value read by one consumer of its shape (or by every reader inside one kernel), not an "
      "output, in the workspace or its slab place; a kernel's leaves at most 16, in-place writes "
      "read only where written",
      "a generated kernel (p->fused) rooted at the value stored; members stored into their slabs",
-     "fused_into, fused_of", true, loom__rule_elementwise},
-    {"epilogue", "a generated kernel reading the whole output of a product or a pool gradient",
+     "fused_into, fused_of",
+     true,
+     loom__rule_elementwise,
+     {NULL}},
+    {"epilogue",
+     "a generated kernel reading the whole output of a product or a pool gradient",
      "float, a 2-D root, no reduction or stored member, the output contiguous and read by that "
      "kernel alone, every other leaf ready before the library kernel, no slab it reads written "
      "in between",
      "the kernel's part() run on each block of the library kernel's output while in cache",
-     "epi, loom__fused.epi_of", true, loom__rule_epilogue},
-    {"fold-product", "FOLD (col2im) of a product's output through a contiguous reshape",
+     "epi, loom__fused.epi_of",
+     true,
+     loom__rule_epilogue,
+     {NULL}},
+    {"fold-product",
+     "FOLD (col2im) of a product's output through a contiguous reshape",
      "float, stride 1, no padding, loom's own products, the product and its reshape read by the "
      "fold alone",
-     "the product adding each result straight into the image (no column buffer)", "fused_into",
-     false, loom__rule_fold_product},
+     "the product adding each result straight into the image (no column buffer)",
+     "fused_into",
+     false,
+     loom__rule_fold_product,
+     {NULL}},
     {"pool-sinks",
      "a pool gradient whose 2-D rows only a sum along them and a dot-path product read",
      "after epilogue; its rows (its epilogue's root or a 2-D view of it) read by nothing else, "
      "or by others too (then written whole, keep)",
      "the pool gradient feeding each row to its sinks while in cache",
-     "sinks, nsinks, stream, keep, sink_of", false, loom__rule_pool_sinks},
-    {"pool-codes", "POOLGRAD(x, dy) and a POOLMAX(x) of the same window and dtype",
+     "a SINKS record; made_by",
+     false,
+     loom__rule_pool_sinks,
+     {&loom__form_sinks}},
+    {"pool-codes",
+     "POOLGRAD(x, dy) and a POOLMAX(x) of the same window and dtype",
      "the window's places fit a byte (loom__pool_codes_ok: up to 256), the POOLMAX's own "
      "workspace buffer",
      "the POOLMAX keeping each window's argmax place, the gradient reading it instead of x",
-     "codes, codes_of", false, loom__rule_pool_codes},
-    {"pool-relu", "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
+     "CODES and CODES_READ records",
+     false,
+     loom__rule_pool_codes,
+     {&loom__form_codes, &loom__form_codes_read}},
+    {"pool-relu",
+     "RELU(POOLMAX(x)), the ReLU the pooling's only reader",
      "after pool-codes; float, a window of up to 128 places or 2x2 on the AVX-512 rows "
      "(loom__pool_relu_ok), neither an output, the ReLU a kernel of its own; with the ReLU's "
      "backward where(relu > 0, d, 0) read only by the pool gradient reading these codes (and, "
      "but for 2x2 windows, d in its planes' order), that too",
      "the pooling writing the ReLU (codes carrying its mask); the gradient reading d",
-     "relu, relu_dy, sink_of", false, loom__rule_pool_relu},
-    {"pool-conv", "POOLMAX of a product's output (or its epilogue's root), read by it alone",
+     "RELU and RELU_DY records; made_by",
+     false,
+     loom__rule_pool_relu,
+     {&loom__form_relu, &loom__form_relu_dy}},
+    {"pool-conv",
+     "POOLMAX of a product's output (or its epilogue's root), read by it alone",
      "after pool-relu; the reshape contiguous and read by no one else (but gradients taking "
      "this pooling's codes), the product made a plane at a time (loom__conv_planes_ok) or "
      "window by window by its transpose (loom__pool_conv_t_ok), no slab written in between",
      "the pooling computing the product plane by plane, each pooled while in L1",
-     "conv, fused_into", false, loom__rule_pool_conv},
-    {"conv-back", "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
+     "a CONV record; fused_into",
+     false,
+     loom__rule_pool_conv,
+     {&loom__form_conv}},
+    {"conv-back",
+     "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
      "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
      "takes over); 2x2 windows; the rows read only by the product, a weight gradient (rows x an "
      "unfold) and a sum along them, none read before the fold, planes made from the codes "
      "(loom__pool_grad_by_codes), loom__conv_back_ok",
      "the fold making the pool gradient a block of columns at a time into its product, the "
      "weight gradient and the bias sum",
-     "back, back_w, back_sum, fused_into", false, loom__rule_conv_back},
-    {"pool-quad", "a pool gradient with sinks whose windows tile its planes",
+     "a BACK record; fused_into",
+     false,
+     loom__rule_conv_back,
+     {&loom__form_back}},
+    {"pool-quad",
+     "a pool gradient with sinks whose windows tile its planes",
      "after conv-back; 2x2 windows, codes read, a product sink a 3x3 convolution's weight "
      "gradient (loom__pool_quad_ok)",
-     "the sinks taking the windows; the rows never made", "quad", false, loom__rule_pool_quad},
+     "the sinks taking the windows; the rows never made",
+     "a QUAD record",
+     false,
+     loom__rule_pool_quad,
+     {&loom__form_quad}},
     {"product-act",
      "a product's epilogue: RELU, ADD of a bias row or a matrix, both, or "
      "where(h > 0, product, 0)",
      "after the others; the epilogue's root 2-D and contiguous, nothing else in the kernel",
      "the epilogue done in registers as the product stores (loom__sgemm_act), a SUM over axis 0 "
      "of it too",
-     "act, act_relu, act_add, act_mask, act_sum", false, loom__rule_product_act},
+     "an ACT record; made_by",
+     false,
+     loom__rule_product_act,
+     {&loom__form_act}},
 };
 const int loom__nrules = (int)(sizeof loom__rules / sizeof *loom__rules);
 _Static_assert(sizeof loom__rules / sizeof *loom__rules <= LOOM_RULES_MAX, "LOOM_RULES_MAX");

@@ -8,6 +8,8 @@
 
 #include "../backend/internal.h"
 
+#include <stdio.h>
+
 /* memplan.c, in this order: layouts of live nodes; stores computed in their slab place; workspace
  * offsets (with keep_all, no buffer reused: every value stays to the step's end) and the exec
  * list (last: scratch of p->n entries). */
@@ -32,18 +34,63 @@ typedef struct {
 
 /* A fusion rule (compile/fuse.c's table, loom__rules): the op pattern it matches, the condition
  * under which it may apply (shapes, strides, liveness, and which rules it follows), the kernel
- * form it produces and the program-node fields through which that form is run (backend/interp.c
- * reads them; compile/memplan.c sizes their buffers). The planner applies the table in order: the
- * rules that make generated kernels (`generated`) before the executor builds them and only with a
- * compiler, the others after; of either kind only those the program's executor runs
+ * form it produces and what it records of it (loom__form records, whose functions, forms[], the
+ * planner asks; or the generic links fused_into, made_by, epi). The planner applies the table in
+ * order: the rules that make generated kernels (`generated`) before the executor builds them and
+ * only with a compiler, the others after; of either kind only those the program's executor runs
  * (loom__executor.forms). apply returns how many ops it fused, -1 out of memory. Adding a
  * fusion is adding a rule here and its case in tests/test_compile.c, which fails for a rule
  * without one. */
+typedef struct loom__form_ops loom__form_ops;
 typedef struct {
-    const char *name, *matches, *when, *makes, *fields;
+    const char *name, *matches, *when, *makes, *records;
     bool generated;
     int64_t (*apply)(loom__program *p, const loom__fuse_in *in);
+    const loom__form_ops *forms[2]; /* the kinds of record it makes (NULL: none, or no second) */
 } loom__rule;
+
+/* memplan.c's placement of workspace buffers, as the forms see it: place(pl, bytes, owner)
+ * returns where a buffer of that many bytes starts, alive as long as node owner's; place_node
+ * places node id's own values (its ws_off) where they are in the workspace. */
+typedef struct loom__placer loom__placer;
+int64_t loom__place(loom__placer *pl, int64_t bytes, int32_t owner);
+void loom__place_node(loom__placer *pl, loom__program *p, int32_t id);
+
+/* What a kind of form (loom__form) tells the planner, the printer and the check, each function
+ * asked in the order of the kinds, NULL where the form changes nothing. The executors run a form
+ * by looking its record up in the kernel family it belongs to (backend/). */
+struct loom__form_ops {
+    loom__form_kind kind;
+    /* the bytes of its node's own buffer, given what they are without it */
+    int64_t (*own_bytes)(const loom__program *p, const loom__form *x, int64_t bytes);
+    /* the buffers it writes besides its node's, placed just after it */
+    void (*place)(loom__program *p, const loom__form *x, loom__placer *pl);
+    /* the node its node reads as operand k instead of s (its kernel reads that, not s) */
+    int32_t (*source)(const loom__program *p, const loom__form *x, int k, int32_t s);
+    /* its part of the node's line in LOOM_DUMP's schedule */
+    void (*describe)(FILE *f, const loom__program *p, const loom__form *x);
+    /* the values it leaves whole once its node has run, appended at out[n]; the new count */
+    int (*values)(const loom__program *p, const loom__form *x, loom__value *out, int n);
+};
+/* Node id's values where they are, computed by the op's own arithmetic (loom__value.exact). */
+static inline loom__value loom__value_of(const loom__program *p, int32_t id) {
+    return (loom__value){.id = id, .exact = true, .lay = p->nodes[id].lay};
+}
+/* form.c: a new form of kind k on node id, last in its list (its union zeroed); NULL out of
+ * memory. Taken off again by loom__form_drop (a rule that takes over another's). */
+loom__form *loom__form_add(loom__program *p, int32_t id, loom__form_kind k);
+void loom__form_drop(loom__program *p, int32_t id, loom__form_kind k);
+/* The functions of kind k (from the rule that makes it). */
+const loom__form_ops *loom__form_ops_of(loom__form_kind k);
+/* Node id's forms asked in kind order: its own buffer's bytes, its other buffers, the node read as
+ * operand k, its line's parts. */
+int64_t loom__forms_own_bytes(const loom__program *p, int32_t id, int64_t bytes);
+void loom__forms_place(loom__program *p, int32_t id, loom__placer *pl);
+int32_t loom__forms_source(const loom__program *p, int32_t id, int k);
+void loom__forms_describe(FILE *f, const loom__program *p, int32_t id);
+/* The values exec entry e of p leaves whole in memory once it has run (its node's, an epilogue's
+ * root, members stored, and its forms'), into out (LOOM_ENTRY_VALUES_MAX); returns how many. */
+int loom__entry_values(const loom__program *p, int64_t e, loom__value *out);
 extern const loom__rule loom__rules[];
 extern const int loom__nrules;
 /* How many ops each rule has fused in every program planned so far (atomic; for tests). */

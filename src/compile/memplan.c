@@ -340,7 +340,7 @@ static int64_t runner_of(const loom__program *p, int64_t i) {
     for (bool moved = true; moved;) {
         const loom__pnode *a = &p->nodes[at];
         int64_t next = a->fused_into >= 0           ? a->fused_into
-                       : a->sink_of >= 0            ? a->sink_of
+                       : a->made_by >= 0            ? a->made_by
                        : loom__epilogue_root(p, at) ? p->fused[p->fused_of[at]].epi_of
                                                     : at;
         moved = next != at, at = next;
@@ -375,13 +375,28 @@ static int64_t place(block *blocks, int64_t *nblocks, int64_t *end, int64_t size
     return off;
 }
 
+struct loom__placer {
+    block *blocks;
+    int64_t nblocks, end;
+};
+
+int64_t loom__place(loom__placer *pl, int64_t bytes, int32_t owner) {
+    return place(pl->blocks, &pl->nblocks, &pl->end, bytes, owner);
+}
+
+void loom__place_node(loom__placer *pl, loom__program *p, int32_t id) {
+    loom__pnode *t = &p->nodes[id];
+    if (t->lay.base == LOOM_BASE_WS)
+        t->ws_off = loom__place(pl, bytes_of(t), id);
+}
+
 /* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
  * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
                                 bool keep_all, int64_t *last) {
-    int64_t n = p->n, nblocks = 0, end = 0;
-    block *blocks = loom__malloc(sizeof(block) * (size_t)(n + 1));
-    if (!blocks)
+    int64_t n = p->n;
+    loom__placer pl = {loom__malloc(sizeof(block) * (size_t)(n + 1)), 0, 0};
+    if (!pl.blocks)
         return LOOM_ENOMEM;
     for (int64_t i = 0; i < n; i++)
         last[i] = -1;
@@ -393,11 +408,8 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         if (t->copy)
             use(last, &t->src_lay, at);
         else if (!loom__is_view(t))
-            for (int k = 0; k < 3; k++) { /* a pool gradient with codes reads them, not its input,
-                                           * and with relu_dy that gradient, not its where() */
-                int32_t s = k == 0 && t->codes_of >= 0  ? t->codes_of
-                            : k == 1 && t->relu_dy >= 0 ? t->relu_dy
-                                                        : t->src[k];
+            for (int k = 0; k < 3; k++) { /* (its forms may read another node instead) */
+                int32_t s = loom__forms_source(p, (int32_t)i, k);
                 if (s >= 0)
                     use(last, &p->nodes[s].lay, at);
             }
@@ -408,7 +420,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         loom__pnode *t = &p->nodes[i];
         if (!live[i])
             continue;
-        bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && t->sink_of < 0 &&
+        bool runs = loom__runs_kernel(t) && !t->elided && t->fused_into < 0 && t->made_by < 0 &&
                     !loom__epilogue_root(p, i);
         if (runs)
             p->exec[p->nexec++] = (int32_t)i;
@@ -416,64 +428,28 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             size_t es = loom__dtype_size(t->dtype);
             int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
-                size = t->act ? 0 : t->shape[0] * LOOM_GEMM_NC * (int64_t)es; /* act: none */
-            if (t->op == LOOM_OP_POOLGRAD && loom__pool_by_plane(t)) /* a plane at a time */
+                size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
+            if (t->op == LOOM_OP_POOLGRAD && loom__pool_by_plane(p, (int32_t)i)) /* a plane */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
-            if (t->relu >= 0) /* it writes the ReLU's buffer instead (placed below) */
-                size = 0;
             if (loom__attention_keeps(p, (int32_t)i)) /* its probabilities, for its gradient */
                 size = loom__attention_kept_at(t) + loom__attention_kept_bytes(t);
-            if (t->codes) /* argmax codes after the values, with 16 bytes to spare */
-                size += loom__numel(t->ndim, t->shape) + 16;
             if (t->op == LOOM_OP_POOLGRAD) /* room to make a strided dy contiguous */
                 size += loom__numel(4, p->nodes[t->src[1]].shape) * (int64_t)es;
-            int64_t cols = t->nsinks && !t->keep ? p->nodes[t->stream].shape[1] : 0;
-            int64_t rows =
-                cols ? LOOM_SINK_ROWS * cols * (int64_t)es + (int64_t)loom__dot_rows_bytes(cols)
-                     : 0; /* the rows the sinks read, and B's chunks */
-            if (t->epi < 0)
-                size += rows;
-            if (t->quad) /* its images */
-                size += (int64_t)loom__pool_quad_bytes(p, (int32_t)i);
-            t->ws_off = place(blocks, &nblocks, &end, size, i);
+            size = loom__forms_own_bytes(p, (int32_t)i, size);
+            t->ws_off = loom__place(&pl, size, (int32_t)i);
             const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
-            if (k && p->nodes[k->root].lay.base == LOOM_BASE_WS) { /* its epilogue writes now */
-                loom__pnode *r = &p->nodes[k->root];
-                r->ws_off = place(blocks, &nblocks, &end, t->nsinks ? rows : bytes_of(r), k->root);
-            }
-            if (t->act && t->act_sum >= 0 && p->nodes[t->act_sum].lay.base == LOOM_BASE_WS)
-                p->nodes[t->act_sum].ws_off =
-                    place(blocks, &nblocks, &end, bytes_of(&p->nodes[t->act_sum]), t->act_sum);
-            if (t->relu >= 0) { /* the ReLU it computes */
-                loom__pnode *r = &p->nodes[t->relu];
-                r->ws_off = place(blocks, &nblocks, &end, bytes_of(r), t->relu);
-            }
-            if (t->conv >= 0) { /* the product's planes (its own and its epilogue's), aligned */
-                p->nodes[t->conv].ws_off = place(
-                    blocks, &nblocks, &end, (int64_t)loom__pool_conv_bytes(p, (int32_t)i), t->conv);
-            }
-            if (t->back >= 0) { /* the blocks' scratch, and what the fold computes besides */
-                int32_t m = p->nodes[t->src[0]].src[0], also[2] = {t->back_w, t->back_sum};
-                p->nodes[m].ws_off =
-                    place(blocks, &nblocks, &end, (int64_t)loom__fold_back_bytes(p, (int32_t)i), m);
-                for (int q = 0; q < 2; q++)
-                    if (also[q] >= 0 && p->nodes[also[q]].lay.base == LOOM_BASE_WS)
-                        p->nodes[also[q]].ws_off =
-                            place(blocks, &nblocks, &end, bytes_of(&p->nodes[also[q]]), also[q]);
-            }
-            for (int q = 0; q < t->nsinks; q++) { /* and its sinks */
-                loom__pnode *sk = &p->nodes[t->sinks[q]];
-                if (sk->lay.base == LOOM_BASE_WS)
-                    sk->ws_off = place(blocks, &nblocks, &end, bytes_of(sk), t->sinks[q]);
-            }
+            if (k && !loom__rows_streamed(p, (int32_t)i)) /* its epilogue writes now (rows two
+                                                           * at a time: the sinks place them) */
+                loom__place_node(&pl, p, k->root);
+            loom__forms_place(p, (int32_t)i, &pl);
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
-        for (int64_t b = 0; b < nblocks; b++)
-            if (keep_all || last[blocks[b].owner] > i)
-                blocks[w++] = blocks[b];
-        nblocks = w;
+        for (int64_t b = 0; b < pl.nblocks; b++)
+            if (keep_all || last[pl.blocks[b].owner] > i)
+                pl.blocks[w++] = pl.blocks[b];
+        pl.nblocks = w;
     }
-    p->ws_bytes = (size_t)end;
+    p->ws_bytes = (size_t)pl.end;
     size_t scratch = 0; /* the library kernels' scratch, after the buffers: the most any needs */
     for (int64_t i = 0; i < n; i++) {
         uint8_t op = p->nodes[i].op;
@@ -490,7 +466,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         p->scratch = (p->ws_bytes + 63) / 64 * 64;
         p->ws_bytes = p->scratch + scratch;
     }
-    loom__free(blocks);
+    loom__free(pl.blocks);
     return LOOM_OK;
 }
 

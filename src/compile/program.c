@@ -63,55 +63,12 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
     } else {
         fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
         for (int64_t m = 0; m < id; m++)
-            if (p->nodes[m].fused_into == id) {
+            if (p->nodes[m].fused_into == id)
                 fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
-                if (t->conv == m && p->nodes[m].epi >= 0)
-                    fprintf(f, " with its epilogue loom_k%d", p->fused[p->nodes[m].epi].root);
-                if (t->conv == m)
-                    fprintf(f, " plane by plane");
-            }
-        if (t->back >= 0) { /* (its own codes and ReLU lines name the same nodes) */
-            const loom__pnode *g = &p->nodes[t->back];
-            fprintf(f,
-                    ", making POOLGRAD#%d's rows a block at a time from the argmax codes of "
-                    "POOLMAX#%d",
-                    t->back, g->codes_of);
-            if (g->relu_dy >= 0)
-                fprintf(f, " and the ReLU's backward of node %d", g->relu_dy);
-        }
-        if (t->epi >= 0 && t->act) {
-            fprintf(f, ", into %s#%d as it stores (",
+        if (t->epi >= 0)
+            fprintf(f, ", epilogue loom_k%d into %s#%d", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
-            if (t->act_mask >= 0)
-                fprintf(f, "where node %d > 0", t->act_mask);
-            else
-                fprintf(f, "%s%s",
-                        t->act_add < 0                            ? ""
-                        : p->nodes[t->act_add].lay.stride[0] == 0 ? "bias"
-                                                                  : "a matrix added",
-                        t->act_add >= 0 && t->act_relu ? ", ReLU"
-                        : t->act_relu                  ? "ReLU"
-                                                       : "");
-            fprintf(f, " in registers)");
-            if (t->act_sum >= 0)
-                fprintf(f, ", summing its columns into SUM#%d", t->act_sum);
-        } else if (t->epi >= 0)
-            fprintf(f, ", epilogue loom_k%d (%s#%d)", p->fused[t->epi].root,
-                    loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
-        if (t->relu >= 0)
-            fprintf(f, ", computing RELU#%d", t->relu);
-        if (t->codes)
-            fprintf(f, ", keeping argmax codes");
-        if (t->codes_of >= 0)
-            fprintf(f, ", reading the argmax codes of POOLMAX#%d", t->codes_of);
-        if (t->relu_dy >= 0)
-            fprintf(f, " and the ReLU's backward of node %d", t->relu_dy);
-        for (int q = 0; q < t->nsinks; q++)
-            fprintf(f, "%s%s#%d",
-                    q         ? " "
-                    : t->quad ? ", windows into "
-                              : ", rows into ",
-                    loom__ops[p->nodes[t->sinks[q]].op].name, t->sinks[q]);
+        loom__forms_describe(f, p, id);
     }
     fputc('\n', f);
 }
@@ -266,6 +223,7 @@ void loom__program_free(loom__program *p) {
         p->x->release(p->x, p);
     loom__free(p->fused);
     loom__free(p->fused_of);
+    loom__free(p->forms);
     loom__free(p->nodes);
     loom__free(p->exec);
     loom__free(p->own);
@@ -294,7 +252,7 @@ static void compile_kernels(loom__program *p, const loom__fuse_in *in, loom_metr
 }
 
 const loom__planner loom__the_planner = {&loom__cpu_executor, loom__program_reference,
-                                         loom__program_free};
+                                         loom__program_free, loom__entry_values};
 
 /* A program of n nodes (zeroed) for executor x; NULL out of memory. */
 static loom__program *program_new(int64_t n, const loom__executor *x) {
@@ -336,11 +294,9 @@ static bool plan_nodes(loom__program *p, bool compile, bool fuse, loom_metrics *
     loom__assign_layouts(p, live, is_out);
     loom__store_in_place(p, live, is_out);
     for (int64_t i = 0; i < n; i++)
-        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].sink_of = -1,
-        p->nodes[i].codes_of = -1, p->nodes[i].relu = -1, p->nodes[i].relu_dy = -1,
-        p->nodes[i].conv = -1, p->nodes[i].back = p->nodes[i].back_w = p->nodes[i].back_sum = -1,
-        p->nodes[i].act = false,
-        p->nodes[i].act_add = p->nodes[i].act_mask = p->nodes[i].act_sum = -1;
+        p->nodes[i].fused_into = -1, p->nodes[i].epi = -1, p->nodes[i].made_by = -1,
+        p->nodes[i].form = -1;
+    p->nforms = 0;
     if (!(readers = loom__count_readers(p, live)))
         goto done;
     loom__fuse_in in = {live, is_out, readers};

@@ -1,6 +1,6 @@
 /*
  * forms/conv_back.c - the fusion rule "conv-back" (its row in compile/fuse.c's loom__rules: what it
- * matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -53,12 +53,13 @@ int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in) {
         const loom__pnode *g = &p->nodes[P];
         if (!loom__is_view(r) || r->gndim || r->ndim != 2 || loom__fuse_owner(p, R) != P ||
             r->lay.offset != 0 || r->lay.stride[0] != r->shape[1] || r->lay.stride[1] != 1 ||
-            is_out[R] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 || g->codes_of < 0 ||
-            !loom__pool2x2(&g->attr.win, 1) || g->epi >= 0 || g->check || is_out[P] ||
-            readers[P] != 1 || loom__fuse_owner(p, P) != P || g->ndim != 4 ||
-            !loom__contiguous(4, g->shape, g->lay.stride) || g->shape[0] != r->shape[0])
+            is_out[R] || g->op != LOOM_OP_POOLGRAD || g->dtype != LOOM_F32 ||
+            loom__pool_codes_of(p, P) < 0 || !loom__pool2x2(&g->attr.win, 1) || g->epi >= 0 ||
+            g->check || is_out[P] || readers[P] != 1 || loom__fuse_owner(p, P) != P ||
+            g->ndim != 4 || !loom__contiguous(4, g->shape, g->lay.stride) ||
+            g->shape[0] != r->shape[0])
             continue;
-        const loom__pnode *d = &p->nodes[g->relu_dy >= 0 ? g->relu_dy : g->src[1]];
+        const loom__pnode *d = &p->nodes[loom__pool_dy(p, P)];
         if (d->lay.stride[3] != 1 || d->lay.stride[2] != d->shape[3] ||
             !loom__pool_grad_by_codes(g->shape[2], g->shape[3], d->shape[2], d->shape[3]))
             continue;
@@ -70,10 +71,10 @@ int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in) {
                 const loom__pnode *x = &p->nodes[c];
                 if (x->src[q] != R || (c == m && q == 1))
                     continue;
-                if (q == 0 && w < 0 && x->op == LOOM_OP_MATMUL && x->sink_of < 0 && movable(p, c))
+                if (q == 0 && w < 0 && x->op == LOOM_OP_MATMUL && x->made_by < 0 && movable(p, c))
                     w = c;
                 else if (q == 0 && s < 0 && x->op == LOOM_OP_SUM &&
-                         (x->sink_of == P || x->sink_of < 0) && loom__fuse_sinkable(p, c, R, P) &&
+                         (x->made_by == P || x->made_by < 0) && loom__fuse_sinkable(p, c, R, P) &&
                          movable(p, c))
                     s = c;
                 else
@@ -92,14 +93,47 @@ int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in) {
             !loom__conv_back_ok(p->nodes[m].shape[0], p->nodes[m].shape[1], r->shape[0], &ga,
                                 mw->shape[1], &gb))
             continue;
-        for (int q = 0; q < g->nsinks; q++)
-            p->nodes[g->sinks[q]].sink_of = -1;
-        p->nodes[P].nsinks = 0, p->nodes[P].keep = false;
+        loom__form *x = loom__form_add(p, f, LOOM_FORM_BACK);
+        if (!x)
+            return -1;
+        const loom__form *sk = loom__sinks_of(p, P); /* its sinks are the fold's now */
+        for (int q = 0; sk && q < sk->u.sinks.n; q++)
+            p->nodes[sk->u.sinks.sink[q]].made_by = -1;
+        loom__form_drop(p, P, LOOM_FORM_SINKS);
         p->nodes[P].fused_into = p->nodes[w].fused_into = f;
         if (s >= 0)
             p->nodes[s].fused_into = f;
-        t->back = P, t->back_w = w, t->back_sum = s;
+        x->u.back.grad = P, x->u.back.w = w, x->u.back.sum = s;
         n++;
     }
     return n;
 }
+
+/* The blocks' scratch (at the fold's product), and what the fold computes besides. */
+static void back_place(loom__program *p, const loom__form *x, loom__placer *pl) {
+    int32_t m = p->nodes[p->nodes[x->node].src[0]].src[0];
+    p->nodes[m].ws_off = loom__place(pl, (int64_t)loom__fold_back_bytes(p, x->node), m);
+    loom__place_node(pl, p, x->u.back.w);
+    if (x->u.back.sum >= 0)
+        loom__place_node(pl, p, x->u.back.sum);
+}
+
+/* (the gradient's own codes and ReLU lines name the same nodes) */
+static void back_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    int32_t g = x->u.back.grad;
+    fprintf(f, ", making POOLGRAD#%d's rows a block at a time from the argmax codes of POOLMAX#%d",
+            g, loom__pool_codes_of(p, g));
+    if (loom__form_get(p, g, LOOM_FORM_RELU_DY))
+        fprintf(f, " and the ReLU's backward of node %d", loom__pool_dy(p, g));
+}
+
+static int back_values(const loom__program *p, const loom__form *x, loom__value *out, int n) {
+    int32_t also[2] = {x->u.back.w, x->u.back.sum};
+    for (int q = 0; q < 2; q++)
+        if (also[q] >= 0)
+            out[n++] = loom__value_of(p, also[q]);
+    return n;
+}
+
+const loom__form_ops loom__form_back = {
+    .kind = LOOM_FORM_BACK, .place = back_place, .describe = back_describe, .values = back_values};

@@ -1,6 +1,6 @@
 /*
  * forms/epilogue.c - the fusion rule "epilogue" (its row in compile/fuse.c's loom__rules: what it
- * matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 

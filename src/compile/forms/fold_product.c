@@ -1,7 +1,6 @@
 /*
  * forms/fold_product.c - the fusion rule "fold-product" (its row in compile/fuse.c's loom__rules:
- * what it matches, when it applies, the kernel form it makes and the fields that form is run
- * through).
+ * what it matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 

@@ -1,7 +1,7 @@
 /*
  * compile/forms/forms.h - what the fusion rules share: one file per rule here (forms/NAME.c:
- * its match, the fields it sets), the table that orders them in compile/fuse.c (loom__rules),
- * and the helpers several rules use (fuse.c). Never installed.
+ * its match, the records it makes and their functions), the table that orders them in
+ * compile/fuse.c (loom__rules), and the helpers several rules use (fuse.c). Never installed.
  */
 #ifndef LOOM_COMPILE_FORMS_H
 #define LOOM_COMPILE_FORMS_H
@@ -39,5 +39,8 @@ int64_t loom__rule_pool_quad(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_sinks(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in);
+/* The kinds of record they make (loom__form_ops, each in the file of the rule making it). */
+extern const loom__form_ops loom__form_act, loom__form_relu, loom__form_codes, loom__form_conv,
+    loom__form_back, loom__form_codes_read, loom__form_relu_dy, loom__form_sinks, loom__form_quad;
 
 #endif

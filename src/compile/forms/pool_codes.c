@@ -1,6 +1,6 @@
 /*
  * forms/pool_codes.c - the fusion rule "pool-codes" (its row in compile/fuse.c's loom__rules: what
- * it matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * it matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -20,7 +20,12 @@ int64_t loom__rule_pool_codes(loom__program *p, const loom__fuse_in *in) {
             if (live[m] && f->op == LOOM_OP_POOLMAX && f->src[0] == g->src[0] &&
                 !memcmp(&f->attr.win, w, sizeof *w) && f->dtype == g->dtype &&
                 f->lay.base == LOOM_BASE_WS && f->lay.index == m && !f->copy) {
-                f->codes = true, g->codes_of = m;
+                if (!loom__pool_keeps_codes(p, m) && !loom__form_add(p, m, LOOM_FORM_CODES))
+                    return -1;
+                loom__form *x = loom__form_add(p, L, LOOM_FORM_CODES_READ);
+                if (!x)
+                    return -1;
+                x->u.codes_of = m;
                 n++;
                 break;
             }
@@ -28,3 +33,31 @@ int64_t loom__rule_pool_codes(loom__program *p, const loom__fuse_in *in) {
     }
     return n;
 }
+
+/* The POOLMAX: its codes after its values, with 16 bytes to spare. */
+static int64_t codes_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
+    const loom__pnode *t = &p->nodes[x->node];
+    return bytes + loom__numel(t->ndim, t->shape) + 16;
+}
+
+static void codes_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    (void)p, (void)x;
+    fprintf(f, ", keeping argmax codes");
+}
+
+const loom__form_ops loom__form_codes = {
+    .kind = LOOM_FORM_CODES, .own_bytes = codes_bytes, .describe = codes_describe};
+
+/* The gradient reads the codes in place of its input. */
+static int32_t read_source(const loom__program *p, const loom__form *x, int k, int32_t s) {
+    (void)p;
+    return k == 0 ? x->u.codes_of : s;
+}
+
+static void read_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    (void)p;
+    fprintf(f, ", reading the argmax codes of POOLMAX#%d", x->u.codes_of);
+}
+
+const loom__form_ops loom__form_codes_read = {
+    .kind = LOOM_FORM_CODES_READ, .source = read_source, .describe = read_describe};

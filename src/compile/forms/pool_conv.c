@@ -1,6 +1,6 @@
 /*
  * forms/pool_conv.c - the fusion rule "pool-conv" (its row in compile/fuse.c's loom__rules: what it
- * matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -11,7 +11,7 @@ static int32_t codes_readers(const loom__program *p, const bool *live, int32_t x
     int32_t n = 0;
     for (int32_t c = x + 1; c < p->n; c++)
         n += live[c] && p->nodes[c].op == LOOM_OP_POOLGRAD && p->nodes[c].src[0] == x &&
-             p->nodes[c].codes_of == f;
+             loom__pool_codes_of(p, (int32_t)c) == f;
     return n;
 }
 
@@ -47,11 +47,15 @@ int64_t loom__rule_pool_conv(loom__program *p, const loom__fuse_in *in) {
         loom__gmat ga = {NULL, {0}, {0}}, gb = {NULL, {0}, {0}};
         loom__operand_dims(&p->nodes[m->src[0]], &ga.row, &ga.col);
         loom__operand_dims(&p->nodes[m->src[1]], &gb.row, &gb.col);
-        t->conv = M; /* (asked of the pooling: by planes, or by windows through the transpose) */
+        loom__form *c = loom__form_add(p, f, LOOM_FORM_CONV);
+        if (!c)
+            return -1;
+        c->u.product = M; /* (asked of the pooling: by planes, or by windows through the
+                           * transpose) */
         if (!loom__conv_planes_ok(m->shape[0], m->shape[1], loom__numel(ga.col.n, ga.col.size), &ga,
                                   &gb, x->lay.stride[1]) &&
             !loom__pool_conv_t_ok(p, f)) {
-            t->conv = -1;
+            loom__form_drop(p, f, LOOM_FORM_CONV);
             continue;
         }
         m->fused_into = f;
@@ -59,3 +63,19 @@ int64_t loom__rule_pool_conv(loom__program *p, const loom__fuse_in *in) {
     }
     return n;
 }
+
+/* The product's planes (its own and its epilogue's), aligned. */
+static void conv_place(loom__program *p, const loom__form *x, loom__placer *pl) {
+    p->nodes[x->u.product].ws_off =
+        loom__place(pl, (int64_t)loom__pool_conv_bytes(p, x->node), x->u.product);
+}
+
+static void conv_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    const loom__pnode *m = &p->nodes[x->u.product];
+    fprintf(f, ", its product MATMUL#%d made plane by plane", x->u.product);
+    if (m->epi >= 0)
+        fprintf(f, " with its epilogue loom_k%d", p->fused[m->epi].root);
+}
+
+const loom__form_ops loom__form_conv = {
+    .kind = LOOM_FORM_CONV, .place = conv_place, .describe = conv_describe};

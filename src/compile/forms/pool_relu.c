@@ -1,6 +1,6 @@
 /*
  * forms/pool_relu.c - the fusion rule "pool-relu" (its row in compile/fuse.c's loom__rules: what it
- * matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -37,7 +37,7 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
             f->lay.base != LOOM_BASE_WS || f->lay.index != m || readers_of(p, live, m, &r) != 1)
             continue;
         loom__pnode *t = &p->nodes[r];
-        bool alone = t->fused_into < 0 && t->epi < 0 && t->sink_of < 0; /* a kernel of its own */
+        bool alone = t->fused_into < 0 && t->epi < 0 && t->made_by < 0; /* a kernel of its own */
         for (int32_t c = 0; alone && p->fused_of && c < r; c++)
             alone = loom__fuse_root_of(p, c) != r || c == r;
         if (t->op != LOOM_OP_RELU || t->src[0] != m || !alone || t->dtype != LOOM_F32 || t->copy ||
@@ -45,14 +45,17 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
             memcmp(t->shape, f->shape, sizeof t->shape) != 0 ||
             memcmp(t->lay.stride, f->lay.stride, sizeof t->lay.stride) != 0)
             continue;
-        f->relu = r, t->sink_of = m;
+        loom__form *x = loom__form_add(p, m, LOOM_FORM_RELU);
+        if (!x)
+            return -1;
+        x->u.relu = r, t->made_by = m;
         n++;
         /* The ReLU's backward, where(relu > 0, x, 0), read only by the pool gradient that reads
          * these codes: that gradient takes x and the mask from the codes (bit 2). */
         for (int32_t L = r + 1; L < p->n; L++) {
             loom__pnode *g = &p->nodes[L];
             int32_t wn = g->src[1], cn = -1, only = -1;
-            if (!live[L] || g->op != LOOM_OP_POOLGRAD || g->codes_of != m)
+            if (!live[L] || g->op != LOOM_OP_POOLGRAD || loom__pool_codes_of(p, L) != m)
                 continue;
             const loom__pnode *wh = &p->nodes[wn];
             if (wh->op != LOOM_OP_WHERE || readers_of(p, live, wn, &only) != 1 || is_out[wn] ||
@@ -76,10 +79,58 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
                 members = c != cn && p->nodes[c].fused_into >= 0 && loom__fuse_root_of(p, c) == wn;
             if (members)
                 continue;
-            g->relu_dy = wh->src[1];
-            p->nodes[wn].sink_of = L, p->nodes[cn].sink_of = L; /* neither runs */
+            loom__form *y = loom__form_add(p, L, LOOM_FORM_RELU_DY);
+            if (!y)
+                return -1;
+            y->u.dy = wh->src[1];
+            p->nodes[wn].made_by = L, p->nodes[cn].made_by = L; /* neither runs */
             n++;
         }
     }
     return n;
 }
+
+/* The POOLMAX writes the ReLU's buffer, not its own. */
+static int64_t relu_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
+    (void)p, (void)x, (void)bytes;
+    return 0;
+}
+
+static void relu_place(loom__program *p, const loom__form *x, loom__placer *pl) {
+    loom__place_node(pl, p, x->u.relu);
+}
+
+static void relu_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    (void)p;
+    fprintf(f, ", computing RELU#%d", x->u.relu);
+}
+
+/* The ReLU's values, in place of the pooling's own (never written). */
+static int relu_values(const loom__program *p, const loom__form *x, loom__value *out, int n) {
+    int w = 0;
+    for (int k = 0; k < n; k++)
+        if (out[k].id != x->node)
+            out[w++] = out[k];
+    out[w++] = loom__value_of(p, x->u.relu);
+    return w;
+}
+
+const loom__form_ops loom__form_relu = {.kind = LOOM_FORM_RELU,
+                                        .own_bytes = relu_bytes,
+                                        .place = relu_place,
+                                        .describe = relu_describe,
+                                        .values = relu_values};
+
+/* The gradient reads x in place of the where(). */
+static int32_t dy_source(const loom__program *p, const loom__form *x, int k, int32_t s) {
+    (void)p;
+    return k == 1 ? x->u.dy : s;
+}
+
+static void dy_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    (void)p;
+    fprintf(f, " and the ReLU's backward of node %d", x->u.dy);
+}
+
+const loom__form_ops loom__form_relu_dy = {
+    .kind = LOOM_FORM_RELU_DY, .source = dy_source, .describe = dy_describe};

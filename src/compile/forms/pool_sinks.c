@@ -1,6 +1,6 @@
 /*
  * forms/pool_sinks.c - the fusion rule "pool-sinks" (its row in compile/fuse.c's loom__rules: what
- * it matches, when it applies, the kernel form it makes and the fields that form is run through).
+ * it matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -60,10 +60,61 @@ int64_t loom__rule_pool_sinks(loom__program *p, const loom__fuse_in *in) {
              (!sums || t->epi >= 0 || p->nodes[r].shape[1] % (t->shape[2] * t->shape[3]) != 0)) ||
             loom__fuse_slab_touched_between(p, live, L, sk[ns - 1], true, sk, ns))
             continue;
+        loom__form *x = loom__form_add(p, L, LOOM_FORM_SINKS);
+        if (!x)
+            return -1;
         for (int q = 0; q < ns; q++)
-            t->sinks[q] = sk[q], p->nodes[sk[q]].sink_of = L;
-        t->nsinks = ns, t->stream = r, t->keep = keep;
+            x->u.sinks.sink[q] = sk[q], p->nodes[sk[q]].made_by = L;
+        x->u.sinks.n = ns, x->u.sinks.stream = r, x->u.sinks.keep = keep;
         n += ns;
     }
     return n;
 }
+
+/* The rows the sinks read, held LOOM_SINK_ROWS at a time, and B's chunks; none where the rows are
+ * kept whole. */
+static int64_t rows_bytes(const loom__program *p, const loom__form *x) {
+    int64_t cols = x->u.sinks.keep ? 0 : p->nodes[x->u.sinks.stream].shape[1];
+    size_t es = loom__dtype_size((loom_dtype)p->nodes[x->node].dtype);
+    return cols ? LOOM_SINK_ROWS * cols * (int64_t)es + (int64_t)loom__dot_rows_bytes(cols) : 0;
+}
+
+/* In the gradient's own buffer, but for an epilogue's: its root holds them. */
+static int64_t sinks_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
+    return p->nodes[x->node].epi < 0 ? bytes + rows_bytes(p, x) : bytes;
+}
+
+static void sinks_place(loom__program *p, const loom__form *x, loom__placer *pl) {
+    const loom__pnode *t = &p->nodes[x->node];
+    int32_t r = t->epi >= 0 ? p->fused[t->epi].root : -1;
+    if (r >= 0 && !x->u.sinks.keep && p->nodes[r].lay.base == LOOM_BASE_WS)
+        p->nodes[r].ws_off = loom__place(pl, rows_bytes(p, x), r);
+    for (int q = 0; q < x->u.sinks.n; q++)
+        loom__place_node(pl, p, x->u.sinks.sink[q]);
+}
+
+static void sinks_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    bool quad = loom__form_get(p, x->node, LOOM_FORM_QUAD) != NULL;
+    for (int q = 0; q < x->u.sinks.n; q++)
+        fprintf(f, "%s%s#%d",
+                q      ? " "
+                : quad ? ", windows into "
+                       : ", rows into ",
+                loom__ops[p->nodes[x->u.sinks.sink[q]].op].name, x->u.sinks.sink[q]);
+}
+
+/* By windows (pool-quad) the products and sums come in another order. */
+static int sinks_values(const loom__program *p, const loom__form *x, loom__value *out, int n) {
+    bool quad = loom__form_get(p, x->node, LOOM_FORM_QUAD) != NULL;
+    for (int q = 0; q < x->u.sinks.n; q++) {
+        out[n] = loom__value_of(p, x->u.sinks.sink[q]);
+        out[n++].exact = !quad;
+    }
+    return n;
+}
+
+const loom__form_ops loom__form_sinks = {.kind = LOOM_FORM_SINKS,
+                                         .own_bytes = sinks_bytes,
+                                         .place = sinks_place,
+                                         .describe = sinks_describe,
+                                         .values = sinks_values};

@@ -1,7 +1,6 @@
 /*
  * forms/product_act.c - the fusion rule "product-act" (its row in compile/fuse.c's loom__rules:
- * what it matches, when it applies, the kernel form it makes and the fields that form is run
- * through).
+ * what it matches, when it applies, the kernel form it makes and what it records of it).
  */
 #include "forms.h"
 
@@ -72,7 +71,7 @@ static int32_t column_sum(const loom__program *p, const bool *live, int32_t L, i
     for (int32_t s = r + 1; s < p->n; s++) {
         const loom__pnode *t = &p->nodes[s];
         if (!live[s] || t->op != LOOM_OP_SUM || t->src[0] != r || t->attr.axis != 0 ||
-            t->dtype != LOOM_F32 || t->check || t->copy || t->fused_into >= 0 || t->sink_of >= 0 ||
+            t->dtype != LOOM_F32 || t->check || t->copy || t->fused_into >= 0 || t->made_by >= 0 ||
             loom__numel(t->ndim, t->shape) != cols || t->lay.stride[t->ndim - 1] != 1 ||
             (t->lay.base != LOOM_BASE_WS && t->lay.base != LOOM_BASE_PERSIST))
             continue;
@@ -89,8 +88,7 @@ int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in) {
     int64_t n = 0;
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *t = &p->nodes[L];
-        if (!live[L] || t->op != LOOM_OP_MATMUL || t->epi < 0 || t->fused_into >= 0 || t->nsinks ||
-            t->ndim != 2)
+        if (!live[L] || t->op != LOOM_OP_MATMUL || t->epi < 0 || t->fused_into >= 0 || t->ndim != 2)
             continue;
         const loom__fused *k = &p->fused[t->epi];
         const loom__pnode *r = &p->nodes[k->root];
@@ -115,17 +113,61 @@ int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in) {
                   (relu < 0 || p->nodes[relu].src[0] == (add >= 0 ? add : L)) &&
                   (add < 0 || ((ad->src[0] == L) != (ad->src[1] == L) &&
                                (bias_row(p, v) || matrix_leaf(p, v, r))));
-        if (mask >= 0 && members == 2) { /* the WHERE and its CMPGT */
-            t->act = true, t->act_mask = mask;
-        } else if (ok) {
-            t->act = true, t->act_relu = relu >= 0, t->act_add = v;
-        } else {
+        bool where = mask >= 0 && members == 2; /* the WHERE and its CMPGT */
+        if (!where && !ok)
             continue;
-        }
-        t->act_sum = column_sum(p, live, L, k->root);
-        if (t->act_sum >= 0) /* it runs no kernel of its own */
-            p->nodes[t->act_sum].sink_of = L, n++;
+        int32_t sum = column_sum(p, live, L, k->root);
+        loom__form *x = loom__form_add(p, L, LOOM_FORM_ACT);
+        if (!x)
+            return -1;
+        x->u.act.relu = !where && relu >= 0;
+        x->u.act.add = where ? -1 : v;
+        x->u.act.mask = where ? mask : -1;
+        x->u.act.sum = sum;
+        if (sum >= 0) /* it runs no kernel of its own */
+            p->nodes[sum].made_by = L, n++;
         n++;
     }
     return n;
 }
+
+/* The product writes its epilogue's root directly: no block of its own. */
+static int64_t act_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
+    (void)p, (void)x, (void)bytes;
+    return 0;
+}
+
+static void act_place(loom__program *p, const loom__form *x, loom__placer *pl) {
+    if (x->u.act.sum >= 0)
+        loom__place_node(pl, p, x->u.act.sum);
+}
+
+static void act_describe(FILE *f, const loom__program *p, const loom__form *x) {
+    int32_t add = x->u.act.add;
+    fprintf(f, " as it stores (");
+    if (x->u.act.mask >= 0)
+        fprintf(f, "where node %d > 0", x->u.act.mask);
+    else
+        fprintf(f, "%s%s",
+                add < 0                            ? ""
+                : p->nodes[add].lay.stride[0] == 0 ? "bias"
+                                                   : "a matrix added",
+                add >= 0 && x->u.act.relu ? ", ReLU"
+                : x->u.act.relu           ? "ReLU"
+                                          : "");
+    fprintf(f, " in registers)");
+    if (x->u.act.sum >= 0)
+        fprintf(f, ", summing its columns into SUM#%d", x->u.act.sum);
+}
+
+static int act_values(const loom__program *p, const loom__form *x, loom__value *out, int n) {
+    if (x->u.act.sum >= 0)
+        out[n++] = loom__value_of(p, x->u.act.sum);
+    return n;
+}
+
+const loom__form_ops loom__form_act = {.kind = LOOM_FORM_ACT,
+                                       .own_bytes = act_bytes,
+                                       .place = act_place,
+                                       .describe = act_describe,
+                                       .values = act_values};
