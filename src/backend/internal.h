@@ -76,6 +76,8 @@ typedef enum {
     LOOM_FORM_RELU_DY,    /* pool-relu, a POOLGRAD: it reads x of where(relu > 0, x, 0) as dy */
     LOOM_FORM_SINKS,      /* pool-sinks, a POOLGRAD: it feeds its rows to sinks while in cache */
     LOOM_FORM_QUAD,       /* pool-quad, a POOLGRAD with sinks: they take its windows instead */
+    LOOM_FORM_LNORM_KEEP, /* lnorm-keep, an LNORM: it keeps each row's rstd after its values */
+    LOOM_FORM_LNORM_READ, /* lnorm-keep, an LNORMGRAD: it reads an LNORM's output and rstd, not x */
     LOOM_FORM_KINDS
 } loom__form_kind;
 
@@ -99,6 +101,7 @@ typedef struct {
             int32_t grad, w, sum;
         } back;
         int32_t codes_of; /* CODES_READ: the POOLMAX keeping them */
+        int32_t lnorm;    /* LNORM_READ: the LNORM (of the same x and eps) keeping its rstd */
         int32_t dy;       /* RELU_DY: the gradient read instead of the WHERE */
         /* SINKS: the sinks (a sum along the rows, a product on the dot-product path), the node
          * whose 2-D rows they read, and keep: others read the rows too, so they are written

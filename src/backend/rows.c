@@ -79,32 +79,51 @@ static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, i
  *   gradient: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), xhat = (x - mean) rstd
  * the statistics recomputed from x exactly as the forward computes them. Built twice like the
  * softmax rows (AVX-512 chosen when the CPU has it; the same operations in the same order). */
-#define LNORM_ROW(NAME, T, ATTR)                                                           \
-    /* xr: the row (n), centred in place; gr: its gradient (NULL: forward), tmp: n more */ \
-    ATTR static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps) {            \
-        T sum, sq, mean, rstd;                                                             \
-        LANE_SUM(T, xr, n, sum);                                                           \
-        mean = sum / (T)n;                                                                 \
-        for (int64_t j = 0; j < n; j++)                                                    \
-            xr[j] -= mean, tmp[j] = xr[j] * xr[j];                                         \
-        LANE_SUM(T, tmp, n, sq);                                                           \
-        rstd = (T)1 / sqrt(sq / (T)n + eps);                                               \
-        if (!gr) {                                                                         \
-            for (int64_t j = 0; j < n; j++)                                                \
-                o[j] = xr[j] * rstd;                                                       \
-            return;                                                                        \
-        }                                                                                  \
-        T gsum, gdot;                                                                      \
-        LANE_SUM(T, gr, n, gsum);                                                          \
-        for (int64_t j = 0; j < n; j++)                                                    \
-            xr[j] *= rstd, tmp[j] = gr[j] * xr[j]; /* xhat, gy xhat */                     \
-        LANE_SUM(T, tmp, n, gdot);                                                         \
-        T gm = gsum / (T)n, dm = gdot / (T)n;                                              \
-        for (int64_t j = 0; j < n; j++)                                                    \
-            o[j] = rstd * (gr[j] - gm - xr[j] * dm);                                       \
+#define LNORM_ROW(NAME, T, ATTR)                                                         \
+    /* xr: the row (n), centred in place; gr: its gradient (NULL: forward), tmp: n more; \
+     * keep: where the forward writes rstd (NULL: nowhere) */                            \
+    ATTR static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps, T *keep) { \
+        T sum, sq, mean, rstd;                                                           \
+        LANE_SUM(T, xr, n, sum);                                                         \
+        mean = sum / (T)n;                                                               \
+        for (int64_t j = 0; j < n; j++)                                                  \
+            xr[j] -= mean, tmp[j] = xr[j] * xr[j];                                       \
+        LANE_SUM(T, tmp, n, sq);                                                         \
+        rstd = (T)1 / sqrt(sq / (T)n + eps);                                             \
+        if (!gr) {                                                                       \
+            for (int64_t j = 0; j < n; j++)                                              \
+                o[j] = xr[j] * rstd;                                                     \
+            if (keep)                                                                    \
+                *keep = rstd;                                                            \
+            return;                                                                      \
+        }                                                                                \
+        T gsum, gdot;                                                                    \
+        LANE_SUM(T, gr, n, gsum);                                                        \
+        for (int64_t j = 0; j < n; j++)                                                  \
+            xr[j] *= rstd, tmp[j] = gr[j] * xr[j]; /* xhat, gy xhat */                   \
+        LANE_SUM(T, tmp, n, gdot);                                                       \
+        T gm = gsum / (T)n, dm = gdot / (T)n;                                            \
+        for (int64_t j = 0; j < n; j++)                                                  \
+            o[j] = rstd * (gr[j] - gm - xr[j] * dm);                                     \
     }
 LNORM_ROW(lnorm_row_float, float, )
 LNORM_ROW(lnorm_row_double, double, )
+/* The gradient from what the forward kept (its LNORM_KEEP form): its output row y, which is xhat
+ * (the same (x - mean) rstd), and the row's rstd: the gradient's last two passes above, the same
+ * operations in the same order, so the same values, without the statistics' two passes or x. */
+#define LNORM_GRAD_KEPT(NAME, T)                                                 \
+    static void NAME(const T *y, const T *gr, T *tmp, T *o, int64_t n, T rstd) { \
+        T gsum, gdot;                                                            \
+        LANE_SUM(T, gr, n, gsum);                                                \
+        for (int64_t j = 0; j < n; j++)                                          \
+            tmp[j] = gr[j] * y[j];                                               \
+        LANE_SUM(T, tmp, n, gdot);                                               \
+        T gm = gsum / (T)n, dm = gdot / (T)n;                                    \
+        for (int64_t j = 0; j < n; j++)                                          \
+            o[j] = rstd * (gr[j] - gm - y[j] * dm);                              \
+    }
+LNORM_GRAD_KEPT(lnorm_grad_kept_float, float)
+LNORM_GRAD_KEPT(lnorm_grad_kept_double, double)
 #if defined(__x86_64__) && defined(__GNUC__)
 /* The float row in AVX-512 intrinsics, read in place (x and g, n contiguous each; o n more):
  * LANE_SUM's lanes are a vector's (the ragged end added into the first lanes), its tree the
@@ -120,8 +139,8 @@ __attribute__((target("avx512f"), always_inline)) static inline float lane_tree(
 }
 #    define ROW_LANES(q, n) \
         ((q) + 16 <= (n) ? (__mmask16)0xffff : (__mmask16)((1u << ((n) - (q))) - 1))
-__attribute__((target("avx512f"))) static void lnorm_row_float512(const float *x, const float *g,
-                                                                  float *o, int64_t n, float eps) {
+__attribute__((target("avx512f"))) static void
+lnorm_row_float512(const float *x, const float *g, float *o, int64_t n, float eps, float *keep) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t q = 0; q < n; q += 16) {
         __mmask16 m = ROW_LANES(q, n);
@@ -134,13 +153,16 @@ __attribute__((target("avx512f"))) static void lnorm_row_float512(const float *x
         __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + q), mean);
         acc = _mm512_mask_add_ps(acc, m, acc, _mm512_mul_ps(d, d));
     }
-    __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(lane_tree(acc) / (float)n + eps));
+    float rs = 1.0f / sqrtf(lane_tree(acc) / (float)n + eps);
+    __m512 rstd = _mm512_set1_ps(rs);
 #    define XHAT(q, m) _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + (q)), mean), rstd)
     if (!g) {
         for (int64_t q = 0; q < n; q += 16) {
             __mmask16 m = ROW_LANES(q, n);
             _mm512_mask_storeu_ps(o + q, m, XHAT(q, m));
         }
+        if (keep)
+            *keep = rs;
         return;
     }
     __m512 gs = _mm512_setzero_ps(), gd = _mm512_setzero_ps();
@@ -186,13 +208,48 @@ size_t loom__lnorm_scratch_bytes(const loom__pnode *t) {
     return loom__dtype_size((loom_dtype)t->dtype) * (size_t)(3 * t->shape[t->ndim - 1]);
 }
 
+/* LNORMGRAD id from its LNORM_READ form: the forward's output rows (contiguous) and rstd. */
+static void lnorm_grad_kept(const loom__program *p, const loom__bind *b, int32_t id, int32_t m) {
+    const loom__pnode *t = &p->nodes[id], *gy = &p->nodes[t->src[1]];
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    const void *gs = loom__addr(p, b, t->src[1]);
+    const unsigned char *y = loom__addr(p, b, m);
+    void *o = loom__addr(p, b, id);
+    unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    const unsigned char *rstd = y + (size_t)loom__numel(t->ndim, t->shape) * es;
+    for (int64_t r = 0; r < rows; r++) {
+        if (t->dtype == LOOM_F64) {
+            double *gr = (double *)(void *)tmp;
+            GATHER_ROW(double, gs, gy, r, n, gr);
+            lnorm_grad_kept_double((const double *)(const void *)y + r * n, gr, gr + n,
+                                   (double *)o + r * n, n, ((const double *)(const void *)rstd)[r]);
+        } else {
+            float *gr = (float *)(void *)tmp;
+            GATHER_ROW(float, gs, gy, r, n, gr);
+            lnorm_grad_kept_float((const float *)(const void *)y + r * n, gr, gr + n,
+                                  (float *)o + r * n, n, ((const float *)(const void *)rstd)[r]);
+        }
+    }
+}
+
 static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
+    const loom__form *kept = grad ? loom__form_get(p, id, LOOM_FORM_LNORM_READ) : NULL;
+    if (kept) {
+        lnorm_grad_kept(p, b, id, kept->u.lnorm);
+        return LOOM_OK;
+    }
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
     int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
     const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
     void *o = loom__addr(p, b, id);
     unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
+    /* the forward's rstd, a row's after its values, where its gradient reads them */
+    unsigned char *keep = !grad && loom__form_get(p, id, LOOM_FORM_LNORM_KEEP)
+                              ? (unsigned char *)o + (size_t)loom__numel(t->ndim, t->shape) *
+                                                         loom__dtype_size((loom_dtype)t->dtype)
+                              : NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
     bool wide = __builtin_cpu_supports("avx512f");
 #else
@@ -205,9 +262,11 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
             GATHER_ROW(double, xs, x, r, n, xr);
             if (grad)
                 GATHER_ROW(double, gs, gy, r, n, gr);
-            lnorm_row_double(xr, gr, xr + 2 * n, o_r, n, t->attr.value);
+            lnorm_row_double(xr, gr, xr + 2 * n, o_r, n, t->attr.value,
+                             keep ? (double *)(void *)keep + r : NULL);
         } else {
             float *xr = (float *)(void *)tmp, *gr = grad ? xr + n : NULL, *o_r = (float *)o + r * n;
+            float *kr = keep ? (float *)(void *)keep + r : NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
             if (wide) { /* rows read in place where their elements are contiguous */
                 const float *xw = (const float *)xs + loom__row_offset(x, r), *gw = NULL;
@@ -221,7 +280,7 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
                     GATHER_ROW(float, gs, gy, r, n, gr);
                     gw = gr;
                 }
-                lnorm_row_float512(xw, gw, o_r, n, (float)t->attr.value);
+                lnorm_row_float512(xw, gw, o_r, n, (float)t->attr.value, kr);
                 continue;
             }
 #endif
@@ -229,7 +288,7 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
             if (grad)
                 GATHER_ROW(float, gs, gy, r, n, gr);
             (void)wide;
-            lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value);
+            lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value, kr);
         }
     }
     return LOOM_OK;

@@ -209,6 +209,15 @@ const loom__rule loom__rules[] = {
      false,
      loom__rule_product_act,
      {&loom__form_act}},
+    {"lnorm-keep",
+     "LNORMGRAD(x, dy) and an LNORM(x) of the same eps and dtype",
+     "the LNORM's own workspace buffer; it relies on no other rule, and none on it",
+     "the LNORM keeping each row's rstd after its values, the gradient reading them and the "
+     "LNORM's output (xhat) instead of x",
+     "LNORM_KEEP and LNORM_READ records",
+     false,
+     loom__rule_lnorm_keep,
+     {&loom__form_lnorm_keep, &loom__form_lnorm_read}},
 };
 const int loom__nrules = (int)(sizeof loom__rules / sizeof *loom__rules);
 _Static_assert(sizeof loom__rules / sizeof *loom__rules <= LOOM_RULES_MAX, "LOOM_RULES_MAX");

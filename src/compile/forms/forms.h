@@ -33,6 +33,7 @@ int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_elementwise(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_epilogue(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_fold_product(loom__program *p, const loom__fuse_in *in);
+int64_t loom__rule_lnorm_keep(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_codes(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_conv(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_quad(loom__program *p, const loom__fuse_in *in);
@@ -41,6 +42,7 @@ int64_t loom__rule_pool_sinks(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in);
 /* The kinds of record they make (loom__form_ops, each in the file of the rule making it). */
 extern const loom__form_ops loom__form_act, loom__form_relu, loom__form_codes, loom__form_conv,
-    loom__form_back, loom__form_codes_read, loom__form_relu_dy, loom__form_sinks, loom__form_quad;
+    loom__form_back, loom__form_codes_read, loom__form_relu_dy, loom__form_sinks, loom__form_quad,
+    loom__form_lnorm_keep, loom__form_lnorm_read;
 
 #endif
