@@ -269,6 +269,21 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
             o[ox] = ((d > m) | (d != d)) ? d : m;                                                 \
         }                                                                                         \
     }                                                                                             \
+    /* ... and its argmax codes (a window's place, 0-3, as pool_argmax gives them) too: the 2x2   \
+     * windows' codes where the AVX-512 rows are not there to keep them. */                       \
+    static void pool2_row_codes_##T(const T *restrict r0, const T *restrict r1, int64_t ow,       \
+                                    T *restrict o, uint8_t *restrict cr) {                        \
+        for (int64_t ox = 0; ox < ow; ox++) {                                                     \
+            T a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];             \
+            int q1 = (b > a) | (b != b);                                                          \
+            T m = q1 ? b : a;                                                                     \
+            int q2 = (c > m) | (c != c);                                                          \
+            m = q2 ? c : m;                                                                       \
+            int q3 = (d > m) | (d != d);                                                          \
+            o[ox] = q3 ? d : m;                                                                   \
+            cr[ox] = (uint8_t)(q3 ? 3 : q2 ? 2 : q1);                                             \
+        }                                                                                         \
+    }                                                                                             \
     static void pool2_grad_row_##T(const T *restrict r0, const T *restrict r1, int64_t ow,        \
                                    const T *restrict gy, T *restrict o0, T *restrict o1) {        \
         for (int64_t ox = 0; ox < ow; ox++) {                                                     \
@@ -341,6 +356,12 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                           */                                                                      \
                     uint8_t *cp = codes ? codes + (n * C + c) * OH * OW : NULL;                   \
                     bool fast = !grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp, relu);    \
+                    if (!fast && !grad && cp && !relu && loom__pool2x2(w, xst[3])) {              \
+                        for (int64_t oy = 0; oy < OH; oy++) /* 2x2 rows keeping codes */          \
+                            pool2_row_codes_##T(xp + 2 * oy * xst[2], xp + (2 * oy + 1) * xst[2], \
+                                                OW, op + oy * OW, cp + oy * OW);                  \
+                        fast = true;                                                              \
+                    }                                                                             \
                     if (grad && cp) { /* the scatter from the codes, a tight loop */              \
                         int keep = w->kh * w->kw <= 128 ? 0x7f : 0xff; /* (bit 7: a mask) */      \
                         for (int64_t oy = 0; oy < OH; oy++) {                                     \
