@@ -85,6 +85,13 @@ typedef struct {
     uint8_t kind; /* loom__form_kind */
     int32_t node; /* the node whose kernel runs it */
     int32_t next; /* the node's next form, -1 for none */
+    /* the node its node's kernel reads in place of operand `operand` (-1 for none): CODES_READ the
+     * POOLMAX keeping them (for x), RELU_DY the gradient x of where(relu > 0, x, 0) (for the
+     * WHERE), LNORM_READ the LNORM keeping its rstd (for x) */
+    struct {
+        int8_t operand;
+        int32_t node;
+    } reads;
     union {
         /* ACT: the bias row or matrix added (-1 for none) and then the ReLU; or, with mask >= 0,
          * where(mask > 0, product, 0); written into the epilogue's root; sum: a SUM over axis 0
@@ -100,9 +107,6 @@ typedef struct {
         struct {
             int32_t grad, w, sum;
         } back;
-        int32_t codes_of; /* CODES_READ: the POOLMAX keeping them */
-        int32_t lnorm;    /* LNORM_READ: the LNORM (of the same x and eps) keeping its rstd */
-        int32_t dy;       /* RELU_DY: the gradient read instead of the WHERE */
         /* SINKS: the sinks (a sum along the rows, a product on the dot-product path), the node
          * whose 2-D rows they read, and keep: others read the rows too, so they are written
          * whole (else two rows at a time are held) */
@@ -230,11 +234,11 @@ static inline int32_t loom__pool_relu_of(const loom__program *p, int32_t id) {
 }
 static inline int32_t loom__pool_codes_of(const loom__program *p, int32_t id) {
     const loom__form *x = loom__form_get(p, id, LOOM_FORM_CODES_READ);
-    return x ? x->u.codes_of : -1;
+    return x ? x->reads.node : -1;
 }
 static inline int32_t loom__pool_dy(const loom__program *p, int32_t id) {
     const loom__form *x = loom__form_get(p, id, LOOM_FORM_RELU_DY);
-    return x ? x->u.dy : p->nodes[id].src[1];
+    return x ? x->reads.node : p->nodes[id].src[1];
 }
 static inline bool loom__pool_keeps_codes(const loom__program *p, int32_t id) {
     return loom__form_get(p, id, LOOM_FORM_CODES) != NULL;

@@ -237,7 +237,7 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     const loom__form *kept = grad ? loom__form_get(p, id, LOOM_FORM_LNORM_READ) : NULL;
     if (kept) {
-        lnorm_grad_kept(p, b, id, kept->u.lnorm);
+        lnorm_grad_kept(p, b, id, kept->reads.node);
         return LOOM_OK;
     }
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;

@@ -23,7 +23,7 @@ loom__form *loom__form_add(loom__program *p, int32_t id, loom__form_kind k) {
     *link = at;
     loom__form *x = &p->forms[at];
     memset(x, 0, sizeof *x);
-    x->kind = (uint8_t)k, x->node = id, x->next = -1;
+    x->kind = (uint8_t)k, x->node = id, x->next = -1, x->reads.operand = -1;
     return x;
 }
 
@@ -72,13 +72,10 @@ void loom__forms_place(loom__program *p, int32_t id, loom__placer *pl) {
 }
 
 int32_t loom__forms_source(const loom__program *p, int32_t id, int k) {
-    const loom__form *x[LOOM_FORM_KINDS];
-    const loom__form_ops *ops[LOOM_FORM_KINDS];
-    int32_t s = p->nodes[id].src[k];
-    for (int q = 0, n = in_order(p, id, x, ops); q < n && s >= 0; q++)
-        if (ops[q]->source)
-            s = ops[q]->source(p, x[q], k, s);
-    return s;
+    for (int32_t f = p->nodes[id].form; f >= 0 && p->nodes[id].src[k] >= 0; f = p->forms[f].next)
+        if (p->forms[f].reads.operand == k)
+            return p->forms[f].reads.node;
+    return p->nodes[id].src[k];
 }
 
 void loom__forms_describe(FILE *f, const loom__program *p, int32_t id) {

@@ -65,8 +65,6 @@ struct loom__form_ops {
     int64_t (*own_bytes)(const loom__program *p, const loom__form *x, int64_t bytes);
     /* the buffers it writes besides its node's, placed just after it */
     void (*place)(loom__program *p, const loom__form *x, loom__placer *pl);
-    /* the node its node reads as operand k instead of s (its kernel reads that, not s) */
-    int32_t (*source)(const loom__program *p, const loom__form *x, int k, int32_t s);
     /* its part of the node's line in LOOM_DUMP's schedule */
     void (*describe)(FILE *f, const loom__program *p, const loom__form *x);
     /* the values it leaves whole once its node has run, appended at out[n]; the new count */
@@ -82,8 +80,8 @@ loom__form *loom__form_add(loom__program *p, int32_t id, loom__form_kind k);
 void loom__form_drop(loom__program *p, int32_t id, loom__form_kind k);
 /* The functions of kind k (from the rule that makes it). */
 const loom__form_ops *loom__form_ops_of(loom__form_kind k);
-/* Node id's forms asked in kind order: its own buffer's bytes, its other buffers, the node read as
- * operand k, its line's parts. */
+/* Node id's forms asked in kind order: its own buffer's bytes, its other buffers, the node its
+ * kernel reads as operand k (a form's reads, else that source), its line's parts. */
 int64_t loom__forms_own_bytes(const loom__program *p, int32_t id, int64_t bytes);
 void loom__forms_place(loom__program *p, int32_t id, loom__placer *pl);
 int32_t loom__forms_source(const loom__program *p, int32_t id, int k);

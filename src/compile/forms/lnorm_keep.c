@@ -30,7 +30,7 @@ int64_t loom__rule_lnorm_keep(loom__program *p, const loom__fuse_in *in) {
             loom__form *x = loom__form_add(p, L, LOOM_FORM_LNORM_READ);
             if (!x)
                 return -1;
-            x->u.lnorm = m;
+            x->reads.operand = 0, x->reads.node = m; /* (its output and rstd, not x) */
             n++;
             break;
         }
@@ -54,16 +54,10 @@ static void keep_describe(FILE *f, const loom__program *p, const loom__form *x) 
 const loom__form_ops loom__form_lnorm_keep = {
     .kind = LOOM_FORM_LNORM_KEEP, .own_bytes = keep_bytes, .describe = keep_describe};
 
-/* The gradient reads the forward's output (and rstd after it) in place of x. */
-static int32_t read_source(const loom__program *p, const loom__form *x, int k, int32_t s) {
-    (void)p;
-    return k == 0 ? x->u.lnorm : s;
-}
-
 static void read_describe(FILE *f, const loom__program *p, const loom__form *x) {
     (void)p;
-    fprintf(f, ", reading LNORM#%d's output and rstd instead of x", x->u.lnorm);
+    fprintf(f, ", reading LNORM#%d's output and rstd instead of x", x->reads.node);
 }
 
-const loom__form_ops loom__form_lnorm_read = {
-    .kind = LOOM_FORM_LNORM_READ, .source = read_source, .describe = read_describe};
+const loom__form_ops loom__form_lnorm_read = {.kind = LOOM_FORM_LNORM_READ,
+                                              .describe = read_describe};

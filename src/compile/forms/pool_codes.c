@@ -25,7 +25,7 @@ int64_t loom__rule_pool_codes(loom__program *p, const loom__fuse_in *in) {
                 loom__form *x = loom__form_add(p, L, LOOM_FORM_CODES_READ);
                 if (!x)
                     return -1;
-                x->u.codes_of = m;
+                x->reads.operand = 0, x->reads.node = m; /* (the codes, not x) */
                 n++;
                 break;
             }
@@ -48,16 +48,10 @@ static void codes_describe(FILE *f, const loom__program *p, const loom__form *x)
 const loom__form_ops loom__form_codes = {
     .kind = LOOM_FORM_CODES, .own_bytes = codes_bytes, .describe = codes_describe};
 
-/* The gradient reads the codes in place of its input. */
-static int32_t read_source(const loom__program *p, const loom__form *x, int k, int32_t s) {
-    (void)p;
-    return k == 0 ? x->u.codes_of : s;
-}
-
 static void read_describe(FILE *f, const loom__program *p, const loom__form *x) {
     (void)p;
-    fprintf(f, ", reading the argmax codes of POOLMAX#%d", x->u.codes_of);
+    fprintf(f, ", reading the argmax codes of POOLMAX#%d", x->reads.node);
 }
 
-const loom__form_ops loom__form_codes_read = {
-    .kind = LOOM_FORM_CODES_READ, .source = read_source, .describe = read_describe};
+const loom__form_ops loom__form_codes_read = {.kind = LOOM_FORM_CODES_READ,
+                                              .describe = read_describe};

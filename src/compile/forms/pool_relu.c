@@ -82,7 +82,7 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
             loom__form *y = loom__form_add(p, L, LOOM_FORM_RELU_DY);
             if (!y)
                 return -1;
-            y->u.dy = wh->src[1];
+            y->reads.operand = 1, y->reads.node = wh->src[1];
             p->nodes[wn].made_by = L, p->nodes[cn].made_by = L; /* neither runs */
             n++;
         }
@@ -121,16 +121,9 @@ const loom__form_ops loom__form_relu = {.kind = LOOM_FORM_RELU,
                                         .describe = relu_describe,
                                         .values = relu_values};
 
-/* The gradient reads x in place of the where(). */
-static int32_t dy_source(const loom__program *p, const loom__form *x, int k, int32_t s) {
-    (void)p;
-    return k == 1 ? x->u.dy : s;
-}
-
 static void dy_describe(FILE *f, const loom__program *p, const loom__form *x) {
     (void)p;
-    fprintf(f, " and the ReLU's backward of node %d", x->u.dy);
+    fprintf(f, " and the ReLU's backward of node %d", x->reads.node);
 }
 
-const loom__form_ops loom__form_relu_dy = {
-    .kind = LOOM_FORM_RELU_DY, .source = dy_source, .describe = dy_describe};
+const loom__form_ops loom__form_relu_dy = {.kind = LOOM_FORM_RELU_DY, .describe = dy_describe};
