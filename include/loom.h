@@ -406,6 +406,9 @@ LOOM_API loom_tensor *loom_softmax(loom_graph *g, loom_tensor *x, int axis);
 LOOM_API loom_tensor *loom_log_softmax(loom_graph *g, loom_tensor *x, int axis);
 /* GELU, exact: x / 2 (1 + erf(x / sqrt 2)), as torch.nn.GELU() (approximate='none'). */
 LOOM_API loom_tensor *loom_gelu(loom_graph *g, loom_tensor *x);
+/* GELU's tanh form: x / 2 (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as
+ * torch.nn.GELU(approximate='tanh') and GPT-2's gelu_new. */
+LOOM_API loom_tensor *loom_gelu_tanh(loom_graph *g, loom_tensor *x);
 /* Layer normalization over the last axis, as torch.nn.LayerNorm(x.shape[-1], eps): (x - mean) /
  * sqrt(var + eps) with the biased variance, times weight, plus bias; weight and bias (each NULL
  * for none) have the last axis's size. */
@@ -510,6 +513,13 @@ LOOM_API loom_tensor *loom_sequential_forward(loom_graph *g, loom_sequential *s,
 typedef struct {
     int64_t vocab, context, layers, heads, width;
     double dropout; /* nanoGPT's four places: embeddings, attention weights, both residuals */
+    /* GPT-2 as Hugging Face's GPT2LMHeadModel (and nanoGPT's bias=True) has it; all zero:
+     * nanoGPT's shakespeare model. */
+    bool bias;      /* a bias on every Linear and LayerNorm: "<name>.bias" beside each weight */
+    bool conv1d;    /* Linear weights stored (in, out), as GPT-2's Conv1D layers keep them */
+    bool gelu_tanh; /* the MLP's GELU in its tanh form (gelu_new, loom_gelu_tanh) */
+    int64_t inner;  /* the MLP's hidden width; 0: 4 width */
+    double eps;     /* the LayerNorms' epsilon; 0: 1e-5 */
 } loom_gpt_config;
 typedef struct loom_gpt loom_gpt;
 /* Adds the parameters to m; NULL on bad sizes (EINVAL: each from 1 to 2^24; ERANGE: a parameter
@@ -526,6 +536,29 @@ LOOM_API void loom_gpt_init(loom_gpt *gpt, uint64_t seed);
 LOOM_API void loom_gpt_set_train(loom_gpt *gpt, bool train, uint64_t seed, int64_t step);
 /* Logits (B, T, vocab) of tokens idx (B, T), i32, T <= context. */
 LOOM_API loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx);
+
+/* Hugging Face model folders (transformers' save_pretrained): config.json names the model,
+ * model.safetensors or the shards of model.safetensors.index.json hold its weights (F32, F16 or
+ * BF16: read as float32). Built: GPT-2 (model_type "gpt2", GPT2LMHeadModel: a loom_gpt with
+ * biases, Conv1D weights and the activation the config names). A field loom does not build (another
+ * model_type, untied embeddings, cross-attention ...) is EUNSUPPORTED naming it; a tensor
+ * missing (ENOTFOUND), of another shape than the config's (ESHAPE) or unknown to the model
+ * (EFORMAT) names the file and the tensor. The parameters are added to m with the folder's names
+ * and values. */
+typedef struct loom_hf loom_hf;
+LOOM_API loom_status loom_hf_open(const char *dir, loom_model *m, loom_hf **out);
+LOOM_API void loom_hf_free(loom_hf *h);
+LOOM_API int64_t loom_hf_vocab(const loom_hf *h);
+LOOM_API int64_t loom_hf_context(const loom_hf *h);
+/* As loom_gpt_set_train and loom_gpt_forward: logits (B, T, vocab) of tokens (B, T). */
+LOOM_API void loom_hf_set_train(loom_hf *h, bool train, uint64_t seed, int64_t step);
+LOOM_API loom_tensor *loom_hf_forward(loom_graph *g, loom_hf *h, loom_tensor *idx);
+/* The model (its current values) as a folder that transformers' from_pretrained loads:
+ * model.safetensors (F32, tied names included), config.json (the one read, torch_dtype
+ * "float32"), and the tokenizer's files of the folder read (tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, generation_config.json, vocab.json, merges.txt) where it had them.
+ * The folder is made if need be; each file is written atomically. */
+LOOM_API loom_status loom_hf_save(const loom_hf *h, const char *dir);
 
 /* ---- optimizers ---------------------------------------------------------------------------------
  */
@@ -617,8 +650,8 @@ LOOM_API int64_t loom_text_count(const loom_text *t, bool val);
 /* Tokens [at, at + n) of that split into out (int32); EINVAL if they are not all in it. */
 LOOM_API loom_status loom_text_tokens(const loom_text *t, bool val, int64_t at, int64_t n,
                                       int32_t *out);
-/* The tokens of UTF-8 text s into tokens (room for strlen(s)), *n of them; EINVAL naming the first
- * character outside the vocabulary. */
+/* The tokens of UTF-8 text s into tokens (room for strlen(s); a tokenized text's: 3 strlen(s) +
+ * 1), *n of them; EINVAL naming the first character outside the vocabulary. */
 LOOM_API loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
                                       int64_t *n);
 /* The text of n tokens into buf (NUL-terminated, cut to size); the bytes written. */
@@ -631,6 +664,31 @@ LOOM_API size_t loom_text_decode(const loom_text *t, const int32_t *tokens, int6
 LOOM_API loom_status loom_text_batch(const loom_text *t, int64_t step, int64_t batch,
                                      int64_t context, uint64_t seed, bool shuffle, int32_t *x,
                                      int32_t *y);
+/* A tokenizer.json as Hugging Face's `tokenizers` writes it: byte-level BPE (GPT-2's ByteLevel
+ * pre-tokenizer, merges, added tokens matched first). Encoding gives the ids tokenizers'
+ * encode(text).ids gives; text that is not UTF-8 is read as Python's decode("utf-8", "replace")
+ * reads it. EFORMAT naming the field for a malformed file, EUNSUPPORTED naming the field for what
+ * loom does not read (a normalizer, another model or pre-tokenizer). */
+typedef struct loom_tokenizer loom_tokenizer;
+LOOM_API loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out);
+LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
+/* The number of ids (1 + the largest). */
+LOOM_API int64_t loom_tokenizer_vocab(const loom_tokenizer *t);
+/* The ids of n bytes of text into *ids (allocated by loom's allocator: free them with
+ * loom_tokenizer_ids_free), *count of them. */
+LOOM_API loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, int64_t n,
+                                           int32_t **ids, int64_t *count);
+LOOM_API void loom_tokenizer_ids_free(int32_t *ids);
+/* The bytes of n ids into buf (NUL-terminated, cut to size; ids unknown skipped); the bytes the
+ * whole would take. */
+LOOM_API size_t loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int64_t n,
+                                      char *buf, size_t size);
+/* A text (as loom_text_load: plain or gzip'd, the first 90% of its tokens train, the last 10%
+ * validate) cut into tokens by a tokenizer; loom_text_decode and loom_text_encode then go
+ * through the tokenizer, which must outlive the text. The tokens are kept in the data cache
+ * (as Fashion-MNIST's decoded copy), keyed by the file and the tokenizer. */
+LOOM_API loom_status loom_text_load_tokenized(const char *path, const loom_tokenizer *tok,
+                                              loom_text **out);
 LOOM_API int64_t loom_dataset_count(const loom_dataset *d);
 /* Sample dims (without the leading N). */
 LOOM_API int loom_dataset_sample_ndim(const loom_dataset *d);

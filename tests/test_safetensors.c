@@ -4,6 +4,7 @@
  */
 #include "harness.h"
 
+#include <math.h>
 #include <unistd.h>
 
 /* Writes a safetensors file from a header text and `data_bytes` bytes of data. */
@@ -109,6 +110,41 @@ typedef struct {
 #define W_OK_ "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}"
 #define B_OK_ "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}"
 
+TEST(half_precision_tensors_read_as_float32) {
+    /* F16: 1, -2, 2^-24 (the least subnormal), 65504 (the largest), inf, 3 2^-17 (a subnormal);
+     * BF16: 1, -3.140625, 2^-133 (subnormal), -0 */
+    const char *hdr = "{\"h\":{\"dtype\":\"F16\",\"shape\":[6],\"data_offsets\":[0,12]},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[12,20]}}";
+    const uint16_t bits[10] = {0x3C00, 0xC000, 0x0001, 0x7BFF, 0x7C00,
+                               0x0180, 0x3F80, 0xC049, 0x0001, 0x8000};
+    char path[512];
+    test_tmp(path, sizeof path, "half.safetensors");
+    size_t hl = strlen(hdr);
+    unsigned char buf[256] = {0};
+    for (int i = 0; i < 8; i++)
+        buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, hdr, hl);
+    for (int k = 0; k < 10; k++)
+        buf[8 + hl + 2 * k] = (unsigned char)bits[k], buf[8 + hl + 2 * k + 1] = bits[k] >> 8;
+    FILE *f = fopen(path, "wb");
+    fwrite(buf, 1, 8 + hl + 20, f);
+    fclose(f);
+    loom_tensor_file *tf;
+    ASSERT_EQ(loom_tensor_file_read(path, &tf), LOOM_OK);
+    loom_dtype dt;
+    int nd;
+    const int64_t *shape;
+    const float *h = loom_tensor_file_get(tf, "h", &dt, &nd, &shape);
+    ASSERT(h && dt == LOOM_F32 && nd == 1 && shape[0] == 6);
+    const float want_h[6] = {1, -2, 0x1p-24f, 65504, INFINITY, 0x3p-17f};
+    for (int k = 0; k < 6; k++)
+        ASSERT(h[k] == want_h[k]);
+    const float *b = loom_tensor_file_get(tf, "b", &dt, &nd, &shape);
+    ASSERT(b && dt == LOOM_F32 && nd == 2 && shape[1] == 2);
+    ASSERT(b[0] == 1 && b[1] == -3.140625f && b[2] == 0x1p-133f && b[3] == 0 && signbit(b[3]));
+    loom_tensor_file_free(tf);
+}
+
 TEST(bad_files_are_refused_with_the_reason) {
     const bad_file cases[] = {
         {"{" W_OK_ "," B_OK_ "}", 32, 20, LOOM_EFORMAT, "truncated: header length"},
@@ -122,8 +158,8 @@ TEST(bad_files_are_refused_with_the_reason) {
          LOOM_EFORMAT, "tensors '0.weight' and '0.bias' overlap"},
         {"{" W_OK_ ",\"0.bias\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[24,32]}}", 32, 0,
          LOOM_EFORMAT, "'0.bias' has unknown dtype 'Q7'"},
-        {"{" W_OK_ ",\"0.bias\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[24,28]}}", 32, 0,
-         LOOM_EUNSUPPORTED, "'0.bias' has dtype F16"},
+        {"{" W_OK_ ",\"0.bias\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[24,28]}}", 32, 0,
+         LOOM_EUNSUPPORTED, "'0.bias' has dtype I64"},
         {"{" W_OK_ ",\"0.bias\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[24,32]}}", 32, 0,
          LOOM_EFORMAT, "'0.bias' has 8 bytes of data, its shape needs 12"},
         {"{" W_OK_ "}", 24, 0, LOOM_ENOTFOUND, "tensor '0.bias' is missing"},
@@ -344,6 +380,7 @@ TEST(checkpoint_directory_keeps_newest_and_best) {
 
 int main(void) {
     RUN(round_trip_keeps_names_shapes_values);
+    RUN(half_precision_tensors_read_as_float32);
     RUN(bad_files_are_refused_with_the_reason);
     RUN(metadata_round_trips_and_reads_json_escapes);
     RUN(checkpoint_round_trip_and_refusals);

@@ -125,4 +125,53 @@ loom_status loom__grow(void **ptr, int64_t *cap, int64_t need, size_t elem);
  * failure, with *buf NULL and *size 0. */
 loom_status loom__scratch(void **buf, size_t *size, size_t need);
 
+/* json.c: a JSON document as a tree. Nodes in one array (v[0] the root), children linked by index
+ * (-1: none); a member's key (unescaped, NUL-terminated) in key/klen; a string's bytes
+ * (unescaped, NUL-terminated, may hold NULs) and a number's source text in s/len. */
+typedef enum {
+    LOOM__JNULL,
+    LOOM__JBOOL,
+    LOOM__JNUM,
+    LOOM__JSTR,
+    LOOM__JARR,
+    LOOM__JOBJ
+} loom__jkind;
+typedef struct {
+    loom__jkind kind;
+    bool b;
+    double num;
+    const char *s, *key;
+    int64_t len, klen;
+    int64_t child, next, count; /* first child, next sibling, number of children */
+} loom__jnode;
+typedef struct {
+    loom__jnode *v;
+    int64_t n, cap;
+    char *text;  /* the text, its strings unescaped in place */
+    size_t size; /* its bytes */
+} loom__json;
+/* Parses text (n bytes; path names it in messages): EFORMAT naming the byte and what was
+ * expected, ENOMEM. loom__json_read reads a regular file of at most 2 GiB first. */
+loom_status loom__json_parse(const char *text, size_t n, const char *path, loom__json *out);
+loom_status loom__json_read(const char *path, loom__json *out);
+void loom__json_free(loom__json *d);
+const loom__jnode *loom__json_root(const loom__json *d);
+const loom__jnode *loom__json_first(const loom__json *d, const loom__jnode *v);
+const loom__jnode *loom__json_next(const loom__json *d, const loom__jnode *v);
+/* Member `key` of object obj (the last of equal keys), or NULL (also when obj is no object). */
+const loom__jnode *loom__json_get(const loom__json *d, const loom__jnode *obj, const char *key);
+bool loom__json_is_str(const loom__jnode *v, const char *s);
+/* Whether v is a number with an integer value below 2^53 in magnitude: then *out. */
+bool loom__json_int(const loom__jnode *v, int64_t *out);
+/* A growing string (NUL-terminated; err once an allocation failed). */
+typedef struct {
+    char *s;
+    int64_t len, cap;
+    bool err;
+} loom__strbuf;
+void loom__strbuf_add(loom__strbuf *b, const char *s, size_t n);
+/* v as JSON text, indented by two spaces a level (as Python's json.dump(indent=2)), numbers as
+ * their source wrote them. */
+void loom__json_write(loom__strbuf *b, const loom__json *d, const loom__jnode *v, int depth);
+
 #endif

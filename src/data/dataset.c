@@ -245,9 +245,10 @@ static loom_status read_idx_file(const char *path, int ndim, int64_t *dims, unsi
  * ~/.cache/loom/data, or $LOOM_DATA_CACHE; "off" turns it off) and named by the file's path, size
  * and modification time, so that a warm start reads bytes instead of inflating them. Small files
  * are not cached. */
-static bool data_cache_path(const char *path, char *out, size_t size) {
+bool loom__data_cache_path(const char *path, uint64_t salt, const char *ext, int64_t min_bytes,
+                           char *out, size_t size) {
     struct stat st;
-    if (stat(path, &st) != 0 || st.st_size < (1 << 20))
+    if (stat(path, &st) != 0 || st.st_size < min_bytes)
         return false;
     char dir[3000];
     const char *where = loom__getenv()->data_cache;
@@ -263,7 +264,8 @@ static bool data_cache_path(const char *path, char *out, size_t size) {
     loom__hash_u64(&h, (uint64_t)st.st_size);
     loom__hash_u64(&h, (uint64_t)st.st_mtim.tv_sec);
     loom__hash_u64(&h, (uint64_t)st.st_mtim.tv_nsec);
-    snprintf(out, size, "%s/%016llx.idx", dir, (unsigned long long)loom__hash_final(&h));
+    loom__hash_u64(&h, salt);
+    snprintf(out, size, "%s/%016llx.%s", dir, (unsigned long long)loom__hash_final(&h), ext);
     return true;
 }
 
@@ -289,7 +291,7 @@ static void cache_idx(const char *cached, int ndim, const int64_t *dims, const u
 
 static loom_status read_idx(const char *path, int ndim, int64_t *dims, unsigned char **data) {
     char cached[4200];
-    bool cacheable = data_cache_path(path, cached, sizeof cached);
+    bool cacheable = loom__data_cache_path(path, 0, "idx", 1 << 20, cached, sizeof cached);
     if (cacheable && read_idx_file(cached, ndim, dims, data) == LOOM_OK)
         return LOOM_OK;
     loom_status s = read_idx_file(path, ndim, dims, data);

@@ -20,4 +20,12 @@ const int32_t *loom__dataset_y(const loom_dataset *d);
  * size in *size (dataset.c). */
 loom_status loom__gz_open(const char *path, gzFile *f, int64_t *size);
 
+/* The name of a cached copy of file `path` under the data cache ($LOOM_DATA_CACHE, or
+ * $XDG_CACHE_HOME/loom/data; "off": none), from its path, size, modification time and salt, with
+ * extension ext; false when there is none (no cache, or a file under min_bytes) (dataset.c). */
+bool loom__data_cache_path(const char *path, uint64_t salt, const char *ext, int64_t min_bytes,
+                           char *out, size_t size);
+/* A fingerprint of a tokenizer (its file's text) (tokenizer.c). */
+uint64_t loom__tokenizer_hash(const loom_tokenizer *t);
+
 #endif

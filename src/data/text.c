@@ -27,6 +27,7 @@ struct loom_text {
     int64_t n, ntrain;
     int32_t *chars; /* token -> code point, sorted */
     int64_t vocab;
+    const loom_tokenizer *tok; /* a tokenized text's (loom_text_load_tokenized): no chars */
 };
 
 /* The whole of a plain file, its size checked against the limit before anything is read. */
@@ -282,6 +283,95 @@ loom_status loom_text_load(const char *path, loom_text **out) {
     *out = t;
     return LOOM_OK;
 }
+/* ---- a text cut by a tokenizer ---------------------------------------------------------------
+ * The cached tokens: "LOOMTOK1", their count (8 bytes, little-endian), the tokens (int32), and
+ * the CRC-32C of the tokens (4 bytes). */
+
+static const char tok_magic[8] = "LOOMTOK1";
+
+static bool read_cached_tokens(const char *cached, loom_text *t) {
+    int fd;
+    int64_t size;
+    if (loom__open_regular(cached, &fd, &size))
+        return false;
+    unsigned char hdr[16];
+    uint64_t n = 0;
+    bool ok = size >= 20 && !loom__read_at(fd, cached, hdr, 16, 0, "the header") &&
+              !memcmp(hdr, tok_magic, 8);
+    for (int b = 0; ok && b < 8; b++)
+        n |= (uint64_t)hdr[8 + b] << (8 * b);
+    ok = ok && n > 0 && (uint64_t)size == 20 + 4 * n;
+    int32_t *tok = ok ? loom__malloc(4 * (size_t)n) : NULL;
+    uint32_t crc = 0;
+    ok = tok && !loom__read_at(fd, cached, tok, 4 * (size_t)n, 16, "the tokens") &&
+         !loom__read_at(fd, cached, &crc, 4, 16 + 4 * n, "the checksum") &&
+         loom__crc32c(0, tok, 4 * (size_t)n) == crc;
+    for (uint64_t i = 0; ok && i < n; i++)
+        ok = tok[i] >= 0 && tok[i] < t->vocab;
+    close(fd);
+    if (!ok) {
+        loom__free(tok);
+        return false;
+    }
+    t->tokens = tok, t->n = (int64_t)n;
+    return true;
+}
+
+/* The tokens into the cache (temporary file, rename); a failure costs the next start only. */
+static void cache_tokens(const char *cached, const loom_text *t) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cached, (long)getpid());
+    loom__remove_stale_temps(cached);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    unsigned char hdr[16];
+    memcpy(hdr, tok_magic, 8);
+    for (int b = 0; b < 8; b++)
+        hdr[8 + b] = (unsigned char)((uint64_t)t->n >> (8 * b));
+    uint32_t crc = loom__crc32c(0, t->tokens, 4 * (size_t)t->n);
+    bool ok = fwrite(hdr, 1, 16, f) == 16 &&
+              fwrite(t->tokens, 4, (size_t)t->n, f) == (size_t)t->n && fwrite(&crc, 4, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, cached) != 0)
+        unlink(tmp);
+}
+
+loom_status loom_text_load_tokenized(const char *path, const loom_tokenizer *tok, loom_text **out) {
+    *out = NULL;
+    if (!path || !tok)
+        return loom__error(LOOM_EINVAL,
+                           "loom_text_load_tokenized: expected a path and a tokenizer");
+    loom_text *t = loom__calloc(1, sizeof *t);
+    if (!t)
+        return loom__error(LOOM_ENOMEM, "%s: out of memory", path);
+    t->tok = tok, t->vocab = loom_tokenizer_vocab(tok), t->tsize = 4;
+    char cached[4200];
+    bool cacheable =
+        loom__data_cache_path(path, loom__tokenizer_hash(tok), "tokens", 0, cached, sizeof cached);
+    loom_status s = LOOM_OK;
+    if (!cacheable || !read_cached_tokens(cached, t)) {
+        unsigned char *bytes = NULL;
+        int64_t nb = 0;
+        s = read_all(path, &bytes, &nb);
+        if (!s)
+            s = loom_tokenizer_encode(tok, (const char *)bytes, nb, (int32_t **)&t->tokens, &t->n);
+        loom__free(bytes);
+        if (!s && t->n < 2)
+            s = loom__error(LOOM_EFORMAT, "%s: %lld tokens: expected text to train on", path,
+                            (long long)t->n);
+        if (!s && cacheable)
+            cache_tokens(cached, t);
+    }
+    if (s) {
+        loom_text_free(t);
+        return s;
+    }
+    t->ntrain = (int64_t)((double)t->n * 0.9);
+    *out = t;
+    return LOOM_OK;
+}
+
 void loom_text_free(loom_text *t) {
     if (!t)
         return;
@@ -318,6 +408,14 @@ loom_status loom_text_tokens(const loom_text *t, bool val, int64_t at, int64_t n
 
 loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens, int64_t *n) {
     int64_t len = (int64_t)strlen(s), k = 0;
+    if (t->tok) { /* (at most a token a byte) */
+        int32_t *ids;
+        loom_status st = loom_tokenizer_encode(t->tok, s, len, &ids, &k);
+        if (!st)
+            memcpy(tokens, ids, sizeof(int32_t) * (size_t)k), *n = k;
+        loom_tokenizer_ids_free(ids);
+        return st;
+    }
     for (int64_t i = 0; i < len;) {
         int l;
         int32_t c = utf8_next((const unsigned char *)s + i, len - i, &l), tok = -1;
@@ -337,6 +435,10 @@ loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
 size_t loom_text_decode(const loom_text *t, const int32_t *tokens, int64_t n, char *buf,
                         size_t size) {
     size_t k = 0;
+    if (t->tok) {
+        k = loom_tokenizer_decode(t->tok, tokens, n, buf, size);
+        return k < size ? k : size ? size - 1 : 0;
+    }
     for (int64_t i = 0; i < n; i++) {
         char b[4];
         int l = tokens[i] >= 0 && tokens[i] < t->vocab ? loom__utf8_put(t->chars[tokens[i]], b) : 0;

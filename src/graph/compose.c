@@ -127,6 +127,19 @@ loom_tensor *loom_cross_entropy(loom_graph *g, loom_tensor *logits, loom_tensor 
     return loom_neg(g, loom_div(g, loom_sum_all(g, loom_mul(g, picked, w)), n));
 }
 
+/* tanh(sqrt(2 / pi) (x + 0.044715 x^3)), halved and applied to x: GPT-2's gelu_new. Its
+ * gradient comes from the primitives. */
+loom_tensor *loom_gelu_tanh(loom_graph *g, loom_tensor *x) {
+    if (!g || g->err || !x)
+        return NULL;
+    loom_dtype dt = x->dtype;
+    loom_tensor *x3 = loom_mul(g, loom_mul(g, x, x), x);
+    loom_tensor *in = loom_mul(g, loom_add(g, x, loom_mul(g, x3, loom_scalar(g, 0.044715, dt))),
+                               loom_scalar(g, 0.7978845608028654, dt));
+    loom_tensor *half = loom_mul(g, x, loom_scalar(g, 0.5, dt));
+    return loom_mul(g, half, loom_add(g, loom_tanh(g, in), loom_scalar(g, 1.0, dt)));
+}
+
 loom_tensor *loom_linear(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_tensor *b) {
     loom_tensor *y = loom_matmul(g, x, loom_transpose(g, w));
     return b ? loom_add(g, y, b) : y;

@@ -20,7 +20,10 @@ typedef struct {
     int64_t shape[LOOM_MAX_DIMS];
     uint64_t begin, end;
     void *data;
+    int half; /* 0, or the file's 16-bit float (HALF_F16, HALF_BF16): read as F32 */
 } entry;
+
+enum { HALF_F16 = 1, HALF_BF16 };
 
 struct loom_tensor_file {
     entry *e;
@@ -251,10 +254,12 @@ static bool jint_array(json *j, uint64_t *v, int max, int *count) {
 /* ---- dtypes -----------------------------------------------------------------------------------
  */
 
-static loom_status parse_dtype(const char *path, const char *name, const char *s, loom_dtype *dt) {
-    static const char *const other[] = {"F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I16",
-                                        "I8",  "U64",  "U32",     "U16",     "U8",  "BOOL"};
-    if (strcmp(s, "F32") == 0 || strcmp(s, "F64") == 0 || strcmp(s, "I32") == 0) {
+static loom_status parse_dtype(const char *path, const char *name, const char *s, loom_dtype *dt,
+                               int *half) {
+    static const char *const other[] = {"F8_E4M3", "F8_E5M2", "I64", "I16", "I8",
+                                        "U64",     "U32",     "U16", "U8",  "BOOL"};
+    *half = !strcmp(s, "F16") ? HALF_F16 : !strcmp(s, "BF16") ? HALF_BF16 : 0;
+    if (strcmp(s, "F32") == 0 || strcmp(s, "F64") == 0 || strcmp(s, "I32") == 0 || *half) {
         *dt = s[0] == 'I' ? LOOM_I32 : s[1] == '6' ? LOOM_F64 : LOOM_F32;
         return LOOM_OK;
     }
@@ -262,7 +267,7 @@ static loom_status parse_dtype(const char *path, const char *name, const char *s
         if (strcmp(s, other[i]) == 0)
             return loom__error(LOOM_EUNSUPPORTED,
                                "%s: tensor '%s' has dtype %s; loom reads F32, "
-                               "F64 and I32",
+                               "F64, I32, and F16 and BF16 as F32",
                                path, name, s);
     return loom__error(LOOM_EFORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, name, s);
 }
@@ -309,7 +314,7 @@ static bool parse_entry(json *j, entry *e) {
                                      : "data_offsets");
         return false;
     }
-    j->err = parse_dtype(j->path, e->name, dt, &e->dtype);
+    j->err = parse_dtype(j->path, e->name, dt, &e->dtype, &e->half);
     return !j->err;
 }
 
@@ -359,7 +364,7 @@ static loom_status check_entries(const char *path, loom_tensor_file *f, uint64_t
     for (int64_t i = 0; i < f->n && !s; i++) {
         entry *e = &f->e[i];
         sorted[i] = e;
-        uint64_t bytes = loom__dtype_size(e->dtype);
+        uint64_t bytes = e->half ? 2 : loom__dtype_size(e->dtype);
         for (int d = 0; d < e->ndim; d++) /* past 2^64: more than any file holds */
             if (__builtin_mul_overflow(bytes, (uint64_t)e->shape[d], &bytes))
                 bytes = UINT64_MAX;
@@ -428,6 +433,48 @@ static loom_status check_crcs(const char *path, const loom_tensor_file *f, uint6
     return s;
 }
 
+/* A 16-bit float's bits as float32 (exact: every F16 and BF16 value is a float32). */
+static float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, bits;
+    if (e == 31) /* infinities and NaNs (the payload kept) */
+        bits = sign | 0x7F800000u | m << 13;
+    else if (e) /* normal */
+        bits = sign | (e + 112) << 23 | m << 13;
+    else if (!m) /* zero */
+        bits = sign;
+    else { /* subnormal: m 2^-24, normal in float32 */
+        int shift = 0;
+        while (!(m & 1024))
+            m <<= 1, shift++;
+        bits = sign | (uint32_t)(113 - shift) << 23 | (m & 1023) << 13;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* An F16 or BF16 tensor's data replaced by its values as F32 (little-endian files). */
+static loom_status widen(entry *e) {
+    if (!e->half)
+        return LOOM_OK;
+    uint64_t n = (e->end - e->begin) / 2;
+    float *to = loom__malloc(sizeof(float) * n + 1);
+    if (!to)
+        return loom__error(LOOM_ENOMEM, "out of memory widening tensor '%s' to float32", e->name);
+    const unsigned char *b = e->data;
+    for (uint64_t k = 0; k < n; k++) {
+        uint16_t h = (uint16_t)(b[2 * k] | b[2 * k + 1] << 8);
+        uint32_t bits = (uint32_t)h << 16;
+        if (e->half == HALF_F16)
+            to[k] = from_f16(h);
+        else
+            memcpy(&to[k], &bits, 4);
+    }
+    loom__free(e->data);
+    e->data = to;
+    return LOOM_OK;
+}
+
 /* safetensors' own bound on the header (MAX_HEADER_SIZE in the reference reader). */
 #define MAX_HEADER 100000000u
 
@@ -487,6 +534,8 @@ static loom_status read_file(const char *path, bool header_only, loom_tensor_fil
     loom__free(hdr);
     if (!s && !header_only)
         s = check_crcs(path, f, 8 + hlen);
+    for (int64_t i = 0; f && !s && !header_only && i < f->n; i++)
+        s = widen(&f->e[i]);
     if (s)
         loom_tensor_file_free(f);
     else

@@ -83,3 +83,15 @@ put("text", "gzip-cut", bytes([0]) + gzip.compress(shakespeare)[:40])
 put("text", "gzip-twice", bytes([0]) + gzip.compress(shakespeare) + gzip.compress(b"caf\xc3\xa9 \xe6\x97\xa5"))
 put("text", "wide", bytes([0]) + "日本語のテキスト、café\n".encode() * 3)
 put("text", "one-char", bytes([0]) + b"a" * 50)
+
+small_bpe = json.dumps({
+    "version": "1.0", "added_tokens": [{"id": 6, "content": "<|endoftext|>", "special": True}],
+    "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+    "post_processor": None, "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\u0120ab": 4,
+                                       "c": 5}, "merges": ["a b", ["\u0120", "ab"]]}}).encode()
+put("tokenizer", "small", bytes([0]) + small_bpe)
+put("tokenizer", "cut", bytes([0]) + small_bpe[:70])
+put("tokenizer", "text", bytes([1]) + shakespeare + b" the thee theee <|end|>x")
+put("tokenizer", "hostile", bytes([1]) + "caf\u00e9 \U0001F600 \u4e2d\u6587 \u0661 's".encode()
+    + b" \xff\xc0\xaf\xed\xa0\x80\xe2\x82")

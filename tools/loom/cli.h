@@ -68,9 +68,10 @@ int cli_check_save(const char *path);
 /* The options of `loom train|eval|sample shakespeare-gpt` (tools/loom/gpt.c). */
 typedef struct {
     bool sample, eval;
+    bool hf; /* `... hf`: a Hugging Face folder (--init DIR) instead of shakespeare-gpt */
     loom_gpt_config shape;
     unsigned given; /* which of --layers, --heads, --width, --context (bits 0 to 3) were given */
-    int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k;
+    int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k, num_samples;
     int64_t accumulate; /* --accumulate N: micro-batches of --batch per optimizer step */
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;
@@ -82,7 +83,7 @@ typedef struct {
 } gpt_opts;
 /* Validation batches of the GPT: 64 windows (the short last one on a graph of its own). */
 #define VAL_ROWS 64
-/* Parses argv (argv[1] the command, argv[2] shakespeare-gpt) into *o, every size bounded and
+/* Parses argv (argv[1] the command, argv[2] shakespeare-gpt or hf) into *o, every size bounded and
  * every product of sizes checked (batch rows x context, the blocks' parameters): 0, or 2 after
  * one line. Pure but for that line (tests/fuzz/fuzz_gpt_args.c). */
 int cli_gpt_parse(int argc, char **argv, gpt_opts *o);

@@ -4,12 +4,16 @@
  * recipe as defaults (4 layers, 4 heads, width 128, context 64, batch 12, 2000 steps, AdamW lr
  * 1e-3 with betas 0.9 and 0.99, weight decay 0.1 on matrices, 100 warm-up steps, cosine to 1e-4,
  * clipping at 1.0), data-parallel on the devices; and sampling from trained weights.
+ * `loom train|sample|eval hf --init DIR` is the same run on a Hugging Face folder (loom_hf_*): its
+ * model, its tokenizer.json cutting the text, and the folder written back by --save.
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static const char *default_text(void) {
@@ -19,7 +23,7 @@ static const char *default_text(void) {
 /* The model's shape and the batch against the bounds: the batch's rows x context, the blocks'
  * weights (12 width^2 a layer; the embeddings are bounded once the vocabulary is known, by
  * loom_gpt_new: at most 2^31 parameters), heads dividing width. 0, or 1 after one line. */
-static int check_shape(const gpt_opts *o, bool divides) {
+static int check_shape(gpt_opts *o, bool divides) {
     int64_t rows = o->batch > VAL_ROWS ? o->batch : VAL_ROWS, elems;
     if (!cli_mul("--batch x --context", rows, o->shape.context, CLI_MAX_BATCH_ELEMS, &elems))
         return 1;
@@ -38,6 +42,8 @@ static int check_shape(const gpt_opts *o, bool divides) {
 int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.sample = !strcmp(argv[1], "sample"),
                     .eval = !strcmp(argv[1], "eval"),
+                    .hf = argc > 2 && !strcmp(argv[2], "hf"),
+                    .num_samples = 1,
                     .shape = {.context = 64, .layers = 4, .heads = 4, .width = 128},
                     .steps = 2000,
                     .batch = 12,
@@ -68,6 +74,7 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                 {"--eval-interval", 1, CLI_MAX_COUNT, &o->eval_interval},
                 {"--tokens", 1, (int64_t)1 << 30, &o->tokens},
                 {"--top-k", 1, (int64_t)1 << 30, &o->top_k},
+                {"--num-samples", 1, 1 << 20, &o->num_samples},
                 {"--devices", 1, 256, &o->devices},
                 {"--accumulate", 1, 65536, &o->accumulate}};
     const struct {
@@ -79,15 +86,12 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                 {"--clip-norm", 0, 1e30, &o->clip},
                 {"--beta2", 0, 1e30, &o->beta2},
                 {"--dropout", 0, 1e30, &o->dropout},
-                {"--temperature", 1e-6, 1e30, &o->temperature},
+                {"--temperature", 0, 1e30, &o->temperature},
                 {"--timeout", 1e-3, LOOM_MAX_TIMEOUT, &o->timeout}};
     const struct {
         const char *flag, **dst;
-    } strs[] = {{"--data", &o->data},
-                {"--init", &o->init},
-                {"--save", &o->save},
-                {"--start", &o->start},
-                {"--log-dir", &o->log_dir}};
+    } strs[] = {{"--data", &o->data},   {"--init", &o->init},    {"--save", &o->save},
+                {"--start", &o->start}, {"--prompt", &o->start}, {"--log-dir", &o->log_dir}};
     for (int i = 3; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = false, known = false;
@@ -150,7 +154,11 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--decay-steps: expected more than --warmup-steps (%lld), got %lld",
                         (long long)o->warmup, (long long)o->decay),
                2;
-    if (cli_ckpt_check(&o->ck, o->init))
+    if (o->hf && (o->given & 7))
+        return cli_fail("hf: --layers, --heads and --width come from --init's config.json"), 2;
+    if (o->hf && !o->init)
+        return cli_fail("%s hf: expected --init DIR, a Hugging Face model folder", argv[1]), 2;
+    if (cli_ckpt_check(&o->ck, o->hf ? NULL : o->init))
         return 2;
     if ((o->sample || o->eval) && (o->ck.dir || o->ck.resume || o->log_dir))
         return cli_fail("%s: takes --init FILE, not checkpoint or log options", argv[1]), 2;
@@ -158,6 +166,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--monitor: shakespeare-gpt's evaluation measures val_loss only"), 2;
     if ((o->sample || o->eval) && !o->init)
         return cli_fail("%s: expected --init FILE with trained weights", argv[1]), 2;
+    if (o->num_samples > 1 && !o->sample)
+        return cli_fail("--num-samples: for sample only"), 2;
     return 0;
 }
 
@@ -165,6 +175,8 @@ typedef struct {
     loom_text *text;
     loom_model *m;
     loom_gpt *gpt;
+    loom_hf *hf;         /* hf: the folder's model (in place of gpt) */
+    loom_tokenizer *tok; /* hf: its tokenizer, which cuts the text */
     /* training and evaluation (run_devices): the devices, the validation graphs, and room for
      * max(batch, VAL_ROWS) windows of inputs and targets */
     loom_devices *d;
@@ -179,15 +191,28 @@ static void run_free(gpt_run *r) {
     loom_devices_free(r->d);
     free(r->x), free(r->y);
     loom_gpt_free(r->gpt);
+    loom_hf_free(r->hf);
     loom_model_free(r->m);
     loom_text_free(r->text);
+    loom_tokenizer_free(r->tok);
+}
+
+static loom_tensor *forward(gpt_run *r, loom_graph *g, loom_tensor *idx) {
+    return r->hf ? loom_hf_forward(g, r->hf, idx) : loom_gpt_forward(g, r->gpt, idx);
+}
+
+static void set_train(gpt_run *r, bool train, uint64_t seed, int64_t step) {
+    if (r->hf)
+        loom_hf_set_train(r->hf, train, seed, step);
+    else
+        loom_gpt_set_train(r->gpt, train, seed, step);
 }
 
 static char *vocabulary(const loom_text *t);
 
 /* Whether every process of an MPI job runs this configuration (the text compared by its size and
  * vocabulary, paths may differ between machines). 0, or 2 after process 0's line. */
-static int agree(const gpt_opts *o, gpt_run *r) {
+static int agree(gpt_opts *o, gpt_run *r) {
     cli_items *it = &r->it;
     it->n = 0;
     const loom_gpt_config *c = &o->shape;
@@ -224,7 +249,7 @@ static int agree(const gpt_opts *o, gpt_run *r) {
 }
 
 /* The devices (--devices, --timeout), the validation graphs on them, the batch buffers. */
-static int run_devices(const gpt_opts *o, gpt_run *r) {
+static int run_devices(gpt_opts *o, gpt_run *r) {
     size_t rows = (size_t)(o->batch > VAL_ROWS ? o->batch : VAL_ROWS);
     r->x = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
     r->y = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
@@ -298,9 +323,43 @@ static int check_vocabulary(const gpt_run *r, const char *init) {
     return rc;
 }
 
+/* hf: the folder's tokenizer and model (--init DIR), the text cut by the tokenizer; the context
+ * the model's unless --context asks for a shorter one. */
+static int run_new_hf(gpt_opts *o, gpt_run *r) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->init);
+    if (loom_tokenizer_load(path, &r->tok))
+        return cli_fail("--init: %s", loom_last_error());
+    if (!(r->m = loom_model_new()) || loom_hf_open(o->init, r->m, &r->hf))
+        return cli_fail("--init: %s", r->m ? loom_last_error() : "out of memory");
+    int64_t ids = loom_tokenizer_vocab(r->tok), vocab = loom_hf_vocab(r->hf);
+    int64_t most = loom_hf_context(r->hf);
+    if (ids > vocab)
+        return cli_fail("--init: %s has ids up to %lld, but config.json's vocabulary is %lld", path,
+                        (long long)ids - 1, (long long)vocab);
+    if (o->given & 8 && o->shape.context > most)
+        return cli_fail("--context: %lld, longer than the model's %lld positions",
+                        (long long)o->shape.context, (long long)most);
+    if (!(o->given & 8))
+        o->shape.context = most;
+    if (check_shape(o, false))
+        return 2;
+    const char *data = o->data ? o->data : default_text();
+    if (loom_text_load_tokenized(data, r->tok, &r->text))
+        return cli_fail("--data: %s", loom_last_error());
+    int64_t ntrain = loom_text_count(r->text, false), nval = loom_text_count(r->text, true);
+    if (!o->sample && (o->shape.context >= ntrain || o->shape.context >= nval))
+        return cli_fail("--context: %lld tokens, longer than the text's training split (%lld) or "
+                        "validation split (%lld) (give a shorter --context)",
+                        (long long)o->shape.context, (long long)ntrain, (long long)nval);
+    return 0;
+}
+
 /* The text, the model of the options' shape, and --init's weights. */
-static int run_new(const gpt_opts *o, gpt_run *r) {
+static int run_new(gpt_opts *o, gpt_run *r) {
     memset(r, 0, sizeof *r);
+    if (o->hf)
+        return run_new_hf(o, r);
     const char *path = o->data ? o->data : default_text();
     if (loom_text_load(path, &r->text))
         return cli_fail("--data: %s", loom_last_error());
@@ -329,7 +388,7 @@ static double val_loss(gpt_run *r, int64_t T) {
     int64_t windows = (n - 1) / T, per = VAL_ROWS;
     int32_t *x = r->x, *y = r->y;
     double total = 0;
-    loom_gpt_set_train(r->gpt, false, 0, 0); /* (dropout off) */
+    set_train(r, false, 0, 0); /* (dropout off) */
     for (int64_t w0 = 0; w0 < windows; w0 += per) {
         int64_t rows = windows - w0 < per ? windows - w0 : per, shape[2] = {rows, T};
         for (int64_t k = 0; k < rows; k++) {
@@ -340,7 +399,7 @@ static double val_loss(gpt_run *r, int64_t T) {
         loom_graph_reset(g);
         loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, x);
         loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, y);
-        loom_tensor *loss = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
+        loom_tensor *loss = loom_cross_entropy(g, forward(r, g, xi), yi);
         loom_output(loss);
         if (loom_graph_run(g))
             return NAN;
@@ -372,7 +431,7 @@ static const char *const may_change[] = {"--steps", "--eval-interval", "--timeou
 
 /* A checkpoint after t->step steps (none when one is there), with the validation loss just
  * measured (NaN: none). */
-static int checkpoint(const gpt_opts *o, gpt_run *r, gpt_train *t, double monitored) {
+static int checkpoint(gpt_opts *o, gpt_run *r, gpt_train *t, double monitored) {
     if (!o->ck.dir || t->ckpt_step == t->step)
         return 0;
     loom_run_position at = {.step = t->step,
@@ -393,7 +452,7 @@ static int checkpoint(const gpt_opts *o, gpt_run *r, gpt_train *t, double monito
 
 /* --resume: the checkpoint's weights, optimizer state and step, once its configuration is found
  * to be this run's. */
-static int resume(const gpt_opts *o, gpt_run *r, gpt_train *t) {
+static int resume(gpt_opts *o, gpt_run *r, gpt_train *t) {
     if (loom_checkpoint_resume(o->ck.resume, r->m, t->opt, &t->step, t->ckpt, sizeof t->ckpt))
         return cli_fail("--resume: %s", loom_last_error());
     int bad = cli_resume_check(r->m, &r->it, t->ckpt, may_change);
@@ -410,12 +469,31 @@ static int resume(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     return 0;
 }
 
+/* hf's --save DIR: made (with its parents) and writable, before any training. 0, or 1. */
+static int check_save_dir(const char *dir) {
+    char path[4200];
+    size_t n = strlen(dir);
+    if (n >= 4000)
+        return cli_fail("--save: a path of %zu bytes, expected fewer", n);
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(path, 0777);
+            *p = '/';
+        }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return cli_fail("--save: cannot create the folder %s: %s", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return cli_check_save(path);
+}
+
 /* The model, devices, optimizer and step graph of a training run; its checkpoint when resumed;
  * the configuration and vocabulary in the model's metadata (for every file it writes). */
-static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
+static int train_setup(gpt_opts *o, gpt_run *r, gpt_train *t) {
     int rc = run_new(o, r);
     if (!rc && o->save)
-        rc = cli_check_save(o->save);
+        rc = o->hf ? check_save_dir(o->save) : cli_check_save(o->save);
     if (!rc)
         rc = run_devices(o, r);
     if (rc)
@@ -434,9 +512,10 @@ static int train_setup(const gpt_opts *o, gpt_run *r, gpt_train *t) {
     t->talk = loom_devices_process(r->d) == 0;
     if (o->ck.resume && (rc = resume(o, r, t)))
         return rc;
-    char *vocab = vocabulary(r->text);
-    if (!vocab || loom_model_set_meta(r->m, "vocabulary", vocab) || cli_config_meta(r->m, &r->it))
-        rc = cli_fail("%s", vocab ? loom_last_error() : "out of memory");
+    char *vocab = o->hf ? NULL : vocabulary(r->text);
+    if ((!o->hf && !vocab) || (vocab && loom_model_set_meta(r->m, "vocabulary", vocab)) ||
+        cli_config_meta(r->m, &r->it))
+        rc = cli_fail("%s", o->hf || vocab ? loom_last_error() : "out of memory");
     free(vocab);
     if (!rc && t->talk && o->log_dir &&
         !(t->log = cli_log_open(o->log_dir, "step,loss,lr,tokens_per_s,val_loss\n", o->log_warn,
@@ -457,7 +536,7 @@ static int log_step(gpt_train *t, double loss, double rate) {
 /* Optimizer step s (from 0): its --accumulate micro-batches of text windows, each keyed by seed
  * and its own index (s with one, s x N + k with N), dropout keyed the same; their gradients
  * summed, the update with the last; the mean of their losses into *loss. */
-static int train_step(const gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, double *loss) {
+static int train_step(gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, double *loss) {
     int64_t T = o->shape.context, B = o->batch, shape[2] = {B, T};
     int64_t A = o->accumulate > 1 ? o->accumulate : 1;
     loom_graph *g = t->g;
@@ -467,10 +546,10 @@ static int train_step(const gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, do
         if (loom_text_batch(r->text, key, B, T, o->seed, !o->no_shuffle, r->x, r->y))
             return cli_fail("%s", loom_last_error());
         loom_graph_reset(g);
-        loom_gpt_set_train(r->gpt, true, o->seed, key);
+        set_train(r, true, o->seed, key);
         loom_tensor *xi = loom_input_batch(g, LOOM_I32, 2, shape, r->x);
         loom_tensor *yi = loom_input_batch(g, LOOM_I32, 2, shape, r->y);
-        loom_tensor *l = loom_cross_entropy(g, loom_gpt_forward(g, r->gpt, xi), yi);
+        loom_tensor *l = loom_cross_entropy(g, forward(r, g, xi), yi);
         if (A > 1)
             loom_backward_accumulate(g, l, 1.0 / (double)A, k == 0, k == A - 1);
         else
@@ -485,7 +564,7 @@ static int train_step(const gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, do
     return 0;
 }
 
-static int train(const gpt_opts *o) {
+static int train(gpt_opts *o) {
     gpt_run r = {0};
     gpt_train t = {.ckpt_step = -1, .last_val = NAN, .best = NAN};
     int rc = train_setup(o, &r, &t);
@@ -493,10 +572,11 @@ static int train(const gpt_opts *o) {
     cli_catch_stop();
     cli_stop_agree(rc ? NULL : r.d);
     if (!rc && t.talk)
-        printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
+        printf("%s: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
                "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
-               (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
-               (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
+               o->hf ? o->init : "shakespeare-gpt", (long long)o->shape.layers,
+               (long long)o->shape.heads, (long long)o->shape.width, (long long)T,
+               (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
                loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
@@ -554,7 +634,8 @@ static int train(const gpt_opts *o) {
                now() - t0, t.best, o->ck.dir ? "checkpoint " : "no checkpoint (--checkpoint-dir)",
                o->ck.dir ? t.ckpt : "");
     }
-    if (!rc && o->save && t.talk && loom_model_save(r.m, o->save))
+    if (!rc && o->save && t.talk &&
+        (o->hf ? loom_hf_save(r.hf, o->save) : loom_model_save(r.m, o->save)))
         rc = cli_fail("--save: %s", loom_last_error());
     if (cli_log_close(t.log) && !rc)
         rc = 1;
@@ -567,6 +648,12 @@ static int train(const gpt_opts *o) {
 /* The next token from logits (vocab) at temperature, among the top k, by u uniform in [0, 1). */
 static int32_t pick(const float *logits, int64_t vocab, double temperature, int64_t k, double u,
                     double *p) {
+    if (temperature == 0) { /* greedy: the first of the largest, as torch.argmax */
+        int64_t best = 0;
+        for (int64_t i = 1; i < vocab; i++)
+            best = logits[i] > logits[best] ? i : best;
+        return (int32_t)best;
+    }
     double kth = INFINITY;
     if (k < vocab) { /* the k-th largest logit: those below it are out */
         for (int64_t i = 0; i < vocab; i++)
@@ -593,23 +680,33 @@ static int32_t pick(const float *logits, int64_t vocab, double temperature, int6
     return (int32_t)(vocab - 1);
 }
 
-/* The text of n tokens on stdout, as they come. */
-static void put_tokens(const loom_text *t, const int32_t *toks, int64_t n) {
+/* The text of n tokens on stdout, as they come (a tokenizer's a token at a time: their bytes
+ * as they are, a character's bytes perhaps split between tokens). */
+static void put_tokens(const gpt_run *r, const int32_t *toks, int64_t n) {
     char buf[4 * 64 + 1];
-    for (int64_t i = 0; i < n; i += 64) {
-        loom_text_decode(t, toks + i, n - i < 64 ? n - i : 64, buf, sizeof buf);
+    for (int64_t i = 0; !r->tok && i < n; i += 64) {
+        loom_text_decode(r->text, toks + i, n - i < 64 ? n - i : 64, buf, sizeof buf);
         fputs(buf, stdout);
+    }
+    for (int64_t i = 0; r->tok && i < n; i++) {
+        size_t len = loom_tokenizer_decode(r->tok, toks + i, 1, buf, sizeof buf);
+        char *big = len < sizeof buf ? NULL : malloc(len + 1);
+        if (big)
+            loom_tokenizer_decode(r->tok, toks + i, 1, big, len + 1);
+        fwrite(big ? big : buf, 1, big || len < sizeof buf ? len : sizeof buf - 1, stdout);
+        free(big);
     }
     fflush(stdout);
 }
 
-static int sample(const gpt_opts *o) {
+static int sample(gpt_opts *o) {
     gpt_run r;
     int rc = run_new(o, &r);
-    int64_t T = o->shape.context, V = rc ? 0 : loom_text_vocab(r.text), n = 0, bytes = 0;
+    int64_t T = o->shape.context, n = 0, start = 0, bytes = 0;
+    int64_t V = rc ? 0 : r.hf ? loom_hf_vocab(r.hf) : loom_text_vocab(r.text);
     int32_t *toks = NULL, *win = NULL;
     double *p = NULL;
-    if (!rc && !cli_mul("--tokens + --start", (int64_t)strlen(o->start) + o->tokens + 1,
+    if (!rc && !cli_mul("--tokens + --start", 3 * (int64_t)strlen(o->start) + o->tokens + 2,
                         sizeof(int32_t), INT64_MAX / 2, &bytes))
         rc = 2;
     if (!rc && (!(toks = malloc((size_t)bytes)) || !(win = malloc(sizeof(int32_t) * (size_t)T)) ||
@@ -621,14 +718,21 @@ static int sample(const gpt_opts *o) {
         rc = cli_fail("--start: expected at least one character to start from");
     loom_graph *g = rc ? NULL : loom_graph_new(r.m);
     if (!rc)
-        cli_catch_stop(), put_tokens(r.text, toks, n);
-    for (int64_t i = 0; !rc && i < o->tokens && !cli_stopping(); i++) {
+        cli_catch_stop();
+    start = n;
+    for (int64_t i = 0; !rc && i < o->tokens * o->num_samples && !cli_stopping(); i++) {
+        if (i % o->tokens == 0) { /* a sample begins: the prompt again (nanoGPT's separator) */
+            if (i)
+                fputs("\n---------------\n", stdout);
+            n = start;
+            put_tokens(&r, toks, n);
+        }
         /* the last T tokens (fewer at first: then padded after, which causal attention ignores) */
         int64_t len = n < T ? n : T, shape[2] = {1, T};
         memset(win, 0, sizeof(int32_t) * (size_t)T);
         memcpy(win, toks + n - len, sizeof(int32_t) * (size_t)len);
         loom_graph_reset(g);
-        loom_tensor *logits = loom_gpt_forward(g, r.gpt, loom_input(g, LOOM_I32, 2, shape, win));
+        loom_tensor *logits = forward(&r, g, loom_input(g, LOOM_I32, 2, shape, win));
         loom_output(logits);
         if (loom_graph_run(g)) {
             rc = cli_fail("sample: %s", loom_last_error());
@@ -637,7 +741,7 @@ static int sample(const gpt_opts *o) {
         const float *l = (const float *)loom_tensor_data(logits) + (len - 1) * V;
         toks[n++] = pick(l, V, o->temperature, o->top_k,
                          loom_rand_uniform(o->seed, 4ull << 32, (uint64_t)i), p);
-        put_tokens(r.text, toks + n - 1, 1);
+        put_tokens(&r, toks + n - 1, 1);
     }
     if (!rc)
         fputc('\n', stdout);
@@ -650,7 +754,7 @@ static int sample(const gpt_opts *o) {
 }
 
 /* `loom eval shakespeare-gpt --init FILE`: the validation loss of weights (loom's or PyTorch's). */
-static int eval(const gpt_opts *o) {
+static int eval(gpt_opts *o) {
     gpt_run r;
     int rc = run_new(o, &r);
     if (!rc)
@@ -700,7 +804,7 @@ int cli_gpt(int argc, char **argv) {
     gpt_opts o;
     cli_quiet_others(true);
     int rc = cli_gpt_parse(argc, argv, &o);
-    if (!rc && o.init)
+    if (!rc && o.init && !o.hf)
         rc = shape_of_init(&o);
     cli_quiet_others(false);
     if (rc)

@@ -15,6 +15,8 @@ static const char commands[] =
     "       loom sample shakespeare-gpt --init FILE [options]   text from trained weights\n"
     "       loom eval shakespeare-gpt --init FILE [options]     their validation loss\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
+    "       loom train|sample|eval hf --init DIR [options]   a Hugging Face model folder (GPT-2):\n"
+    "                                     fine-tuned and saved back, sampled, evaluated\n"
     "       loom plot LOGDIR [-o FILE.svg] [--log-scale]   a run's losses and accuracy (SVG)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
@@ -85,6 +87,17 @@ static const char gpt_options[] =
     "  stop|warn\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
 
+static const char hf_options[] =
+    "hf: a Hugging Face model folder (loom train|eval|sample hf --init DIR):\n"
+    "  --init DIR          config.json (GPT-2), model.safetensors or its shards (float32,\n"
+    "                      float16, bfloat16), tokenizer.json (byte-level BPE)\n"
+    "  --data FILE         the text, cut by the tokenizer (default: Tiny Shakespeare); its\n"
+    "                      first 90% of tokens trains, the last 10% validates\n"
+    "  --context N         the windows (default: the model's positions)\n"
+    "  --save DIR          the trained folder: transformers' from_pretrained loads it\n"
+    "  sample: --prompt TEXT --num-samples N --temperature X (0: greedy) --top-k N --tokens N\n"
+    "  the options of shakespeare-gpt below but the model's shape (from config.json)\n";
+
 static const char cache_help[] =
     "usage: loom cache clear   remove the compiled kernels and decompressed datasets of\n"
     "                          $XDG_CACHE_HOME/loom (or ~/.cache/loom); a compile in progress\n"
@@ -109,6 +122,10 @@ static bool help(int argc, char **argv) {
         return false;
     const char *c = argv[1];
     bool gpt = argc > 2 && !strcmp(argv[2], "shakespeare-gpt");
+    if (argc > 2 && !strcmp(argv[2], "hf")) {
+        printf("usage: loom %s hf --init DIR [options]\n\n%s\n%s", c, hf_options, gpt_options);
+        return true;
+    }
     if (!strcmp(c, "cache"))
         fputs(cache_help, stdout);
     else if (!strcmp(c, "info"))
@@ -154,7 +171,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if ((!strcmp(argv[1], "train") || !strcmp(argv[1], "sample") || !strcmp(argv[1], "eval")) &&
-        argc > 2 && !strcmp(argv[2], "shakespeare-gpt"))
+        argc > 2 && (!strcmp(argv[2], "shakespeare-gpt") || !strcmp(argv[2], "hf")))
         return cli_gpt(argc, argv);
     if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) {
         train_opts o;

@@ -1,0 +1,253 @@
+"""Hugging Face folders in and out of loom, held against transformers and tokenizers themselves.
+
+    python hf_interop.py LOOM TEST_HF TMPDIR
+
+Makes, with no network: a byte-level BPE tokenizer trained by `tokenizers` on Tiny Shakespeare,
+and GPT-2 folders written by transformers' save_pretrained from a small config with random
+weights (float32, bfloat16, sharded). Then:
+  - TEST_HF (tests/test_hf.c) checks loom's logits against transformers' (1e-4 relative) and
+    loom's token ids against tokenizers' (the whole text, hostile UTF-8, decoding round trips);
+  - five training steps of `loom train hf` against the same steps in PyTorch, float32 and float64:
+    loom's parameters within 8x the float32 run's distance from the float64 run;
+  - the folder loom saves loads in transformers (no missing or unexpected keys), and greedy
+    generation there gives the text `loom sample hf --temperature 0` gives;
+  - bad folders (another model type, a missing shard, a tensor of another shape, a truncated
+    tokenizer.json) are refused in one line naming the file and the field or tensor.
+Exit 77 (skipped) without torch, transformers and tokenizers."""
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+try:
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+LOOM, TEST_HF, TMP = sys.argv[1], sys.argv[2], sys.argv[3]
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(TMP, "hf")
+transformers.logging.set_verbosity_error()
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def write_ids(path, ids):
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<{len(ids)}i", *ids))
+
+
+def make_tokenizer(text):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer)
+    return tok
+
+
+HOSTILE = [
+    "plain ASCII, with 's and 're and   three spaces\n\n\tand tabs  \n",
+    "caf\u00e9 na\u0131\u0308ve e\u0301 combining marks \u0300\u0301 alone",
+    "emoji \U0001F600\U0001F469\u200d\U0001F469\u200d\U0001F467 flags \U0001F1EB\U0001F1F7",
+    "CJK \u4e2d\u6587\u5b57 \u65e5\u672c\u8a9e\u3067\u3059 \u3000ideographic space",
+    "numbers \u0661\u0662\u0663 \u2167 \u00bd 123abc 4.5e6 and <|endoftext|> inside text<|endoftext|>",
+    "mixed 'tis I'LL don't we've  \u00a0nbsp \u2028line sep \u0085nel",
+]
+HOSTILE_BYTES = [
+    b"invalid \xff\xfe bytes \xc0\xaf overlong \xed\xa0\x80 surrogate \xf4\x90\x80\x80 too big",
+    b"cut short \xe2\x82 then \xf0\x9f\x98 end \xe2",
+    b"\x80\x80 lone continuations \xc3",
+]
+
+
+def make_fixtures(text):
+    os.makedirs(OUT, exist_ok=True)
+    tok = make_tokenizer(text)
+    tok_path = os.path.join(OUT, "tokenizer.json")
+    tok.save(tok_path)
+    with open(os.path.join(OUT, "text.txt"), "w") as f:
+        f.write(text)
+    write_ids(os.path.join(OUT, "text.ids"), tok.encode(text).ids)
+    cases = [s.encode() for s in HOSTILE] + HOSTILE_BYTES
+    for i, raw in enumerate(cases):
+        with open(os.path.join(OUT, f"hostile{i}.bin"), "wb") as f:
+            f.write(raw)
+        write_ids(os.path.join(OUT, f"hostile{i}.ids"),
+                  tok.encode(raw.decode("utf-8", "replace")).ids)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
+                     n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    net = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # biases and LayerNorms away from their zeros and ones
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    net.save_pretrained(os.path.join(OUT, "gpt2"))
+    net.save_pretrained(os.path.join(OUT, "gpt2-sharded"), max_shard_size="60KB")
+    net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "gpt2-bf16"))
+    for d in ("gpt2", "gpt2-sharded", "gpt2-bf16"):
+        shutil.copy(tok_path, os.path.join(OUT, d))
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 40), generator=g)
+    ref = {"tokens": tokens.to(torch.int32)}
+    for name in ("gpt2", "gpt2-bf16"):
+        m = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, name), torch_dtype=torch.float32)
+        with torch.no_grad():
+            ref[name] = m.eval()(tokens).logits.contiguous()
+    save_file(ref, os.path.join(OUT, "ref.safetensors"))
+    index = json.load(open(os.path.join(OUT, "gpt2-sharded", "model.safetensors.index.json")))
+    check(len(set(index["weight_map"].values())) > 1, "the sharded folder has several shards")
+    return tok, cfg
+
+
+def run(args, **kw):
+    return subprocess.run([LOOM, *args], capture_output=True, text=True, **kw)
+
+
+def same_steps(text, tok, cfg):
+    """Five steps of loom against PyTorch float32 and float64 from the same folder."""
+    B, T, steps, lr = 4, 32, 5, 3e-3
+    save = os.path.join(TMP, "hf-trained")
+    shutil.rmtree(save, ignore_errors=True)
+    data = os.path.join(OUT, "small.txt")
+    with open(data, "w") as f:
+        f.write(text)
+    r = run(["train", "hf", "--init", os.path.join(OUT, "gpt2"), "--data", data, "--steps", str(steps), "--batch", str(B), "--context",
+             str(T), "--lr", str(lr), "--min-lr", str(lr), "--warmup-steps", "0",
+             "--no-shuffle", "--eval-interval", "1000", "--save", save, "--quiet", "--devices", "2"])
+    check(r.returncode == 0, "loom train hf runs and saves: " + r.stderr.strip()[-300:])
+    if r.returncode:
+        return None
+    ids = torch.tensor(tok.encode(text).ids)
+    ntrain = int(len(ids) * 0.9)
+    span = ntrain - T
+
+    def train(dtype):
+        net = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "gpt2"), torch_dtype=dtype)
+        net.train()
+        decay = [p for p in net.parameters() if p.dim() >= 2]
+        rest = [p for p in net.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                 {"params": rest, "weight_decay": 0.0}], lr=lr,
+                                betas=(0.9, 0.99), eps=1e-8)
+        for s in range(steps):
+            at = [((s * B + r) * T) % span for r in range(B)]
+            x = torch.stack([ids[a:a + T] for a in at])
+            y = torch.stack([ids[a + 1:a + 1 + T] for a in at])
+            logits = net(x).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+        return {k: v.detach().double() for k, v in net.state_dict().items()}
+
+    f32, f64 = train(torch.float32), train(torch.float64)
+    ours = GPT2LMHeadModel.from_pretrained(save, torch_dtype=torch.float32).state_dict()
+    keys = [k for k in f64 if not k.endswith("attn.bias") and not k.endswith("masked_bias")]
+    dist = lambda a: sum(float(((a[k].double() - f64[k]) ** 2).sum()) for k in keys) ** 0.5
+    d32, dloom = dist(f32), dist(ours)
+    moved = sum(float(((f64[k] - GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "gpt2")).state_dict()[k].double()) ** 2).sum()) for k in keys) ** 0.5
+    print(f"five steps: |loom - f64| {dloom:.3e}, |torch f32 - f64| {d32:.3e}, moved {moved:.3e}")
+    check(dloom <= 8 * d32 and moved > 1000 * dloom, "five steps: loom within 8x PyTorch float32's "
+          "distance from float64")
+    return save
+
+
+def generation(save, tok):
+    """The saved folder in transformers, and greedy generation there and in loom."""
+    net, info = GPT2LMHeadModel.from_pretrained(save, output_loading_info=True)
+    missing = info["missing_keys"] + info["unexpected_keys"] + info["mismatched_keys"]
+    check(not missing, f"transformers loads loom's folder with no missing or unexpected keys "
+          f"({missing})")
+    prompt = "ROMEO:"
+    n = 24
+    x = torch.tensor([tok.encode(prompt).ids])
+    with torch.no_grad():  # greedy decoding by hand: generate() imports torch.distributed
+        for _ in range(n):  # parts that Debian's torch 1.13 cannot import on Python 3.11
+            x = torch.cat([x, net.eval()(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    want = tok.decode(x[0].tolist())
+    r = run(["sample", "hf", "--init", save, "--prompt", prompt, "--temperature", "0", "--tokens",
+             str(n), "--data", os.path.join(OUT, "small.txt")])
+    got = r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout  # (loom ends with a newline)
+    check(r.returncode == 0 and got == want, f"greedy generation: loom {got!r}, transformers "
+          f"{want!r}")
+
+
+def bad_folders():
+    base = os.path.join(OUT, "gpt2")
+    cases = []
+
+    def clone(name):
+        d = os.path.join(TMP, "hf-bad", name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(base if name != "shard" else os.path.join(OUT, "gpt2-sharded"), d)
+        return d
+
+    d = clone("type")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["model_type"] = "bert"
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    cases.append((d, ["config.json", "model_type", "bert"]))
+    d = clone("shard")
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    gone = sorted(set(index["weight_map"].values()))[-1]
+    os.remove(os.path.join(d, gone))
+    cases.append((d, [gone]))
+    d = clone("shape")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["n_inner"] = 100
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    cases.append((d, ["model.safetensors", "mlp.c_fc.weight", "(32,128)", "(32,100)"]))
+    d = clone("tokenizer")
+    raw = open(os.path.join(d, "tokenizer.json"), "rb").read()
+    open(os.path.join(d, "tokenizer.json"), "wb").write(raw[:len(raw) // 2])
+    cases.append((d, ["tokenizer.json", "malformed JSON at byte"]))
+    d = clone("act")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["activation_function"] = "relu"
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    cases.append((d, ["config.json", "activation_function", "relu"]))
+    for d, words in cases:
+        r = run(["eval", "hf", "--init", d, "--data", os.path.join(OUT, "text.txt")])
+        err = r.stderr.strip()
+        ok = r.returncode in (1, 2) and len(err.splitlines()) == 1 and all(w in err for w in words)
+        check(ok and "Traceback" not in err, f"bad folder {os.path.basename(d)}: exit "
+              f"{r.returncode}, {err!r}")
+
+
+def main():
+    torch.set_num_threads(1)
+    with gzip.open(os.path.join(HERE, "..", "..", "data", "tinyshakespeare.txt.gz"), "rt") as f:
+        text = f.read()
+    tok, cfg = make_fixtures(text)
+    r = subprocess.run([TEST_HF, OUT], capture_output=True, text=True)
+    print(r.stdout + r.stderr, end="")
+    check(r.returncode == 0, "test_hf: logits and token ids")
+    save = same_steps(text[:200000], tok, cfg)
+    if save:
+        generation(save, tok)
+    bad_folders()
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

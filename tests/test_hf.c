@@ -1,0 +1,133 @@
+/*
+ * test_hf.c DIR - Hugging Face folders and tokenizers through loom's library, against the
+ * fixtures tests/interop/hf_interop.py made in DIR with transformers and tokenizers themselves:
+ * loom's logits of ref.safetensors' tokens equal transformers' (ref.safetensors' "gpt2" and
+ * "gpt2-bf16") within 1e-4 of the logits' scale, from a float32 folder, its shards and its
+ * bfloat16 copy; loom's ids of text.txt and of each hostileN.bin equal tokenizers' (text.ids,
+ * hostileN.ids), and decoding the ids of valid UTF-8 gives the text back.
+ */
+#include "harness.h"
+
+#include <math.h>
+
+static const char *dir;
+
+static char *slurp(const char *name, int64_t *n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)size + 1);
+    *n = (int64_t)fread(b, 1, (size_t)size, f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* loom's logits of the reference tokens, from folder `name`, against reference `ref`. */
+static void logits_match(const char *name, const char *ref) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ref.safetensors", dir);
+    loom_tensor_file *f;
+    ASSERT_EQ(loom_tensor_file_read(path, &f), LOOM_OK);
+    loom_dtype dt;
+    int nd;
+    const int64_t *ts, *ls;
+    const int32_t *tokens = loom_tensor_file_get(f, "tokens", &dt, &nd, &ts);
+    ASSERT(tokens && dt == LOOM_I32 && nd == 2);
+    const float *want = loom_tensor_file_get(f, ref, &dt, &nd, &ls);
+    ASSERT(want && dt == LOOM_F32 && nd == 3);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    loom_model *m = loom_model_new();
+    loom_hf *h;
+    loom_status s = loom_hf_open(path, m, &h);
+    if (s)
+        FAILF("%s: %s", name, loom_last_error());
+    ASSERT_EQ(loom_hf_vocab(h), ls[2]);
+    loom_graph *g = loom_graph_new(m);
+    loom_tensor *logits = loom_hf_forward(g, h, loom_input(g, LOOM_I32, 2, ts, tokens));
+    loom_output(logits);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *got = loom_tensor_data(logits);
+    int64_t n = ls[0] * ls[1] * ls[2];
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs(got[i] - want[i]));
+    printf("%s: logits within %.2e of transformers' (largest %.3f)\n", name, worst / scale, scale);
+    ASSERT(scale > 0.1 && worst <= 1e-4 * scale);
+    loom_graph_free(g);
+    loom_hf_free(h);
+    loom_model_free(m);
+    loom_tensor_file_free(f);
+}
+
+TEST(gpt2_logits_equal_transformers) {
+    logits_match("gpt2", "gpt2");
+    logits_match("gpt2-sharded", "gpt2");
+    logits_match("gpt2-bf16", "gpt2-bf16");
+}
+
+/* loom's ids of file `text` equal the ids file `ids`; with `round`, decoding gives the text. */
+static void ids_match(const loom_tokenizer *tok, const char *text, const char *ids, bool round) {
+    int64_t nt, ni;
+    char *t = slurp(text, &nt), *want = slurp(ids, &ni);
+    ASSERT(t && want && ni % 4 == 0);
+    int32_t *got;
+    int64_t n;
+    ASSERT_EQ(loom_tokenizer_encode(tok, t, nt, &got, &n), LOOM_OK);
+    int64_t first = -1;
+    for (int64_t i = 0; i < n && i < ni / 4 && first < 0; i++)
+        if (got[i] != ((const int32_t *)(const void *)want)[i])
+            first = i;
+    if (n != ni / 4 || first >= 0)
+        FAILF("%s: %lld ids, tokenizers' %lld; first different at %lld", text, (long long)n,
+              (long long)(ni / 4), (long long)first);
+    if (round) {
+        size_t len = loom_tokenizer_decode(tok, got, n, NULL, 0);
+        char *back = malloc(len + 1);
+        loom_tokenizer_decode(tok, got, n, back, len + 1);
+        ASSERT((int64_t)len == nt && !memcmp(back, t, (size_t)nt));
+        free(back);
+    }
+    loom_tokenizer_ids_free(got);
+    free(t), free(want);
+}
+
+TEST(tokenizer_ids_equal_tokenizers) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    loom_tokenizer *tok;
+    ASSERT_EQ(loom_tokenizer_load(path, &tok), LOOM_OK);
+    ids_match(tok, "text.txt", "text.ids", true);
+    for (int i = 0;; i++) {
+        char text[64], ids[64], p[1100];
+        snprintf(text, sizeof text, "hostile%d.bin", i);
+        snprintf(ids, sizeof ids, "hostile%d.ids", i);
+        snprintf(p, sizeof p, "%s/%s", dir, text);
+        FILE *f = fopen(p, "rb");
+        if (!f) {
+            ASSERT(i >= 9);
+            break;
+        }
+        fclose(f);
+        ids_match(tok, text, ids, i < 6); /* (the last three hold bytes that are not UTF-8) */
+    }
+    loom_tokenizer_free(tok);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_hf DIR (made by tests/interop/hf_interop.py)\n");
+        return 2;
+    }
+    dir = argv[1];
+    RUN(gpt2_logits_equal_transformers);
+    RUN(tokenizer_ids_equal_tokenizers);
+    return HARNESS_EXIT();
+}
