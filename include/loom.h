@@ -537,6 +537,29 @@ LOOM_API void loom_gpt_set_train(loom_gpt *gpt, bool train, uint64_t seed, int64
 /* Logits (B, T, vocab) of tokens idx (B, T), i32, T <= context. */
 LOOM_API loom_tensor *loom_gpt_forward(loom_graph *g, loom_gpt *gpt, loom_tensor *idx);
 
+/* A Llama as transformers' LlamaForCausalLM (SmolLM, TinyLlama): RMSNorm (eps), rotary position
+ * embeddings (rope_theta, HF's rotate_half layout), grouped-query attention (kv_heads key and
+ * value heads, each shared by heads / kv_heads query heads), a SwiGLU MLP of width inner, no
+ * biases, the output projection lm_head.weight or (tied) the embedding. Parameters carry
+ * transformers' names (model.embed_tokens.weight, model.layers.N.{input_layernorm,
+ * self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}.weight,
+ * model.norm.weight, lm_head.weight). */
+typedef struct {
+    int64_t vocab, context, layers, heads, kv_heads, width, inner;
+    double eps, rope_theta;
+    bool tied;
+} loom_llama_config;
+typedef struct loom_llama loom_llama;
+/* Adds the parameters to m; NULL (EINVAL) on bad sizes, or ENOMEM. */
+LOOM_API loom_llama *loom_llama_new(loom_model *m, const loom_llama_config *c);
+LOOM_API void loom_llama_free(loom_llama *l);
+LOOM_API const loom_llama_config *loom_llama_get_config(const loom_llama *l);
+/* normal(0, 0.02) for the embeddings and linear weights, ones for the norms (transformers'
+ * initializer_range), from Philox stream (1, parameter index) of seed. */
+LOOM_API void loom_llama_init(loom_llama *l, uint64_t seed);
+/* Logits (B, T, vocab) of tokens idx (B, T), i32, T <= context. */
+LOOM_API loom_tensor *loom_llama_forward(loom_graph *g, loom_llama *l, loom_tensor *idx);
+
 /* Hugging Face model folders (transformers' save_pretrained): config.json names the model,
  * model.safetensors or the shards of model.safetensors.index.json hold its weights (F32, F16 or
  * BF16: read as float32). Built: GPT-2 (model_type "gpt2", GPT2LMHeadModel: a loom_gpt with

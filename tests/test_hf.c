@@ -1,10 +1,11 @@
 /*
  * test_hf.c DIR - Hugging Face folders and tokenizers through loom's library, against the
  * fixtures tests/interop/hf_interop.py made in DIR with transformers and tokenizers themselves:
- * loom's logits of ref.safetensors' tokens equal transformers' (ref.safetensors' "gpt2" and
- * "gpt2-bf16") within 1e-4 of the logits' scale, from a float32 folder, its shards and its
- * bfloat16 copy; loom's ids of text.txt and of each hostileN.bin equal tokenizers' (text.ids,
- * hostileN.ids), and decoding the ids of valid UTF-8 gives the text back.
+ * loom's logits of ref.safetensors' tokens equal transformers' within 1e-4 of the logits' scale,
+ * for GPT-2 (a float32 folder, its shards and its bfloat16 copy) and Llama (grouped-query heads
+ * with their own lm_head, float32 and bfloat16; plain heads with the head tied); loom's ids of
+ * text.txt and of each hostileN.bin equal tokenizers' (text.ids, hostileN.ids), and decoding the
+ * ids of valid UTF-8 gives the text back.
  */
 #include "harness.h"
 
@@ -73,6 +74,12 @@ TEST(gpt2_logits_equal_transformers) {
     logits_match("gpt2-bf16", "gpt2-bf16");
 }
 
+TEST(llama_logits_equal_transformers) {
+    logits_match("llama-gqa", "llama-gqa"); /* 4 heads sharing 2 key and value heads, lm_head */
+    logits_match("llama-gqa-bf16", "llama-gqa-bf16");
+    logits_match("llama-tied", "llama-tied"); /* 4 and 4, the head tied to the embedding */
+}
+
 /* loom's ids of file `text` equal the ids file `ids`; with `round`, decoding gives the text. */
 static void ids_match(const loom_tokenizer *tok, const char *text, const char *ids, bool round) {
     int64_t nt, ni;
@@ -128,6 +135,7 @@ int main(int argc, char **argv) {
     }
     dir = argv[1];
     RUN(gpt2_logits_equal_transformers);
+    RUN(llama_logits_equal_transformers);
     RUN(tokenizer_ids_equal_tokenizers);
     return HARNESS_EXIT();
 }

@@ -14,7 +14,7 @@
  *             per head (loom_attention)
  *   mlp(a)  = c_proj(gelu(c_fc(a)))
  */
-#include "../graph/internal.h"
+#include "internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -122,8 +122,7 @@ const loom_gpt_config *loom_gpt_get_config(const loom_gpt *gpt) {
     return &gpt->c;
 }
 
-/* Normal(0, std) from Philox stream (1, parameter index) of seed: Box-Muller on two uniforms. */
-static void fill_normal(loom_param *p, uint64_t seed, double std) {
+void loom__fill_normal(loom_param *p, uint64_t seed, double std) {
     float *d = loom_param_data(p);
     uint64_t stream = (1ull << 32) | (uint64_t)p->index;
     for (int64_t j = 0; j < p->numel; j++) {
@@ -133,7 +132,7 @@ static void fill_normal(loom_param *p, uint64_t seed, double std) {
     }
 }
 
-static void fill_ones(loom_param *p) {
+void loom__fill_ones(loom_param *p) {
     float *d = loom_param_data(p);
     for (int64_t j = 0; j < p->numel; j++)
         d[j] = 1.0f;
@@ -147,17 +146,17 @@ static void fill_zeros(loom_param *p) {
 /* A LayerNorm: ones and zeros; a Linear layer: normal(0, std) and zeros. */
 static void init_layer(const layer *l, uint64_t seed, double std) {
     if (std > 0)
-        fill_normal(l->w, seed, std);
+        loom__fill_normal(l->w, seed, std);
     else
-        fill_ones(l->w);
+        loom__fill_ones(l->w);
     fill_zeros(l->b);
 }
 
 void loom_gpt_init(loom_gpt *gpt, uint64_t seed) {
     const loom_gpt_config *c = &gpt->c;
     double proj = 0.02 / sqrt(2.0 * (double)c->layers);
-    fill_normal(gpt->wte, seed, 0.02);
-    fill_normal(gpt->wpe, seed, 0.02);
+    loom__fill_normal(gpt->wte, seed, 0.02);
+    loom__fill_normal(gpt->wpe, seed, 0.02);
     for (int64_t l = 0; l < c->layers; l++) {
         block *b = &gpt->blocks[l];
         init_layer(&b->ln_1, seed, 0), init_layer(&b->ln_2, seed, 0);

@@ -1,6 +1,7 @@
 /*
  * hf.c - Hugging Face model folders in and out: config.json names the model (GPT-2's
- * GPT2LMHeadModel, built as a loom_gpt with its flags), model.safetensors or the shards that
+ * GPT2LMHeadModel, built as a loom_gpt with its flags; LlamaForCausalLM, a loom_llama),
+ * model.safetensors or the shards that
  * model.safetensors.index.json lists hold its weights (float32, float16 or bfloat16, read as
  * float32), and a trained model is written back as a folder that transformers' from_pretrained
  * loads: model.safetensors (float32, with the tied lm_head.weight), config.json (the same
@@ -19,7 +20,8 @@
 
 struct loom_hf {
     loom_model *m;
-    loom_gpt *gpt;
+    loom_gpt *gpt;     /* model_type "gpt2" */
+    loom_llama *llama; /* model_type "llama" */
     loom__json config;
     char dir[4096];
 };
@@ -105,6 +107,71 @@ static loom_status gpt2_config(const loom__json *d, const char *path, loom_gpt_c
     return s;
 }
 
+/* A number field (absent: def) into *out, within (lo, hi). */
+static loom_status num_field(const loom__json *d, const char *path, const char *key, double def,
+                             double lo, double hi, double *out) {
+    const loom__jnode *v = loom__json_get(d, loom__json_root(d), key);
+    if (!v || v->kind == LOOM__JNULL)
+        return *out = def, LOOM_OK;
+    if (v->kind != LOOM__JNUM || !(v->num > lo && v->num < hi))
+        return loom__error(LOOM_EFORMAT, "%s: field \"%s\": expected a number in (%g, %g)", path,
+                           key, lo, hi);
+    *out = v->num;
+    return LOOM_OK;
+}
+
+/* Llama's configuration (LlamaConfig) into c. */
+static loom_status llama_config(const loom__json *d, const char *path, loom_llama_config *c) {
+    const int64_t most = (int64_t)1 << 24;
+    const loom__jnode *root = loom__json_root(d);
+    *c = (loom_llama_config){0};
+    loom_status s = int_field(d, path, "vocab_size", NULL, 0, most, &c->vocab);
+    if (!s)
+        s = int_field(d, path, "max_position_embeddings", NULL, 0, most, &c->context);
+    if (!s)
+        s = int_field(d, path, "hidden_size", NULL, 0, most, &c->width);
+    if (!s)
+        s = int_field(d, path, "intermediate_size", NULL, 0, most, &c->inner);
+    if (!s)
+        s = int_field(d, path, "num_hidden_layers", NULL, 0, most, &c->layers);
+    if (!s)
+        s = int_field(d, path, "num_attention_heads", NULL, 0, most, &c->heads);
+    if (!s)
+        s = int_field(d, path, "num_key_value_heads", NULL, c->heads, most, &c->kv_heads);
+    if (!s)
+        s = num_field(d, path, "rms_norm_eps", 1e-6, 0, 1, &c->eps);
+    if (!s)
+        s = num_field(d, path, "rope_theta", 10000, 0, 1e30, &c->rope_theta);
+    if (!s && (c->width % c->heads || c->heads % c->kv_heads || (c->width / c->heads) % 2))
+        s = loom__error(LOOM_EFORMAT,
+                        "%s: field \"num_attention_heads\": %lld heads (%lld key and value heads) "
+                        "of hidden_size %lld: expected heads dividing it into even widths and key "
+                        "and value heads dividing the heads",
+                        path, (long long)c->heads, (long long)c->kv_heads, (long long)c->width);
+    int64_t hd;
+    const loom__jnode *head_dim = loom__json_get(d, root, "head_dim");
+    if (!s && head_dim && head_dim->kind != LOOM__JNULL &&
+        (!loom__json_int(head_dim, &hd) || hd != c->width / c->heads))
+        s = config_fail(path, "head_dim", "loom builds heads of hidden_size / num_attention_heads");
+    const loom__jnode *act = loom__json_get(d, root, "hidden_act");
+    if (!s && act && !loom__json_is_str(act, "silu"))
+        s = config_fail(path, "hidden_act", "loom builds silu");
+    const loom__jnode *scaling = loom__json_get(d, root, "rope_scaling");
+    if (!s && scaling && scaling->kind != LOOM__JNULL)
+        s = config_fail(path, "rope_scaling", "loom builds rotary embeddings without scaling");
+    int64_t tp = 1;
+    const loom__jnode *ptp = loom__json_get(d, root, "pretraining_tp");
+    if (!s && ptp && ptp->kind != LOOM__JNULL && (!loom__json_int(ptp, &tp) || tp != 1))
+        s = config_fail(path, "pretraining_tp", "loom builds pretraining_tp 1");
+    if (!s)
+        s = bool_field(d, path, "attention_bias", false);
+    if (!s)
+        s = bool_field(d, path, "mlp_bias", false);
+    const loom__jnode *tie = loom__json_get(d, root, "tie_word_embeddings");
+    c->tied = tie && tie->kind == LOOM__JBOOL && tie->b; /* (LlamaConfig's default: false) */
+    return s;
+}
+
 /* The family that config.json names: 0, or EUNSUPPORTED naming model_type. */
 static loom_status build(loom_hf *h, const char *path) {
     const loom__json *d = &h->config;
@@ -113,8 +180,15 @@ static loom_status build(loom_hf *h, const char *path) {
         return loom__error(LOOM_EFORMAT, "%s: expected a JSON object", path);
     if (!type)
         return loom__error(LOOM_EFORMAT, "%s: field \"model_type\" is missing", path);
+    if (loom__json_is_str(type, "llama")) {
+        loom_llama_config c;
+        loom_status s = llama_config(d, path, &c);
+        if (!s && !(h->llama = loom_llama_new(h->m, &c)))
+            s = loom__error(LOOM_EINVAL, "%s: %s", path, loom_last_error());
+        return s;
+    }
     if (!loom__json_is_str(type, "gpt2"))
-        return config_fail(path, "model_type", "'%s': loom builds gpt2",
+        return config_fail(path, "model_type", "'%s': loom builds gpt2 and llama",
                            type->kind == LOOM__JSTR ? type->s : "(not a string)");
     loom_gpt_config c;
     loom_status s = gpt2_config(d, path, &c);
@@ -125,11 +199,15 @@ static loom_status build(loom_hf *h, const char *path) {
 
 /* ---- weights --------------------------------------------------------------------------------- */
 
-/* Buffers a GPT-2 file may hold that are no parameters (the causal mask of older versions). */
+/* Buffers a file may hold that are no parameters: GPT-2's causal masks, Llama's inverse
+ * frequencies (older versions of transformers wrote them). */
 static bool ignored(const char *name) {
+    static const char *const ends[] = {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"};
     size_t n = strlen(name);
-    return (n > 9 && !strcmp(name + n - 9, ".attn.bias")) ||
-           (n > 16 && !strcmp(name + n - 16, ".attn.masked_bias"));
+    for (size_t k = 0; k < sizeof ends / sizeof *ends; k++)
+        if (n > strlen(ends[k]) && !strcmp(name + n - strlen(ends[k]), ends[k]))
+            return true;
+    return false;
 }
 
 /* The files the weights are in: model.safetensors, or the shards of the index, each once. */
@@ -304,24 +382,26 @@ void loom_hf_free(loom_hf *h) {
     if (!h)
         return;
     loom_gpt_free(h->gpt);
+    loom_llama_free(h->llama);
     loom__json_free(&h->config);
     loom__free(h);
 }
 
 int64_t loom_hf_vocab(const loom_hf *h) {
-    return loom_gpt_get_config(h->gpt)->vocab;
+    return h->gpt ? loom_gpt_get_config(h->gpt)->vocab : loom_llama_get_config(h->llama)->vocab;
 }
 
 int64_t loom_hf_context(const loom_hf *h) {
-    return loom_gpt_get_config(h->gpt)->context;
+    return h->gpt ? loom_gpt_get_config(h->gpt)->context : loom_llama_get_config(h->llama)->context;
 }
 
 void loom_hf_set_train(loom_hf *h, bool train, uint64_t seed, int64_t step) {
-    loom_gpt_set_train(h->gpt, train, seed, step);
+    if (h->gpt) /* (Llama: no dropout) */
+        loom_gpt_set_train(h->gpt, train, seed, step);
 }
 
 loom_tensor *loom_hf_forward(loom_graph *g, loom_hf *h, loom_tensor *idx) {
-    return loom_gpt_forward(g, h->gpt, idx);
+    return h->gpt ? loom_gpt_forward(g, h->gpt, idx) : loom_llama_forward(g, h->llama, idx);
 }
 
 /* ---- writing back -------------------------------------------------------------------------- */

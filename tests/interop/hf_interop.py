@@ -3,16 +3,19 @@
     python hf_interop.py LOOM TEST_HF TMPDIR
 
 Makes, with no network: a byte-level BPE tokenizer trained by `tokenizers` on Tiny Shakespeare,
-and GPT-2 folders written by transformers' save_pretrained from a small config with random
-weights (float32, bfloat16, sharded). Then:
+and GPT-2 and Llama folders written by transformers' save_pretrained from small configs with
+random weights (GPT-2: float32, bfloat16, sharded; Llama: grouped-query heads with an untied
+head, float32 and bfloat16, and plain heads with a tied head). Then:
   - TEST_HF (tests/test_hf.c) checks loom's logits against transformers' (1e-4 relative) and
     loom's token ids against tokenizers' (the whole text, hostile UTF-8, decoding round trips);
-  - five training steps of `loom train hf` against the same steps in PyTorch, float32 and float64:
+  - five training steps of `loom train hf` (GPT-2, Llama) against the same steps in PyTorch,
+    float32 and float64:
     loom's parameters within 8x the float32 run's distance from the float64 run;
   - the folder loom saves loads in transformers (no missing or unexpected keys), and greedy
     generation there gives the text `loom sample hf --temperature 0` gives;
   - bad folders (another model type, a missing shard, a tensor of another shape, a truncated
-    tokenizer.json) are refused in one line naming the file and the field or tensor.
+    tokenizer.json, an activation or a rope scaling loom does not build) are refused in one line
+    naming the file and the field or tensor.
 Exit 77 (skipped) without torch, transformers and tokenizers."""
 import gzip
 import json
@@ -28,7 +31,7 @@ try:
     import transformers
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
@@ -103,11 +106,25 @@ def make_fixtures(text):
     net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "gpt2-bf16"))
     for d in ("gpt2", "gpt2-sharded", "gpt2-bf16"):
         shutil.copy(tok_path, os.path.join(OUT, d))
+    for name, kv, tied in (("llama-gqa", 2, False), ("llama-tied", 4, True)):
+        lc = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv,
+                         max_position_embeddings=64, tie_word_embeddings=tied, rope_theta=500.0,
+                         rms_norm_eps=1e-5)
+        net = LlamaForCausalLM(lc).eval()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        net.save_pretrained(os.path.join(OUT, name))
+        shutil.copy(tok_path, os.path.join(OUT, name))
+        if not tied:
+            net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, name + "-bf16"))
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (3, 40), generator=g)
     ref = {"tokens": tokens.to(torch.int32)}
-    for name in ("gpt2", "gpt2-bf16"):
-        m = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, name), torch_dtype=torch.float32)
+    for name in ("gpt2", "gpt2-bf16", "llama-gqa", "llama-gqa-bf16", "llama-tied"):
+        kind = LlamaForCausalLM if name.startswith("llama") else GPT2LMHeadModel
+        m = kind.from_pretrained(os.path.join(OUT, name), torch_dtype=torch.float32)
         with torch.no_grad():
             ref[name] = m.eval()(tokens).logits.contiguous()
     save_file(ref, os.path.join(OUT, "ref.safetensors"))
@@ -120,18 +137,18 @@ def run(args, **kw):
     return subprocess.run([LOOM, *args], capture_output=True, text=True, **kw)
 
 
-def same_steps(text, tok, cfg):
+def same_steps(text, tok, name, kind):
     """Five steps of loom against PyTorch float32 and float64 from the same folder."""
     B, T, steps, lr = 4, 32, 5, 3e-3
-    save = os.path.join(TMP, "hf-trained")
+    save = os.path.join(TMP, name + "-trained")
     shutil.rmtree(save, ignore_errors=True)
     data = os.path.join(OUT, "small.txt")
     with open(data, "w") as f:
         f.write(text)
-    r = run(["train", "hf", "--init", os.path.join(OUT, "gpt2"), "--data", data, "--steps", str(steps), "--batch", str(B), "--context",
+    r = run(["train", "hf", "--init", os.path.join(OUT, name), "--data", data, "--steps", str(steps), "--batch", str(B), "--context",
              str(T), "--lr", str(lr), "--min-lr", str(lr), "--warmup-steps", "0",
              "--no-shuffle", "--eval-interval", "1000", "--save", save, "--quiet", "--devices", "2"])
-    check(r.returncode == 0, "loom train hf runs and saves: " + r.stderr.strip()[-300:])
+    check(r.returncode == 0, f"loom train hf runs {name} and saves it: " + r.stderr.strip()[-300:])
     if r.returncode:
         return None
     ids = torch.tensor(tok.encode(text).ids)
@@ -139,7 +156,7 @@ def same_steps(text, tok, cfg):
     span = ntrain - T
 
     def train(dtype):
-        net = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "gpt2"), torch_dtype=dtype)
+        net = kind.from_pretrained(os.path.join(OUT, name), torch_dtype=dtype)
         net.train()
         decay = [p for p in net.parameters() if p.dim() >= 2]
         rest = [p for p in net.parameters() if p.dim() < 2]
@@ -160,23 +177,24 @@ def same_steps(text, tok, cfg):
         return {k: v.detach().double() for k, v in net.state_dict().items()}
 
     f32, f64 = train(torch.float32), train(torch.float64)
-    ours = GPT2LMHeadModel.from_pretrained(save, torch_dtype=torch.float32).state_dict()
+    ours = kind.from_pretrained(save, torch_dtype=torch.float32).state_dict()
+    start = kind.from_pretrained(os.path.join(OUT, name)).state_dict()
     keys = [k for k in f64 if not k.endswith("attn.bias") and not k.endswith("masked_bias")]
     dist = lambda a: sum(float(((a[k].double() - f64[k]) ** 2).sum()) for k in keys) ** 0.5
-    d32, dloom = dist(f32), dist(ours)
-    moved = sum(float(((f64[k] - GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "gpt2")).state_dict()[k].double()) ** 2).sum()) for k in keys) ** 0.5
-    print(f"five steps: |loom - f64| {dloom:.3e}, |torch f32 - f64| {d32:.3e}, moved {moved:.3e}")
-    check(dloom <= 8 * d32 and moved > 1000 * dloom, "five steps: loom within 8x PyTorch float32's "
-          "distance from float64")
+    d32, dloom, moved = dist(f32), dist(ours), dist(start)
+    print(f"{name}, five steps: |loom - f64| {dloom:.3e}, |torch f32 - f64| {d32:.3e}, moved "
+          f"{moved:.3e}")
+    check(dloom <= 8 * d32 and moved > 1000 * dloom, f"{name}, five steps: loom within 8x PyTorch "
+          "float32's distance from float64")
     return save
 
 
-def generation(save, tok):
+def generation(save, tok, kind):
     """The saved folder in transformers, and greedy generation there and in loom."""
-    net, info = GPT2LMHeadModel.from_pretrained(save, output_loading_info=True)
+    net, info = kind.from_pretrained(save, output_loading_info=True)
     missing = info["missing_keys"] + info["unexpected_keys"] + info["mismatched_keys"]
-    check(not missing, f"transformers loads loom's folder with no missing or unexpected keys "
-          f"({missing})")
+    check(not missing, f"transformers loads {os.path.basename(save)} with no missing or unexpected "
+          f"keys ({missing})")
     prompt = "ROMEO:"
     n = 24
     x = torch.tensor([tok.encode(prompt).ids])
@@ -184,21 +202,23 @@ def generation(save, tok):
         for _ in range(n):  # parts that Debian's torch 1.13 cannot import on Python 3.11
             x = torch.cat([x, net.eval()(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
     want = tok.decode(x[0].tolist())
-    r = run(["sample", "hf", "--init", save, "--prompt", prompt, "--temperature", "0", "--tokens",
-             str(n), "--data", os.path.join(OUT, "small.txt")])
-    got = r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout  # (loom ends with a newline)
-    check(r.returncode == 0 and got == want, f"greedy generation: loom {got!r}, transformers "
-          f"{want!r}")
+    r = subprocess.run([LOOM, "sample", "hf", "--init", save, "--prompt", prompt, "--temperature",
+                        "0", "--tokens", str(n), "--data", os.path.join(OUT, "small.txt")],
+                       capture_output=True)  # (bytes: a token may end inside a character)
+    got = r.stdout.decode("utf-8", "replace")
+    got = got[:-1] if got.endswith("\n") else got  # (loom ends with a newline)
+    check(r.returncode == 0 and got == want, f"greedy generation from {os.path.basename(save)}: "
+          f"loom {got!r}, transformers {want!r}")
 
 
 def bad_folders():
     base = os.path.join(OUT, "gpt2")
     cases = []
 
-    def clone(name):
+    def clone(name, src=None):
         d = os.path.join(TMP, "hf-bad", name)
         shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(base if name != "shard" else os.path.join(OUT, "gpt2-sharded"), d)
+        shutil.copytree(src or (base if name != "shard" else os.path.join(OUT, "gpt2-sharded")), d)
         return d
 
     d = clone("type")
@@ -225,6 +245,11 @@ def bad_folders():
     cfg["activation_function"] = "relu"
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     cases.append((d, ["config.json", "activation_function", "relu"]))
+    d = clone("rope", os.path.join(OUT, "llama-gqa"))
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    cases.append((d, ["config.json", "rope_scaling"]))
     for d, words in cases:
         r = run(["eval", "hf", "--init", d, "--data", os.path.join(OUT, "text.txt")])
         err = r.stderr.strip()
@@ -241,9 +266,10 @@ def main():
     r = subprocess.run([TEST_HF, OUT], capture_output=True, text=True)
     print(r.stdout + r.stderr, end="")
     check(r.returncode == 0, "test_hf: logits and token ids")
-    save = same_steps(text[:200000], tok, cfg)
-    if save:
-        generation(save, tok)
+    for name, kind in (("gpt2", GPT2LMHeadModel), ("llama-gqa", LlamaForCausalLM)):
+        save = same_steps(text[:200000], tok, name, kind)
+        if save:
+            generation(save, tok, kind)
     bad_folders()
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)
