@@ -674,7 +674,8 @@ LOOM_API int64_t loom_text_count(const loom_text *t, bool val);
 LOOM_API loom_status loom_text_tokens(const loom_text *t, bool val, int64_t at, int64_t n,
                                       int32_t *out);
 /* The tokens of UTF-8 text s into tokens (room for strlen(s); a tokenized text's: 3 strlen(s) +
- * 1), *n of them; EINVAL naming the first character outside the vocabulary. */
+ * 16, with its tokenizer's special tokens around them), *n of them; EINVAL naming the first
+ * character outside the vocabulary. */
 LOOM_API loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
                                       int64_t *n);
 /* The text of n tokens into buf (NUL-terminated, cut to size); the bytes written. */
@@ -687,23 +688,28 @@ LOOM_API size_t loom_text_decode(const loom_text *t, const int32_t *tokens, int6
 LOOM_API loom_status loom_text_batch(const loom_text *t, int64_t step, int64_t batch,
                                      int64_t context, uint64_t seed, bool shuffle, int32_t *x,
                                      int32_t *y);
-/* A tokenizer.json as Hugging Face's `tokenizers` writes it: byte-level BPE (GPT-2's ByteLevel
- * pre-tokenizer, merges, added tokens matched first). Encoding gives the ids tokenizers'
- * encode(text).ids gives; text that is not UTF-8 is read as Python's decode("utf-8", "replace")
- * reads it. EFORMAT naming the field for a malformed file, EUNSUPPORTED naming the field for what
- * loom does not read (a normalizer, another model or pre-tokenizer). */
+/* A tokenizer.json as Hugging Face's `tokenizers` writes it, BPE of two kinds: byte-level (GPT-2's
+ * ByteLevel pre-tokenizer and decoder) and SentencePiece's (Llama 2's: spaces as U+2581 by the
+ * Prepend and Replace normalizers or the Metaspace pre-tokenizer, byte fallback to <0xXX>
+ * tokens, the unknown token); added tokens matched first, a TemplateProcessing post-processor.
+ * Encoding gives the ids tokenizers' encode(text).ids gives; text that is not UTF-8 is read as
+ * Python's decode("utf-8", "replace") reads it. EFORMAT naming the field for a malformed file,
+ * EUNSUPPORTED naming the field for what loom does not read (another model or pre-tokenizer, a
+ * normalizer with a regular expression). */
 typedef struct loom_tokenizer loom_tokenizer;
 LOOM_API loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out);
 LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
 /* The number of ids (1 + the largest). */
 LOOM_API int64_t loom_tokenizer_vocab(const loom_tokenizer *t);
 /* The ids of n bytes of text into *ids (allocated by loom's allocator: free them with
- * loom_tokenizer_ids_free), *count of them. */
+ * loom_tokenizer_ids_free), *count of them; with special, the post-processor's special tokens
+ * around them (Llama's <s> in front), as tokenizers' encode(text, add_special_tokens=True). */
 LOOM_API loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, int64_t n,
-                                           int32_t **ids, int64_t *count);
+                                           bool special, int32_t **ids, int64_t *count);
 LOOM_API void loom_tokenizer_ids_free(int32_t *ids);
-/* The bytes of n ids into buf (NUL-terminated, cut to size; ids unknown skipped); the bytes the
- * whole would take. */
+/* The bytes of n ids into buf (NUL-terminated, cut to size); the bytes the whole would take.
+ * Unknown ids and special tokens are skipped (tokenizers' decode(skip_special_tokens=True)); byte
+ * tokens give their bytes as they are (a character may be split between calls). */
 LOOM_API size_t loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int64_t n,
                                       char *buf, size_t size);
 /* A text (as loom_text_load: plain or gzip'd, the first 90% of its tokens train, the last 10%

@@ -4,8 +4,8 @@
  * loom's logits of ref.safetensors' tokens equal transformers' within 1e-4 of the logits' scale,
  * for GPT-2 (a float32 folder, its shards and its bfloat16 copy) and Llama (grouped-query heads
  * with their own lm_head, float32 and bfloat16; plain heads with the head tied); loom's ids of
- * text.txt and of each hostileN.bin equal tokenizers' (text.ids, hostileN.ids), and decoding the
- * ids of valid UTF-8 gives the text back.
+ * text.txt and of each hostileN.bin equal tokenizers' (text.ids, hostileN.ids), and loom's
+ * decoding of them tokenizers' (text.dec, hostileN.dec).
  */
 #include "harness.h"
 
@@ -80,14 +80,16 @@ TEST(llama_logits_equal_transformers) {
     logits_match("llama-tied", "llama-tied"); /* 4 and 4, the head tied to the embedding */
 }
 
-/* loom's ids of file `text` equal the ids file `ids`; with `round`, decoding gives the text. */
-static void ids_match(const loom_tokenizer *tok, const char *text, const char *ids, bool round) {
-    int64_t nt, ni;
-    char *t = slurp(text, &nt), *want = slurp(ids, &ni);
-    ASSERT(t && want && ni % 4 == 0);
+/* loom's ids of file `text` equal the ids file `ids`, and decoding them gives file `dec`'s
+ * bytes (tokenizers' decode, special tokens skipped). */
+static void ids_match(const loom_tokenizer *tok, const char *text, const char *ids,
+                      const char *dec) {
+    int64_t nt, ni, nd;
+    char *t = slurp(text, &nt), *want = slurp(ids, &ni), *back_want = slurp(dec, &nd);
+    ASSERT(t && want && back_want && ni % 4 == 0);
     int32_t *got;
     int64_t n;
-    ASSERT_EQ(loom_tokenizer_encode(tok, t, nt, &got, &n), LOOM_OK);
+    ASSERT_EQ(loom_tokenizer_encode(tok, t, nt, false, &got, &n), LOOM_OK);
     int64_t first = -1;
     for (int64_t i = 0; i < n && i < ni / 4 && first < 0; i++)
         if (got[i] != ((const int32_t *)(const void *)want)[i])
@@ -95,37 +97,48 @@ static void ids_match(const loom_tokenizer *tok, const char *text, const char *i
     if (n != ni / 4 || first >= 0)
         FAILF("%s: %lld ids, tokenizers' %lld; first different at %lld", text, (long long)n,
               (long long)(ni / 4), (long long)first);
-    if (round) {
-        size_t len = loom_tokenizer_decode(tok, got, n, NULL, 0);
-        char *back = malloc(len + 1);
-        loom_tokenizer_decode(tok, got, n, back, len + 1);
-        ASSERT((int64_t)len == nt && !memcmp(back, t, (size_t)nt));
-        free(back);
-    }
+    size_t len = loom_tokenizer_decode(tok, got, n, NULL, 0);
+    char *back = malloc(len + 1);
+    loom_tokenizer_decode(tok, got, n, back, len + 1);
+    if ((int64_t)len != nd || memcmp(back, back_want, (size_t)nd))
+        FAILF("%s: decoded to %zu bytes, tokenizers' decode %lld", text, len, (long long)nd);
+    free(back);
     loom_tokenizer_ids_free(got);
-    free(t), free(want);
+    free(t), free(want), free(back_want);
 }
 
-TEST(tokenizer_ids_equal_tokenizers) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+/* Tokenizer `json` against the ids and decodings named with `prefix` (hf_interop.py's
+ * write_cases). */
+static void tokenizer_matches(const char *json, const char *prefix) {
+    char path[1024], a[128], b[128], c[128];
+    snprintf(path, sizeof path, "%s/%s", dir, json);
     loom_tokenizer *tok;
-    ASSERT_EQ(loom_tokenizer_load(path, &tok), LOOM_OK);
-    ids_match(tok, "text.txt", "text.ids", true);
+    if (loom_tokenizer_load(path, &tok))
+        FAILF("%s: %s", json, loom_last_error());
+    snprintf(a, sizeof a, "%stext.ids", prefix), snprintf(b, sizeof b, "%stext.dec", prefix);
+    ids_match(tok, "text.txt", a, b);
     for (int i = 0;; i++) {
-        char text[64], ids[64], p[1100];
-        snprintf(text, sizeof text, "hostile%d.bin", i);
-        snprintf(ids, sizeof ids, "hostile%d.ids", i);
-        snprintf(p, sizeof p, "%s/%s", dir, text);
+        char bin[64], p[1100];
+        snprintf(bin, sizeof bin, "hostile%d.bin", i);
+        snprintf(p, sizeof p, "%s/%s", dir, bin);
         FILE *f = fopen(p, "rb");
         if (!f) {
             ASSERT(i >= 9);
             break;
         }
         fclose(f);
-        ids_match(tok, text, ids, i < 6); /* (the last three hold bytes that are not UTF-8) */
+        snprintf(a, sizeof a, "%shostile%d.ids", prefix, i);
+        snprintf(c, sizeof c, "%shostile%d.dec", prefix, i);
+        ids_match(tok, bin, a, c);
     }
     loom_tokenizer_free(tok);
+}
+
+TEST(tokenizer_ids_equal_tokenizers) {
+    tokenizer_matches("tokenizer.json", "");             /* byte-level (GPT-2's) */
+    tokenizer_matches("sp-norm.json", "sp-norm.");       /* Llama 2's: normalizers, byte fallback */
+    tokenizer_matches("sp-meta.json", "sp-meta.");       /* the same by a Metaspace pre-tokenizer */
+    tokenizer_matches("sp-metadec.json", "sp-metadec."); /* and decoder */
 }
 
 int main(int argc, char **argv) {

@@ -355,7 +355,8 @@ loom_status loom_text_load_tokenized(const char *path, const loom_tokenizer *tok
         int64_t nb = 0;
         s = read_all(path, &bytes, &nb);
         if (!s)
-            s = loom_tokenizer_encode(tok, (const char *)bytes, nb, (int32_t **)&t->tokens, &t->n);
+            s = loom_tokenizer_encode(tok, (const char *)bytes, nb, false, (int32_t **)&t->tokens,
+                                      &t->n);
         loom__free(bytes);
         if (!s && t->n < 2)
             s = loom__error(LOOM_EFORMAT, "%s: %lld tokens: expected text to train on", path,
@@ -410,7 +411,7 @@ loom_status loom_text_encode(const loom_text *t, const char *s, int32_t *tokens,
     int64_t len = (int64_t)strlen(s), k = 0;
     if (t->tok) { /* (at most a token a byte) */
         int32_t *ids;
-        loom_status st = loom_tokenizer_encode(t->tok, s, len, &ids, &k);
+        loom_status st = loom_tokenizer_encode(t->tok, s, len, true, &ids, &k);
         if (!st)
             memcpy(tokens, ids, sizeof(int32_t) * (size_t)k), *n = k;
         loom_tokenizer_ids_free(ids);

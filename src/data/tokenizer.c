@@ -1,18 +1,23 @@
 /*
- * tokenizer.c - the byte-level BPE of a tokenizer.json as Hugging Face's `tokenizers` writes it
- * (GPT-2's): the text split around the added tokens (the longest at each place), each piece cut
- * into words by GPT-2's pattern
+ * tokenizer.c - the BPE tokenizers of tokenizer.json files as Hugging Face's `tokenizers` writes
+ * them, in their two kinds:
+ *   - byte-level (GPT-2, SmolLM): each piece of text cut into words by GPT-2's pattern
+ *         's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *     (matched by hand, the classes from unicode_classes.h), each word's bytes spelled as GPT-2's
+ *     printable characters (bytes_to_unicode), decoded back byte for byte;
+ *   - SentencePiece's (Llama 2, TinyLlama): spaces become U+2581 and one is put in front (the
+ *     normalizer Prepend + Replace, or the Metaspace pre-tokenizer), a word's symbols are its
+ *     characters, a character outside the vocabulary its bytes' <0xXX> tokens (byte_fallback) or
+ *     the unknown token; decoding turns U+2581 back into spaces and <0xXX> into bytes, and drops
+ *     the first space (the Strip decoder).
+ * Both: the text split around the added tokens first (the longest at each place), each word
+ * merged pair by pair, the lowest-ranked pair first (the leftmost of equals: a heap, so that a
+ * word of a million symbols costs n log n), and the post-processor's template (the <s> in front)
+ * when asked. Text that is not UTF-8 is read as Python's bytes.decode("utf-8", "replace") reads
+ * it: each maximal ill-formed part one U+FFFD.
  *
- *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- *
- * (matched by hand, the classes from unicode_classes.h), each word's bytes spelled as GPT-2's
- * printable characters (bytes_to_unicode) and merged pair by pair, the lowest-ranked pair first
- * (the leftmost of equals), as the merges list them. Decoding joins the tokens' strings and maps
- * the characters back to bytes. Text that is not UTF-8 is read as Python's
- * bytes.decode("utf-8", "replace") reads it: each maximal ill-formed part one U+FFFD.
- *
- * What a tokenizer.json asks that this does not do (a normalizer, another pre-tokenizer or model,
- * a subword prefix) is refused naming the field.
+ * What a tokenizer.json asks that this does not do (another model or pre-tokenizer, a regular
+ * expression in a normalizer, a subword prefix) is refused naming the field.
  */
 #include "internal.h"
 
@@ -91,8 +96,24 @@ struct loom_tokenizer {
     int32_t byte_of[324];      /* GPT-2's character (code point < 324) -> its byte, -1 if none */
     int32_t char_of[256];      /* byte -> GPT-2's character */
     const loom__jnode **added; /* the added tokens, longest first */
+    bool *special;             /* id -> an added token marked special (skipped by decoding) */
     int64_t nadded;
-    bool prefix_space, use_regex, ignore_merges;
+    bool ignore_merges;
+    /* byte-level */
+    bool byte_level, prefix_space, use_regex;
+    /* SentencePiece's */
+    bool prepend_norm;            /* a U+2581 in front of every piece (the Prepend normalizer) */
+    bool prepend_each;            /* the same, unless it starts with a space (Metaspace always) */
+    bool prepend_first;           /* that, for the text's first piece only (Metaspace first) */
+    bool split_words;             /* Metaspace split: a word starts at each U+2581 */
+    bool byte_fallback, fuse_unk; /* characters outside the vocabulary: their bytes, or unk */
+    int32_t unk;                  /* the unknown token, -1 */
+    int32_t byte_tok[256];        /* <0xXX> */
+    bool strip_space;             /* the Strip decoder: the decoded text's first space dropped */
+    bool byte_decode;             /* the ByteFallback decoder: <0xXX> decoded as its byte */
+    /* the post-processor's template around a text's ids (TemplateProcessing's "single") */
+    int32_t prefix[8], suffix[8];
+    int nprefix, nsuffix;
 };
 
 /* ---- loading ------------------------------------------------------------------------------- */
@@ -184,12 +205,12 @@ static loom_status read_model(loom_tokenizer *t, const char *path, const loom__j
     if (!loom__json_is_str(loom__json_get(d, model, "type"), "BPE"))
         return refuse(path, "model.type", "loom reads BPE models");
     static const char *const absent[] = {"continuing_subword_prefix", "end_of_word_suffix",
-                                         "dropout", "unk_token"};
+                                         "dropout"};
     for (size_t k = 0; k < sizeof absent / sizeof *absent; k++)
         if (!null_or_false(loom__json_get(d, model, absent[k])))
             return refuse(path, absent[k], "loom's BPE reads tokenizers without it");
-    if (!null_or_false(loom__json_get(d, model, "byte_fallback")))
-        return refuse(path, "model.byte_fallback", "loom reads byte-level BPE (GPT-2's)");
+    t->byte_fallback = !null_or_false(loom__json_get(d, model, "byte_fallback"));
+    t->fuse_unk = !null_or_false(loom__json_get(d, model, "fuse_unk"));
     t->ignore_merges = !null_or_false(loom__json_get(d, model, "ignore_merges"));
     const loom__jnode *vocab = loom__json_get(d, model, "vocab");
     const loom__jnode *merges = loom__json_get(d, model, "merges");
@@ -251,26 +272,156 @@ static loom_status read_added(loom_tokenizer *t, const char *path, const loom__j
     return LOOM_OK;
 }
 
+/* A normalizer step of SentencePiece's kind: Prepend("\u2581") or Replace(" ", "\u2581"). */
+static loom_status read_normalizer(loom_tokenizer *t, const char *path, const loom__jnode *n) {
+    const loom__json *d = &t->doc;
+    const loom__jnode *type = loom__json_get(d, n, "type");
+    if (loom__json_is_str(type, "Sequence")) {
+        const loom__jnode *list = loom__json_get(d, n, "normalizers");
+        loom_status s =
+            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "normalizer", "normalizers");
+        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
+            s = read_normalizer(t, path, e);
+        return s;
+    }
+    if (loom__json_is_str(type, "Prepend") &&
+        loom__json_is_str(loom__json_get(d, n, "prepend"), "\xe2\x96\x81"))
+        return t->prepend_norm = true, LOOM_OK;
+    const loom__jnode *pattern = loom__json_get(d, n, "pattern");
+    if (loom__json_is_str(type, "Replace") &&
+        loom__json_is_str(loom__json_get(d, pattern, "String"), " ") &&
+        loom__json_is_str(loom__json_get(d, n, "content"), "\xe2\x96\x81"))
+        return LOOM_OK; /* (spaces become U+2581 in SentencePiece's kind anyway) */
+    return refuse(path, "normalizer",
+                  "loom reads no normalizer, or SentencePiece's Prepend and Replace of spaces by "
+                  "U+2581");
+}
+
+/* A decoder: ByteLevel (byte-level); or SentencePiece's Replace(U+2581, " "), ByteFallback,
+ * Fuse and Strip(" ", 1, 0), in a Sequence. */
+static loom_status read_decoder(loom_tokenizer *t, const char *path, const loom__jnode *n) {
+    const loom__json *d = &t->doc;
+    const loom__jnode *type = loom__json_get(d, n, "type");
+    if (loom__json_is_str(type, "ByteFallback"))
+        return t->byte_decode = true, LOOM_OK;
+    if (!n || n->kind == LOOM__JNULL || loom__json_is_str(type, "ByteLevel") ||
+        loom__json_is_str(type, "Fuse") ||
+        (loom__json_is_str(type, "Replace") &&
+         loom__json_is_str(loom__json_get(d, n, "content"), " ")))
+        return LOOM_OK;
+    if (loom__json_is_str(type, "Metaspace"))
+        return t->strip_space = true, LOOM_OK;
+    int64_t start = 0, stop = 0;
+    if (loom__json_is_str(type, "Strip") &&
+        loom__json_is_str(loom__json_get(d, n, "content"), " ") &&
+        loom__json_int(loom__json_get(d, n, "start"), &start) && start == 1 &&
+        loom__json_int(loom__json_get(d, n, "stop"), &stop) && stop == 0)
+        return t->strip_space = true, LOOM_OK;
+    if (loom__json_is_str(type, "Sequence")) {
+        const loom__jnode *list = loom__json_get(d, n, "decoders");
+        loom_status s =
+            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "decoder", "decoders");
+        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
+            s = read_decoder(t, path, e);
+        return s;
+    }
+    return refuse(path, "decoder", "loom reads ByteLevel, and Replace, ByteFallback, Fuse, Strip");
+}
+
+/* The ids of special token `name` of a template into ids (at most 8 with *n). */
+static loom_status template_ids(loom_tokenizer *t, const char *path, const loom__jnode *specials,
+                                const loom__jnode *name, int32_t *ids, int *n) {
+    const loom__json *d = &t->doc;
+    if (!name || name->kind != LOOM__JSTR)
+        return bad(path, "post_processor.single", "SpecialToken ids");
+    const loom__jnode *list = loom__json_get(d, loom__json_get(d, specials, name->s), "ids");
+    if (!list || list->kind != LOOM__JARR)
+        return bad(path, "post_processor.special_tokens", "the ids of each special token");
+    for (const loom__jnode *e = loom__json_first(d, list); e; e = loom__json_next(d, e)) {
+        int64_t id;
+        if (*n >= 8 || !loom__json_int(e, &id) || id < 0 || id >= t->n)
+            return bad(path, "post_processor.special_tokens", "at most 8 ids of the vocabulary");
+        ids[(*n)++] = (int32_t)id;
+    }
+    return LOOM_OK;
+}
+
+/* A post-processor: ByteLevel (nothing to the ids) or TemplateProcessing (its "single"), alone
+ * or in a Sequence. */
+static loom_status read_post(loom_tokenizer *t, const char *path, const loom__jnode *n) {
+    const loom__json *d = &t->doc;
+    const loom__jnode *type = loom__json_get(d, n, "type");
+    if (!n || n->kind == LOOM__JNULL || loom__json_is_str(type, "ByteLevel"))
+        return LOOM_OK;
+    if (loom__json_is_str(type, "Sequence")) {
+        const loom__jnode *list = loom__json_get(d, n, "processors");
+        loom_status s =
+            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "post_processor", "processors");
+        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
+            s = read_post(t, path, e);
+        return s;
+    }
+    if (!loom__json_is_str(type, "TemplateProcessing"))
+        return refuse(path, "post_processor", "loom reads ByteLevel and TemplateProcessing");
+    const loom__jnode *single = loom__json_get(d, n, "single");
+    const loom__jnode *specials = loom__json_get(d, n, "special_tokens");
+    if (!single || single->kind != LOOM__JARR)
+        return bad(path, "post_processor.single", "an array");
+    bool after = false;
+    loom_status s = LOOM_OK;
+    for (const loom__jnode *e = loom__json_first(d, single); e && !s; e = loom__json_next(d, e)) {
+        const loom__jnode *sp = loom__json_get(d, e, "SpecialToken");
+        if (loom__json_get(d, e, "Sequence"))
+            after = true;
+        else if (sp)
+            s = after ? template_ids(t, path, specials, loom__json_get(d, sp, "id"), t->suffix,
+                                     &t->nsuffix)
+                      : template_ids(t, path, specials, loom__json_get(d, sp, "id"), t->prefix,
+                                     &t->nprefix);
+        else
+            s = bad(path, "post_processor.single", "SpecialToken and Sequence items");
+    }
+    return s;
+}
+
 static loom_status read_pipeline(loom_tokenizer *t, const char *path) {
     const loom__json *d = &t->doc;
     const loom__jnode *root = loom__json_root(d);
-    if (!null_or_false(loom__json_get(d, root, "normalizer")))
-        return refuse(path, "normalizer", "loom's byte-level BPE reads tokenizers without one");
+    const loom__jnode *norm = loom__json_get(d, root, "normalizer");
     const loom__jnode *pre = loom__json_get(d, root, "pre_tokenizer");
-    if (!pre || !loom__json_is_str(loom__json_get(d, pre, "type"), "ByteLevel"))
-        return refuse(path, "pre_tokenizer", "loom reads GPT-2's ByteLevel pre-tokenizer");
-    t->prefix_space = !null_or_false(loom__json_get(d, pre, "add_prefix_space"));
-    const loom__jnode *regex = loom__json_get(d, pre, "use_regex");
-    t->use_regex = !regex || regex->kind != LOOM__JBOOL || regex->b;
-    const loom__jnode *dec = loom__json_get(d, root, "decoder");
-    if (dec && dec->kind != LOOM__JNULL &&
-        !loom__json_is_str(loom__json_get(d, dec, "type"), "ByteLevel"))
-        return refuse(path, "decoder", "loom reads GPT-2's ByteLevel decoder");
-    const loom__jnode *post = loom__json_get(d, root, "post_processor");
-    if (post && post->kind != LOOM__JNULL &&
-        !loom__json_is_str(loom__json_get(d, post, "type"), "ByteLevel"))
-        return refuse(path, "post_processor", "loom reads GPT-2's ByteLevel post-processor");
-    return LOOM_OK;
+    const loom__jnode *type = loom__json_get(d, pre, "type");
+    loom_status s = LOOM_OK;
+    if (loom__json_is_str(type, "ByteLevel")) {
+        t->byte_level = true;
+        t->prefix_space = !null_or_false(loom__json_get(d, pre, "add_prefix_space"));
+        const loom__jnode *regex = loom__json_get(d, pre, "use_regex");
+        t->use_regex = !regex || regex->kind != LOOM__JBOOL || regex->b;
+        if (!null_or_false(norm))
+            return refuse(path, "normalizer", "loom's byte-level BPE reads tokenizers without one");
+    } else if (loom__json_is_str(type, "Metaspace")) {
+        const loom__jnode *scheme = loom__json_get(d, pre, "prepend_scheme");
+        const loom__jnode *split = loom__json_get(d, pre, "split");
+        if (!loom__json_is_str(loom__json_get(d, pre, "replacement"), "\xe2\x96\x81"))
+            return refuse(path, "pre_tokenizer.replacement", "loom reads U+2581");
+        t->prepend_first = loom__json_is_str(scheme, "first");
+        t->prepend_each = !scheme || loom__json_is_str(scheme, "always");
+        if (scheme && !t->prepend_first && !t->prepend_each && !loom__json_is_str(scheme, "never"))
+            return refuse(path, "pre_tokenizer.prepend_scheme", "loom reads first, always, never");
+        t->split_words = !split || split->kind != LOOM__JBOOL || split->b;
+    } else if (pre && pre->kind != LOOM__JNULL) {
+        return refuse(path, "pre_tokenizer", "loom reads ByteLevel (GPT-2's) and Metaspace");
+    }
+    if (!t->byte_level && norm && norm->kind != LOOM__JNULL)
+        s = read_normalizer(t, path, norm);
+    if (!s && !t->byte_level && !t->prepend_norm && (!pre || pre->kind == LOOM__JNULL))
+        s = refuse(path, "pre_tokenizer",
+                   "loom reads ByteLevel, Metaspace, or none with "
+                   "SentencePiece's Prepend normalizer");
+    if (!s)
+        s = read_decoder(t, path, loom__json_get(d, root, "decoder"));
+    if (!s)
+        s = read_post(t, path, loom__json_get(d, root, "post_processor"));
+    return s;
 }
 
 loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out) {
@@ -300,10 +451,28 @@ loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out) {
                 t->str[e->id - 1] = e->s, t->slen[e->id - 1] = e->len;
         }
         for (int b = 0; b < 256; b++) {
-            char u[4];
+            char u[8];
             int n = loom__utf8_put(t->char_of[b], u);
             t->byte_id[b] = vocab_id(t, u, n);
+            snprintf(u, sizeof u, "<0x%02X>", b);
+            t->byte_tok[b] = vocab_id(t, u, 6);
         }
+        const loom__jnode *unk =
+            loom__json_get(&t->doc, loom__json_get(&t->doc, root, "model"), "unk_token");
+        t->unk = unk && unk->kind == LOOM__JSTR ? vocab_id(t, unk->s, unk->len) : -1;
+        const loom__jnode *added = loom__json_get(&t->doc, root, "added_tokens");
+        if (!(t->special = loom__calloc((size_t)t->n, sizeof *t->special)))
+            s = LOOM_ENOMEM;
+        for (const loom__jnode *e = s ? NULL : loom__json_first(&t->doc, added); e;
+             e = loom__json_next(&t->doc, e)) {
+            int64_t id;
+            if (loom__json_int(loom__json_get(&t->doc, e, "id"), &id) &&
+                !null_or_false(loom__json_get(&t->doc, e, "special")))
+                t->special[id] = true;
+        }
+        if (unk && unk->kind == LOOM__JSTR && t->unk < 0)
+            s = loom__error(LOOM_EFORMAT, "%s: \"model.unk_token\": '%s' is not in the vocabulary",
+                            path, unk->s);
     }
     if (s)
         loom_tokenizer_free(t);
@@ -317,7 +486,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
         return;
     loom__json_free(&t->doc);
     loom__free(t->vocab.v), loom__free(t->merges.v);
-    loom__free(t->str), loom__free(t->slen), loom__free(t->added);
+    loom__free(t->str), loom__free(t->slen), loom__free(t->added), loom__free(t->special);
     loom__free(t);
 }
 
@@ -364,8 +533,12 @@ static int32_t next_char(const unsigned char *s, int64_t n, int *len) {
 typedef struct {
     int32_t *ids;
     int64_t n, cap;
-    int32_t *sym; /* a word's symbols while merging */
-    int64_t symcap;
+    /* a word while merging: its symbols, linked (prev, next: -1 at the ends; sym -1: merged
+     * away), and the heap of candidate merges (rank, then place) */
+    int32_t *sym;
+    int64_t *prev, *next;
+    uint64_t *heap;
+    int64_t cap_word, nheap;
     loom_status err;
 } out_ids;
 
@@ -376,12 +549,90 @@ static void push(out_ids *o, int32_t id) {
     o->ids[o->n++] = id;
 }
 
-/* One word (UTF-8 bytes, already well-formed) by byte-level BPE into o. */
-static void bpe_word(const loom_tokenizer *t, const unsigned char *w, int64_t n, out_ids *o) {
+/* Room for a word of n symbols. */
+static bool word_room(out_ids *o, int64_t n) {
+    if (n <= o->cap_word)
+        return true;
+    loom__free(o->sym), loom__free(o->prev), loom__free(o->next), loom__free(o->heap);
+    o->sym = loom__malloc(sizeof *o->sym * (size_t)n);
+    o->prev = loom__malloc(sizeof *o->prev * (size_t)n);
+    o->next = loom__malloc(sizeof *o->next * (size_t)n);
+    o->heap = loom__malloc(sizeof *o->heap * (size_t)n * 2);
+    o->cap_word = o->sym && o->prev && o->next && o->heap ? n : 0;
+    if (!o->cap_word)
+        o->err = LOOM_ENOMEM;
+    return o->cap_word > 0;
+}
+
+/* The merge of the pair at symbol i (with its next), when there is one: pushed as rank << 32 |
+ * i (a word has fewer than 2^32 symbols: its text is at most 2^31 bytes). */
+static void candidate(const loom_tokenizer *t, out_ids *o, int64_t i) {
+    int64_t j = o->next[i];
+    if (j < 0)
+        return;
+    uint64_t key = (uint64_t)(uint32_t)o->sym[i] << 32 | (uint32_t)o->sym[j];
+    const slot *e = table_at(&t->merges, key, NULL, 0);
+    if (!e->id)
+        return;
+    uint64_t v = (uint64_t)(uint32_t)e->rank << 32 | (uint64_t)i, *h = o->heap;
+    int64_t k = o->nheap++;
+    for (; k > 0 && h[(k - 1) / 2] > v; k = (k - 1) / 2)
+        h[k] = h[(k - 1) / 2];
+    h[k] = v;
+}
+
+static uint64_t pop(out_ids *o) {
+    uint64_t *h = o->heap, top = h[0], last = h[--o->nheap];
+    int64_t k = 0, n = o->nheap;
+    for (;;) {
+        int64_t c = 2 * k + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && h[c + 1] < h[c])
+            c++;
+        if (h[c] >= last)
+            break;
+        h[k] = h[c], k = c;
+    }
+    h[k] = last;
+    return top;
+}
+
+/* The word's symbols o->sym[0, m) merged: the lowest rank first, the leftmost of equals (as
+ * tokenizers' Word::merge_all); the result pushed to the ids. */
+static void merge_all(const loom_tokenizer *t, out_ids *o, int64_t m) {
+    for (int64_t i = 0; i < m; i++)
+        o->prev[i] = i - 1, o->next[i] = i + 1 < m ? i + 1 : -1;
+    o->nheap = 0;
+    for (int64_t i = 0; i + 1 < m; i++)
+        candidate(t, o, i);
+    while (o->nheap) {
+        uint64_t top = pop(o);
+        int64_t i = (int64_t)(uint32_t)top, j = o->sym[i] >= 0 ? o->next[i] : -1;
+        if (j < 0)
+            continue;
+        uint64_t key = (uint64_t)(uint32_t)o->sym[i] << 32 | (uint32_t)o->sym[j];
+        const slot *e = table_at(&t->merges, key, NULL, 0);
+        if (!e->id || (uint32_t)e->rank != (uint32_t)(top >> 32))
+            continue; /* (stale: a symbol of the pair merged since) */
+        o->sym[i] = e->id - 1, o->sym[j] = -1;
+        o->next[i] = o->next[j];
+        if (o->next[j] >= 0)
+            o->prev[o->next[j]] = i;
+        if (o->prev[i] >= 0)
+            candidate(t, o, o->prev[i]);
+        candidate(t, o, i);
+    }
+    for (int64_t i = 0; m > 0 && i >= 0; i = o->next[i])
+        push(o, o->sym[i]);
+}
+
+/* A byte-level word (UTF-8 bytes, already well-formed) into o. */
+static void bpe_bytes(const loom_tokenizer *t, const unsigned char *w, int64_t n, out_ids *o) {
     if (t->ignore_merges) { /* (the whole word, when it is a token: tokenizers' ignore_merges) */
         char buf[1024];
         int64_t k = 0;
-        for (int64_t i = 0; i < n && k + 4 < (int64_t)sizeof buf; i++)
+        for (int64_t i = 0; i < n && 4 * n < (int64_t)sizeof buf; i++)
             k += loom__utf8_put(t->char_of[w[i]], buf + k);
         int32_t id = 4 * n < (int64_t)sizeof buf ? vocab_id(t, buf, k) : -1;
         if (id >= 0) {
@@ -389,30 +640,43 @@ static void bpe_word(const loom_tokenizer *t, const unsigned char *w, int64_t n,
             return;
         }
     }
-    if (n > o->symcap && (o->err = loom__grow((void **)&o->sym, &o->symcap, n, sizeof *o->sym)))
+    if (!word_room(o, n))
         return;
-    int32_t *s = o->sym;
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) /* (a byte without a token is dropped, as tokenizers does) */
         if (t->byte_id[w[i]] >= 0)
-            s[m++] = t->byte_id[w[i]];
-    for (;;) {
-        int64_t best = -1;
-        int32_t best_rank = INT32_MAX, best_id = -1;
-        for (int64_t i = 0; i + 1 < m; i++) {
-            uint64_t key = (uint64_t)(uint32_t)s[i] << 32 | (uint32_t)s[i + 1];
-            const slot *e = table_at(&t->merges, key, NULL, 0);
-            if (e->id && e->rank < best_rank)
-                best = i, best_rank = e->rank, best_id = e->id - 1;
-        }
-        if (best < 0)
-            break;
-        s[best] = best_id;
-        memmove(s + best + 1, s + best + 2, sizeof *s * (size_t)(m - best - 2));
-        m--;
+            o->sym[m++] = t->byte_id[w[i]];
+    merge_all(t, o, m);
+}
+
+/* A SentencePiece word (its spaces already U+2581) into o: its characters, each a token, or its
+ * bytes' <0xXX> tokens, or the unknown token (consecutive ones fused with fuse_unk). */
+static void bpe_chars(const loom_tokenizer *t, const unsigned char *w, int64_t n, out_ids *o) {
+    int32_t whole = t->ignore_merges ? vocab_id(t, (const char *)w, n) : -1;
+    if (whole >= 0) {
+        push(o, whole);
+        return;
     }
-    for (int64_t i = 0; i < m; i++)
-        push(o, s[i]);
+    if (!word_room(o, n))
+        return;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n;) {
+        int len;
+        next_char(w + i, n - i, &len);
+        int32_t id = vocab_id(t, (const char *)w + i, len);
+        bool bytes = id < 0 && t->byte_fallback;
+        for (int k = 0; bytes && k < len; k++)
+            bytes = t->byte_tok[w[i + k]] >= 0;
+        if (id >= 0)
+            o->sym[m++] = id;
+        else if (bytes)
+            for (int k = 0; k < len; k++)
+                o->sym[m++] = t->byte_tok[w[i + k]];
+        else if (t->unk >= 0 && !(t->fuse_unk && m > 0 && o->sym[m - 1] == t->unk))
+            o->sym[m++] = t->unk;
+        i += len;
+    }
+    merge_all(t, o, m);
 }
 
 /* GPT-2's pattern's match at s[i] (of n bytes): its end. */
@@ -446,25 +710,57 @@ static int64_t match_word(const unsigned char *s, int64_t i, int64_t n) {
     return k == n || last == i ? k : last;
 }
 
-/* A piece of text between added tokens: its words by BPE. */
-static void encode_piece(const loom_tokenizer *t, const unsigned char *s, int64_t n, out_ids *o) {
+/* A piece of text between added tokens (`first`: at the text's start): its words by BPE. */
+static void encode_piece(const loom_tokenizer *t, const unsigned char *s, int64_t n, bool first,
+                         out_ids *o) {
     if (n == 0)
         return;
-    unsigned char *tmp = NULL;
-    if (t->prefix_space && s[0] != ' ') {
-        if (!(tmp = loom__malloc((size_t)n + 1))) {
-            o->err = LOOM_ENOMEM;
-            return;
+    if (t->byte_level) {
+        unsigned char *tmp = NULL;
+        if (t->prefix_space && s[0] != ' ') {
+            if (!(tmp = loom__malloc((size_t)n + 1))) {
+                o->err = LOOM_ENOMEM;
+                return;
+            }
+            tmp[0] = ' ', memcpy(tmp + 1, s, (size_t)n);
+            s = tmp, n++;
         }
-        tmp[0] = ' ', memcpy(tmp + 1, s, (size_t)n);
-        s = tmp, n++;
+        for (int64_t i = 0; i < n && !o->err;) {
+            int64_t end = t->use_regex ? match_word(s, i, n) : n;
+            bpe_bytes(t, s + i, end - i, o);
+            i = end;
+        }
+        loom__free(tmp);
+        return;
     }
-    for (int64_t i = 0; i < n && !o->err;) {
-        int64_t end = t->use_regex ? match_word(s, i, n) : n;
-        bpe_word(t, s + i, end - i, o);
+    /* SentencePiece's: U+2581 (3 bytes) for each space and, as the pipeline asks, in front */
+    int64_t spaces = 0;
+    for (int64_t i = 0; i < n; i++)
+        spaces += s[i] == ' ';
+    unsigned char *w = loom__malloc((size_t)(n + 2 * spaces + 3));
+    if (!w) {
+        o->err = LOOM_ENOMEM;
+        return;
+    }
+    static const unsigned char meta[3] = {0xE2, 0x96, 0x81};
+    int64_t k = 0;
+    if (t->prepend_norm || ((t->prepend_each || (t->prepend_first && first)) && s[0] != ' '))
+        memcpy(w, meta, 3), k = 3;
+    for (int64_t i = 0; i < n; i++)
+        if (s[i] == ' ')
+            memcpy(w + k, meta, 3), k += 3;
+        else
+            w[k++] = s[i];
+    for (int64_t i = 0; i < k && !o->err;) { /* words: the whole, or from each U+2581 on */
+        int64_t end = i + 1;
+        while (t->split_words && end < k && !(end + 3 <= k && !memcmp(w + end, meta, 3)))
+            end++;
+        if (!t->split_words)
+            end = k;
+        bpe_chars(t, w + i, end - i, o);
         i = end;
     }
-    loom__free(tmp);
+    loom__free(w);
 }
 
 /* The text as well-formed UTF-8 (ill-formed parts U+FFFD), malloc'd into *out, *m bytes. */
@@ -488,7 +784,7 @@ static loom_status well_formed(const char *text, int64_t n, unsigned char **out,
 }
 
 loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, int64_t n,
-                                  int32_t **ids, int64_t *count) {
+                                  bool special, int32_t **ids, int64_t *count) {
     *ids = NULL, *count = 0;
     if (!t || (!text && n) || n < 0)
         return loom__error(LOOM_EINVAL, "loom_tokenizer_encode: expected a tokenizer and text");
@@ -499,6 +795,8 @@ loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, int
         return st;
     out_ids o = {0};
     int64_t from = 0;
+    for (int k = 0; special && k < t->nprefix; k++)
+        push(&o, t->prefix[k]);
     for (int64_t i = 0; i < m && !o.err;) {
         const loom__jnode *hit = NULL;
         for (int64_t a = 0; a < t->nadded && !hit; a++) /* (longest first) */
@@ -509,12 +807,14 @@ loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, int
             i++;
             continue;
         }
-        encode_piece(t, s + from, i - from, &o);
+        encode_piece(t, s + from, i - from, from == 0, &o);
         push(&o, vocab_id(t, hit->s, hit->len));
         i += hit->len, from = i;
     }
-    encode_piece(t, s + from, m - from, &o);
-    loom__free(s), loom__free(o.sym);
+    encode_piece(t, s + from, m - from, from == 0, &o);
+    for (int k = 0; special && k < t->nsuffix; k++)
+        push(&o, t->suffix[k]);
+    loom__free(s), loom__free(o.sym), loom__free(o.prev), loom__free(o.next), loom__free(o.heap);
     if (o.err) {
         loom__free(o.ids);
         return loom__error(LOOM_ENOMEM, "out of memory for the tokens of %lld bytes", (long long)n);
@@ -539,26 +839,40 @@ uint64_t loom__tokenizer_hash(const loom_tokenizer *t) {
 size_t loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int64_t n, char *buf,
                              size_t size) {
     size_t k = 0;
+    bool start = true; /* (SentencePiece's: the text's first space is dropped) */
     for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n || !t->str[ids[i]])
+        if (ids[i] < 0 || ids[i] >= t->n || !t->str[ids[i]] || t->special[ids[i]])
             continue;
         const unsigned char *s = (const unsigned char *)t->str[ids[i]];
         int64_t len = t->slen[ids[i]];
         bool added = false;
         for (int64_t a = 0; a < t->nadded && !added; a++)
             added = t->added[a]->s == (const char *)s;
+        int byte = -1;
+        for (int b = 0; t->byte_decode && b < 256 && byte < 0; b++)
+            byte = t->byte_tok[b] == ids[i] ? b : -1;
         for (int64_t j = 0; j < len;) {
             int cl;
             int32_t c = next_char(s + j, len - j, &cl);
             char one[4];
             int m = 1;
-            if (!added && c < 324 && t->byte_of[c] >= 0)
+            if (byte >= 0)
+                one[0] = (char)byte, cl = (int)len; /* (<0xXX>: its byte) */
+            else if (t->byte_level && !added && c < 324 && t->byte_of[c] >= 0)
                 one[0] = (char)t->byte_of[c];
+            else if (!t->byte_level && c == 0x2581)
+                one[0] = ' ';
             else
                 m = cl, memcpy(one, s + j, (size_t)cl);
+            j += cl;
+            if (start && t->strip_space && m == 1 && one[0] == ' ') {
+                start = false;
+                continue;
+            }
+            start = false;
             if (k + (size_t)m < size)
                 memcpy(buf + k, one, (size_t)m);
-            k += (size_t)m, j += cl;
+            k += (size_t)m;
         }
     }
     if (size)

@@ -75,7 +75,7 @@ static bool utf8(const uint8_t *s, size_t n) {
 static void encode(const loom_tokenizer *t, const uint8_t *s, size_t n, bool round) {
     int32_t *ids = NULL;
     int64_t count = 0;
-    if (loom_tokenizer_encode(t, (const char *)s, (int64_t)n, &ids, &count) != LOOM_OK)
+    if (loom_tokenizer_encode(t, (const char *)s, (int64_t)n, false, &ids, &count) != LOOM_OK)
         abort();
     for (int64_t i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= loom_tokenizer_vocab(t))

@@ -30,7 +30,8 @@ try:
     import torch
     import transformers
     from safetensors.torch import save_file
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                            trainers)
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 except ImportError as e:
     print(f"skipped: {e}")
@@ -65,6 +66,22 @@ def make_tokenizer(text):
     return tok
 
 
+def make_sp_tokenizer(text):
+    """Llama 2's kind (SentencePiece's BPE as transformers converts it): spaces as U+2581 and one
+    in front, byte fallback, <unk> fused, <s> in front of an encoded text."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=specials, limit_alphabet=50)
+    tok.train_from_iterator(text.splitlines(), trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
 HOSTILE = [
     "plain ASCII, with 's and 're and   three spaces\n\n\tand tabs  \n",
     "caf\u00e9 na\u0131\u0308ve e\u0301 combining marks \u0300\u0301 alone",
@@ -80,6 +97,21 @@ HOSTILE_BYTES = [
 ]
 
 
+def write_cases(tok, prefix, text):
+    """The ids tokenizer `tok` gives the text and the hostile strings, and its decoding of them
+    (special tokens skipped): prefix + text.ids / .dec, hostileN.bin / .ids / .dec."""
+    def put(name, raw):
+        ids = tok.encode(raw.decode("utf-8", "replace"), add_special_tokens=False).ids
+        write_ids(os.path.join(OUT, prefix + name + ".ids"), ids)
+        with open(os.path.join(OUT, prefix + name + ".dec"), "wb") as f:
+            f.write(tok.decode(ids, skip_special_tokens=True).encode())
+    put("text", text.encode())
+    for i, raw in enumerate([s.encode() for s in HOSTILE] + HOSTILE_BYTES):
+        with open(os.path.join(OUT, f"hostile{i}.bin"), "wb") as f:
+            f.write(raw)
+        put(f"hostile{i}", raw)
+
+
 def make_fixtures(text):
     os.makedirs(OUT, exist_ok=True)
     tok = make_tokenizer(text)
@@ -87,13 +119,25 @@ def make_fixtures(text):
     tok.save(tok_path)
     with open(os.path.join(OUT, "text.txt"), "w") as f:
         f.write(text)
-    write_ids(os.path.join(OUT, "text.ids"), tok.encode(text).ids)
-    cases = [s.encode() for s in HOSTILE] + HOSTILE_BYTES
-    for i, raw in enumerate(cases):
-        with open(os.path.join(OUT, f"hostile{i}.bin"), "wb") as f:
-            f.write(raw)
-        write_ids(os.path.join(OUT, f"hostile{i}.ids"),
-                  tok.encode(raw.decode("utf-8", "replace")).ids)
+    write_cases(tok, "", text)
+    # the byte tokens as Llama 2's file has them: in the vocabulary, not added tokens
+    make_sp_tokenizer(text).save(os.path.join(OUT, "sp-norm.json"))
+    doc = json.load(open(os.path.join(OUT, "sp-norm.json")))
+    doc["added_tokens"] = [a for a in doc["added_tokens"] if not a["content"].startswith("<0x")]
+    json.dump(doc, open(os.path.join(OUT, "sp-norm.json"), "w"))
+    write_cases(Tokenizer.from_file(os.path.join(OUT, "sp-norm.json")), "sp-norm.", text)
+    # the same model as newer conversions write it: a Metaspace pre-tokenizer (prepend_scheme
+    # first) in place of the normalizers, words split at U+2581; then its Metaspace decoder too,
+    # which keeps byte tokens as their names
+    doc["normalizer"] = None
+    doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581",
+                            "prepend_scheme": "first", "split": True}
+    json.dump(doc, open(os.path.join(OUT, "sp-meta.json"), "w"))
+    write_cases(Tokenizer.from_file(os.path.join(OUT, "sp-meta.json")), "sp-meta.", text)
+    doc["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                      "split": True}
+    json.dump(doc, open(os.path.join(OUT, "sp-metadec.json"), "w"))
+    write_cases(Tokenizer.from_file(os.path.join(OUT, "sp-metadec.json")), "sp-metadec.", text)
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
                      n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
@@ -106,8 +150,11 @@ def make_fixtures(text):
     net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "gpt2-bf16"))
     for d in ("gpt2", "gpt2-sharded", "gpt2-bf16"):
         shutil.copy(tok_path, os.path.join(OUT, d))
-    for name, kv, tied in (("llama-gqa", 2, False), ("llama-tied", 4, True)):
-        lc = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+    sp_path = os.path.join(OUT, "sp-norm.json")
+    for name, kv, tied, path in (("llama-gqa", 2, False, tok_path), ("llama-tied", 4, True, tok_path),
+                                 ("llama-sp", 2, False, sp_path)):
+        vocab = Tokenizer.from_file(path).get_vocab_size()
+        lc = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv,
                          max_position_embeddings=64, tie_word_embeddings=tied, rope_theta=500.0,
                          rms_norm_eps=1e-5)
@@ -116,8 +163,8 @@ def make_fixtures(text):
             for p in net.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         net.save_pretrained(os.path.join(OUT, name))
-        shutil.copy(tok_path, os.path.join(OUT, name))
-        if not tied:
+        shutil.copy(path, os.path.join(OUT, name, "tokenizer.json"))
+        if not tied and name != "llama-sp":
             net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, name + "-bf16"))
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (3, 40), generator=g)
@@ -151,7 +198,7 @@ def same_steps(text, tok, name, kind):
     check(r.returncode == 0, f"loom train hf runs {name} and saves it: " + r.stderr.strip()[-300:])
     if r.returncode:
         return None
-    ids = torch.tensor(tok.encode(text).ids)
+    ids = torch.tensor(tok.encode(text, add_special_tokens=False).ids)
     ntrain = int(len(ids) * 0.9)
     span = ntrain - T
 
@@ -201,7 +248,7 @@ def generation(save, tok, kind):
     with torch.no_grad():  # greedy decoding by hand: generate() imports torch.distributed
         for _ in range(n):  # parts that Debian's torch 1.13 cannot import on Python 3.11
             x = torch.cat([x, net.eval()(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    want = tok.decode(x[0].tolist())
+    want = tok.decode(x[0].tolist(), skip_special_tokens=True)
     r = subprocess.run([LOOM, "sample", "hf", "--init", save, "--prompt", prompt, "--temperature",
                         "0", "--tokens", str(n), "--data", os.path.join(OUT, "small.txt")],
                        capture_output=True)  # (bytes: a token may end inside a character)
@@ -266,10 +313,12 @@ def main():
     r = subprocess.run([TEST_HF, OUT], capture_output=True, text=True)
     print(r.stdout + r.stderr, end="")
     check(r.returncode == 0, "test_hf: logits and token ids")
-    for name, kind in (("gpt2", GPT2LMHeadModel), ("llama-gqa", LlamaForCausalLM)):
-        save = same_steps(text[:200000], tok, name, kind)
+    sp = Tokenizer.from_file(os.path.join(OUT, "sp-norm.json"))
+    for name, kind, t in (("gpt2", GPT2LMHeadModel, tok), ("llama-gqa", LlamaForCausalLM, tok),
+                          ("llama-sp", LlamaForCausalLM, sp)):
+        save = same_steps(text[:200000], t, name, kind)
         if save:
-            generation(save, tok, kind)
+            generation(save, t, kind)
     bad_folders()
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)

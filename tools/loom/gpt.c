@@ -680,23 +680,20 @@ static int32_t pick(const float *logits, int64_t vocab, double temperature, int6
     return (int32_t)(vocab - 1);
 }
 
-/* The text of n tokens on stdout, as they come (a tokenizer's a token at a time: their bytes
- * as they are, a character's bytes perhaps split between tokens). */
-static void put_tokens(const gpt_run *r, const int32_t *toks, int64_t n) {
-    char buf[4 * 64 + 1];
-    for (int64_t i = 0; !r->tok && i < n; i += 64) {
-        loom_text_decode(r->text, toks + i, n - i < 64 ? n - i : 64, buf, sizeof buf);
-        fputs(buf, stdout);
-    }
-    for (int64_t i = 0; r->tok && i < n; i++) {
-        size_t len = loom_tokenizer_decode(r->tok, toks + i, 1, buf, sizeof buf);
-        char *big = len < sizeof buf ? NULL : malloc(len + 1);
-        if (big)
-            loom_tokenizer_decode(r->tok, toks + i, 1, big, len + 1);
-        fwrite(big ? big : buf, 1, big || len < sizeof buf ? len : sizeof buf - 1, stdout);
-        free(big);
-    }
+/* What decoding toks[0, n) adds to the *printed bytes already on stdout (decoded whole: a
+ * tokenizer's first space is dropped once, a character may span tokens). */
+static void show(const gpt_run *r, const int32_t *toks, int64_t n, size_t *printed) {
+    size_t len = r->tok ? loom_tokenizer_decode(r->tok, toks, n, NULL, 0) : 4 * (size_t)n;
+    char *buf = malloc(len + 1);
+    if (!buf)
+        return;
+    len = r->tok ? loom_tokenizer_decode(r->tok, toks, n, buf, len + 1)
+                 : loom_text_decode(r->text, toks, n, buf, len + 1);
+    if (len > *printed)
+        fwrite(buf + *printed, 1, len - *printed, stdout);
+    *printed = len;
     fflush(stdout);
+    free(buf);
 }
 
 static int sample(gpt_opts *o) {
@@ -706,7 +703,7 @@ static int sample(gpt_opts *o) {
     int64_t V = rc ? 0 : r.hf ? loom_hf_vocab(r.hf) : loom_text_vocab(r.text);
     int32_t *toks = NULL, *win = NULL;
     double *p = NULL;
-    if (!rc && !cli_mul("--tokens + --start", 3 * (int64_t)strlen(o->start) + o->tokens + 2,
+    if (!rc && !cli_mul("--tokens + --start", 3 * (int64_t)strlen(o->start) + o->tokens + 17,
                         sizeof(int32_t), INT64_MAX / 2, &bytes))
         rc = 2;
     if (!rc && (!(toks = malloc((size_t)bytes)) || !(win = malloc(sizeof(int32_t) * (size_t)T)) ||
@@ -720,12 +717,13 @@ static int sample(gpt_opts *o) {
     if (!rc)
         cli_catch_stop();
     start = n;
+    size_t printed = 0;
     for (int64_t i = 0; !rc && i < o->tokens * o->num_samples && !cli_stopping(); i++) {
         if (i % o->tokens == 0) { /* a sample begins: the prompt again (nanoGPT's separator) */
             if (i)
                 fputs("\n---------------\n", stdout);
-            n = start;
-            put_tokens(&r, toks, n);
+            n = start, printed = 0;
+            show(&r, toks, n, &printed);
         }
         /* the last T tokens (fewer at first: then padded after, which causal attention ignores) */
         int64_t len = n < T ? n : T, shape[2] = {1, T};
@@ -741,7 +739,7 @@ static int sample(gpt_opts *o) {
         const float *l = (const float *)loom_tensor_data(logits) + (len - 1) * V;
         toks[n++] = pick(l, V, o->temperature, o->top_k,
                          loom_rand_uniform(o->seed, 4ull << 32, (uint64_t)i), p);
-        put_tokens(&r, toks + n - 1, 1);
+        show(&r, toks, n, &printed);
     }
     if (!rc)
         fputc('\n', stdout);
