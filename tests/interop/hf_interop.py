@@ -11,6 +11,7 @@ head, float32 and bfloat16, and plain heads with a tied head). Then:
   - five training steps of `loom train hf` (GPT-2, Llama) against the same steps in PyTorch,
     float32 and float64:
     loom's parameters within 8x the float32 run's distance from the float64 run;
+  - `loom eval hf` gives the validation loss transformers gives;
   - the folder loom saves loads in transformers (no missing or unexpected keys), and greedy
     generation there gives the text `loom sample hf --temperature 0` gives;
   - bad folders (another model type, a missing shard, a tensor of another shape, a truncated
@@ -236,6 +237,27 @@ def same_steps(text, tok, name, kind):
     return save
 
 
+def evaluation(tok, name, kind):
+    """`loom eval hf`: the validation loss transformers gives, the split in windows of the
+    model's positions."""
+    data = os.path.join(OUT, "small.txt")
+    ids = torch.tensor(tok.encode(open(data).read(), add_special_tokens=False).ids)
+    val = ids[int(len(ids) * 0.9):]
+    net = kind.from_pretrained(os.path.join(OUT, name), torch_dtype=torch.float64).eval()
+    T = net.config.max_position_embeddings if name.startswith("llama") else net.config.n_positions
+    windows = (len(val) - 1) // T
+    x = torch.stack([val[w * T:w * T + T] for w in range(windows)])
+    y = torch.stack([val[w * T + 1:w * T + T + 1] for w in range(windows)])
+    with torch.no_grad():
+        logits = net(x).logits
+        want = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       y.reshape(-1)))
+    r = run(["eval", "hf", "--init", os.path.join(OUT, name), "--data", data])
+    got = float(r.stdout.split("val loss: ")[1]) if "val loss: " in r.stdout else float("nan")
+    check(abs(got - want) < 1e-4, f"loom eval hf {name}: val loss {got:.4f}, transformers "
+          f"{want:.4f}")
+
+
 def generation(save, tok, kind):
     """The saved folder in transformers, and greedy generation there and in loom."""
     net, info = kind.from_pretrained(save, output_loading_info=True)
@@ -317,6 +339,7 @@ def main():
     for name, kind, t in (("gpt2", GPT2LMHeadModel, tok), ("llama-gqa", LlamaForCausalLM, tok),
                           ("llama-sp", LlamaForCausalLM, sp)):
         save = same_steps(text[:200000], t, name, kind)
+        evaluation(t, name, kind)
         if save:
             generation(save, t, kind)
     bad_folders()

@@ -156,6 +156,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                2;
     if (o->hf && (o->given & 7))
         return cli_fail("hf: --layers, --heads and --width come from --init's config.json"), 2;
+    if (o->hf && o->dropout > 0)
+        return cli_fail("--dropout: hf fine-tunes without dropout"), 2;
     if (o->hf && !o->init)
         return cli_fail("%s hf: expected --init DIR, a Hugging Face model folder", argv[1]), 2;
     if (cli_ckpt_check(&o->ck, o->hf ? NULL : o->init))

@@ -15,8 +15,8 @@ static const char commands[] =
     "       loom sample shakespeare-gpt --init FILE [options]   text from trained weights\n"
     "       loom eval shakespeare-gpt --init FILE [options]     their validation loss\n"
     "       loom eval RECIPE --init FILE  test accuracy of a weights file (loom's or PyTorch's)\n"
-    "       loom train|sample|eval hf --init DIR [options]   a Hugging Face model folder (GPT-2):\n"
-    "                                     fine-tuned and saved back, sampled, evaluated\n"
+    "       loom train|sample|eval hf --init DIR [options]   a Hugging Face folder (GPT-2,\n"
+    "                                     Llama): fine-tuned and saved back, sampled, evaluated\n"
     "       loom plot LOGDIR [-o FILE.svg] [--log-scale]   a run's losses and accuracy (SVG)\n"
     "       loom info                     version, backends, BLAS, dataset location\n"
     "       loom cache clear              remove compiled kernels and decompressed datasets\n"
@@ -89,14 +89,16 @@ static const char gpt_options[] =
 
 static const char hf_options[] =
     "hf: a Hugging Face model folder (loom train|eval|sample hf --init DIR):\n"
-    "  --init DIR          config.json (GPT-2), model.safetensors or its shards (float32,\n"
-    "                      float16, bfloat16), tokenizer.json (byte-level BPE)\n"
+    "  --init DIR          config.json (GPT-2 or Llama), model.safetensors or its shards\n"
+    "                      (float32, float16, bfloat16), tokenizer.json (BPE: byte-level or\n"
+    "                      SentencePiece's)\n"
     "  --data FILE         the text, cut by the tokenizer (default: Tiny Shakespeare); its\n"
     "                      first 90% of tokens trains, the last 10% validates\n"
     "  --context N         the windows (default: the model's positions)\n"
     "  --save DIR          the trained folder: transformers' from_pretrained loads it\n"
     "  sample: --prompt TEXT --num-samples N --temperature X (0: greedy) --top-k N --tokens N\n"
-    "  the options of shakespeare-gpt below but the model's shape (from config.json)\n";
+    "  the options of shakespeare-gpt below but the model's shape (from config.json) and\n"
+    "  --dropout (none); docs/huggingface.md\n";
 
 static const char cache_help[] =
     "usage: loom cache clear   remove the compiled kernels and decompressed datasets of\n"
