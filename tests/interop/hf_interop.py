@@ -11,7 +11,8 @@ head, float32 and bfloat16, and plain heads with a tied head). Then:
   - five training steps of `loom train hf` (GPT-2, Llama) against the same steps in PyTorch,
     float32 and float64:
     loom's parameters within 8x the float32 run's distance from the float64 run;
-  - `loom eval hf` gives the validation loss transformers gives;
+  - `loom eval hf` gives the validation loss transformers gives; a resumed run ends bitwise as
+    the run never stopped;
   - the folder loom saves loads in transformers (no missing or unexpected keys), and greedy
     generation there gives the text `loom sample hf --temperature 0` gives;
   - bad folders (another model type, a missing shard, a tensor of another shape, a truncated
@@ -237,6 +238,27 @@ def same_steps(text, tok, name, kind):
     return save
 
 
+def resumed(name):
+    """Four steps straight, and two then two more from the checkpoint: the same parameters."""
+    from safetensors.numpy import load_file
+    base = ["train", "hf", "--init", os.path.join(OUT, name), "--data",
+            os.path.join(OUT, "small.txt"), "--batch", "4", "--context", "32", "--eval-interval",
+            "2", "--quiet", "--devices", "2"]
+    d = os.path.join(TMP, "hf-resume")
+    shutil.rmtree(d, ignore_errors=True)
+    r1 = run(base + ["--steps", "4", "--save", os.path.join(d, "straight")])
+    r2 = run(base + ["--steps", "2", "--checkpoint-dir", os.path.join(d, "ck")])
+    r3 = run(base + ["--steps", "4", "--checkpoint-dir", os.path.join(d, "ck"), "--resume",
+                     os.path.join(d, "ck"), "--save", os.path.join(d, "resumed")])
+    ok = not (r1.returncode or r2.returncode or r3.returncode)
+    if ok:
+        a = load_file(os.path.join(d, "straight", "model.safetensors"))
+        b = load_file(os.path.join(d, "resumed", "model.safetensors"))
+        ok = sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
+    check(ok, f"{name}: a run resumed from its checkpoint ends with bitwise the parameters of "
+          "the run never stopped")
+
+
 def evaluation(tok, name, kind):
     """`loom eval hf`: the validation loss transformers gives, the split in windows of the
     model's positions."""
@@ -340,6 +362,8 @@ def main():
                           ("llama-sp", LlamaForCausalLM, sp)):
         save = same_steps(text[:200000], t, name, kind)
         evaluation(t, name, kind)
+        if name == "llama-sp":
+            resumed(name)
         if save:
             generation(save, t, kind)
     bad_folders()

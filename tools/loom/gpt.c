@@ -219,9 +219,11 @@ static int agree(gpt_opts *o, gpt_run *r) {
     it->n = 0;
     const loom_gpt_config *c = &o->shape;
     cli_item(it, "command", "%s", o->sample ? "sample" : o->eval ? "eval" : "train");
-    cli_item(it, "--layers", "%lld", (long long)c->layers);
-    cli_item(it, "--heads", "%lld", (long long)c->heads);
-    cli_item(it, "--width", "%lld", (long long)c->width);
+    if (!o->hf) { /* (hf: the folder's model, below) */
+        cli_item(it, "--layers", "%lld", (long long)c->layers);
+        cli_item(it, "--heads", "%lld", (long long)c->heads);
+        cli_item(it, "--width", "%lld", (long long)c->width);
+    }
     cli_item(it, "--context", "%lld", (long long)c->context);
     cli_item(it, "--steps", "%lld", (long long)o->steps);
     cli_item(it, "--batch", "%lld", (long long)o->batch);
@@ -239,14 +241,18 @@ static int agree(gpt_opts *o, gpt_run *r) {
     cli_item(it, "--no-shuffle", "%d", o->no_shuffle);
     cli_item(it, "--timeout", "%.17g", o->timeout);
     cli_item(it, "--init", "%s", o->init ? "given" : "none");
+    if (o->hf) /* (the folder's model: its size, the vocabulary its tokenizer's) */
+        cli_item(it, "--init's model", "%lld parameters, vocabulary %lld",
+                 (long long)loom_model_numel(r->m), (long long)loom_hf_vocab(r->hf));
     char *vocab = vocabulary(r->text);
     uint64_t h = 1469598103934665603ull; /* FNV-1a of the vocabulary */
     for (const char *s = vocab ? vocab : ""; *s; s++)
         h = (h ^ (unsigned char)*s) * 1099511628211ull;
     free(vocab);
-    cli_item(it, "--data", "%lld characters, vocabulary of %lld (hash %016llx)",
+    cli_item(it, "--data", "%lld %s, vocabulary of %lld (hash %016llx)",
              (long long)(loom_text_count(r->text, false) + loom_text_count(r->text, true)),
-             (long long)loom_text_vocab(r->text), (unsigned long long)h);
+             o->hf ? "tokens" : "characters", (long long)loom_text_vocab(r->text),
+             (unsigned long long)h);
     return cli_agree(r->d, it);
 }
 
@@ -573,12 +579,17 @@ static int train(gpt_opts *o) {
     int64_t T = o->shape.context, every = o->ck.every;
     cli_catch_stop();
     cli_stop_agree(rc ? NULL : r.d);
-    if (!rc && t.talk)
-        printf("%s: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
+    if (!rc && t.talk && o->hf)
+        printf("%s: context %lld, vocabulary %lld, %lld parameters; %d device(s), batch %lld, %lld "
+               "steps\n",
+               o->init, (long long)T, (long long)loom_text_vocab(r.text),
+               (long long)loom_model_numel(r.m), loom_devices_world(r.d), (long long)o->batch,
+               (long long)o->steps);
+    else if (!rc && t.talk)
+        printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
                "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
-               o->hf ? o->init : "shakespeare-gpt", (long long)o->shape.layers,
-               (long long)o->shape.heads, (long long)o->shape.width, (long long)T,
-               (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
+               (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
+               (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
                loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
