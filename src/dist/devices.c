@@ -463,7 +463,7 @@ static loom_status devices_submit(void *ctx, loom_graph *g, loom__program *p) {
         return loom__error(LOOM_EABORTED, "these devices failed in an earlier step; create new "
                                           "devices to continue");
     D->step++;
-    D->share = D->n > 1 && p->share && loom__share_choose(D, p);
+    D->share = D->n > 1 && p->share && loom__share_choose(D, p, g->model);
     loom_status st = g->model ? ensure_replicas(D, g->model) : LOOM_OK;
     D->behind = D->behind || (D->share && p->own); /* (its updates go to the model's alone) */
     if (!st && D->share && p->own && D->owner_hash != p->hash) { /* who runs which update */

@@ -40,6 +40,7 @@ struct loom__device {
  * 2 x SHARE_STEPS steps both ways (SHARE_WARM of each untimed) and keeps the faster by the
  * median of the rest; a few programs are remembered by hash. */
 #define SHARE_STEPS  8
+#define SHARE_LARGE  (256.0 * 1048576) /* bytes of parameters and state: shared at once */
 #define SHARE_WARM   2
 #define SHARE_TRIALS 4
 typedef struct {
@@ -107,7 +108,7 @@ struct loom_devices {
 /* share.c: whether program p (which allows it) runs on the shared slabs, and the end of a step
  * that was its program's trial (D->trying): its time recorded, the faster way kept once both
  * have their steps. */
-bool loom__share_choose(loom_devices *D, const loom__program *p);
+bool loom__share_choose(loom_devices *D, const loom__program *p, const loom_model *m);
 void loom__share_timed(loom_devices *D);
 
 #endif

@@ -33,11 +33,17 @@ void loom__share_timed(loom_devices *D) {
 
 /* Whether program p (which allows it) runs on the shared slabs (loom_devices_config.share). A
  * program without updates shares them where the replicas are behind (they would need making
- * first) and reads its own replica where it is up to date (in its own core's cache). */
-bool loom__share_choose(loom_devices *D, const loom__program *p) {
+ * first) and reads its own replica where it is up to date (in its own core's cache). A model m
+ * whose parameters and optimizer state pass SHARE_LARGE bytes shares without a trial: no core's
+ * cache keeps a replica of it, and each replica would cost that memory again (a 125M-parameter
+ * model under AdamW: 1.5 GB a device). */
+bool loom__share_choose(loom_devices *D, const loom__program *p, const loom_model *m) {
     D->trying = NULL; /* (a step whose submit failed was never timed) */
     if (D->c.share != LOOM_SHARE_AUTO)
         return D->c.share == LOOM_SHARE_ALWAYS;
+    if (m && (double)sizeof(float) * (double)(m->len[LOOM_SLAB_PARAM] + m->len[LOOM_SLAB_STATE]) >
+                 SHARE_LARGE)
+        return true;
     if (!p->own)
         return D->behind;
     share_trial *t = &D->trials[0];
