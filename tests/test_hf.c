@@ -2,10 +2,10 @@
  * test_hf.c DIR - Hugging Face folders and tokenizers through loom's library, against the
  * fixtures tests/interop/hf_interop.py made in DIR with transformers and tokenizers themselves:
  * loom's logits of ref.safetensors' tokens equal transformers' within 1e-4 of the logits' scale,
- * for GPT-2 (a float32 folder, its shards and its bfloat16 copy) and Llama (grouped-query heads
- * with their own lm_head, float32 and bfloat16; plain heads with the head tied); loom's ids of
- * text.txt and of each hostileN.bin equal tokenizers' (text.ids, hostileN.ids), and loom's
- * decoding of them tokenizers' (text.dec, hostileN.dec).
+ * for GPT-2 (a float32 folder, its shards, its bfloat16 and float16 copies) and Llama
+ * (grouped-query heads with their own lm_head, float32 and bfloat16; plain heads with the head
+ * tied); loom's ids of text.txt and of each hostileN.bin equal tokenizers' (text.ids,
+ * hostileN.ids), and loom's decoding of them tokenizers' (text.dec, hostileN.dec).
  */
 #include "harness.h"
 
@@ -72,6 +72,7 @@ TEST(gpt2_logits_equal_transformers) {
     logits_match("gpt2", "gpt2");
     logits_match("gpt2-sharded", "gpt2");
     logits_match("gpt2-bf16", "gpt2-bf16");
+    logits_match("gpt2-f16", "gpt2-f16");
 }
 
 TEST(llama_logits_equal_transformers) {

@@ -4,7 +4,7 @@
 
 Makes, with no network: a byte-level BPE tokenizer trained by `tokenizers` on Tiny Shakespeare,
 and GPT-2 and Llama folders written by transformers' save_pretrained from small configs with
-random weights (GPT-2: float32, bfloat16, sharded; Llama: grouped-query heads with an untied
+random weights (GPT-2: float32, bfloat16, float16, sharded; Llama: grouped-query heads with an untied
 head, float32 and bfloat16, and plain heads with a tied head). Then:
   - TEST_HF (tests/test_hf.c) checks loom's logits against transformers' (1e-4 relative) and
     loom's token ids against tokenizers' (the whole text, hostile UTF-8, decoding round trips);
@@ -150,7 +150,8 @@ def make_fixtures(text):
     net.save_pretrained(os.path.join(OUT, "gpt2"))
     net.save_pretrained(os.path.join(OUT, "gpt2-sharded"), max_shard_size="60KB")
     net.to(torch.bfloat16).save_pretrained(os.path.join(OUT, "gpt2-bf16"))
-    for d in ("gpt2", "gpt2-sharded", "gpt2-bf16"):
+    net.to(torch.float16).save_pretrained(os.path.join(OUT, "gpt2-f16"))
+    for d in ("gpt2", "gpt2-sharded", "gpt2-bf16", "gpt2-f16"):
         shutil.copy(tok_path, os.path.join(OUT, d))
     sp_path = os.path.join(OUT, "sp-norm.json")
     for name, kv, tied, path in (("llama-gqa", 2, False, tok_path), ("llama-tied", 4, True, tok_path),
@@ -171,7 +172,7 @@ def make_fixtures(text):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (3, 40), generator=g)
     ref = {"tokens": tokens.to(torch.int32)}
-    for name in ("gpt2", "gpt2-bf16", "llama-gqa", "llama-gqa-bf16", "llama-tied"):
+    for name in ("gpt2", "gpt2-bf16", "gpt2-f16", "llama-gqa", "llama-gqa-bf16", "llama-tied"):
         kind = LlamaForCausalLM if name.startswith("llama") else GPT2LMHeadModel
         m = kind.from_pretrained(os.path.join(OUT, name), torch_dtype=torch.float32)
         with torch.no_grad():
@@ -294,12 +295,14 @@ def generation(save, tok, kind):
             x = torch.cat([x, net.eval()(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
     want = tok.decode(x[0].tolist(), skip_special_tokens=True)
     r = subprocess.run([LOOM, "sample", "hf", "--init", save, "--prompt", prompt, "--temperature",
-                        "0", "--tokens", str(n), "--data", os.path.join(OUT, "small.txt")],
+                        "0", "--tokens", str(n), "--data", os.path.join(OUT, "small.txt"),
+                        "--num-samples", "2"],
                        capture_output=True)  # (bytes: a token may end inside a character)
     got = r.stdout.decode("utf-8", "replace")
     got = got[:-1] if got.endswith("\n") else got  # (loom ends with a newline)
-    check(r.returncode == 0 and got == want, f"greedy generation from {os.path.basename(save)}: "
-          f"loom {got!r}, transformers {want!r}")
+    check(r.returncode == 0 and got == want + "\n---------------\n" + want,
+          f"greedy generation from {os.path.basename(save)}, two samples: loom {got!r}, "
+          f"transformers {want!r}")
 
 
 def bad_folders():
@@ -322,11 +325,13 @@ def bad_folders():
     gone = sorted(set(index["weight_map"].values()))[-1]
     os.remove(os.path.join(d, gone))
     cases.append((d, [gone]))
-    d = clone("shape")
+    d = clone("shape", os.path.join(OUT, "gpt2-sharded"))
     cfg = json.load(open(os.path.join(d, "config.json")))
     cfg["n_inner"] = 100
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-    cases.append((d, ["model.safetensors", "mlp.c_fc.weight", "(32,128)", "(32,100)"]))
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    shard = index["weight_map"]["transformer.h.0.mlp.c_fc.weight"]
+    cases.append((d, [shard, "mlp.c_fc.weight", "(32,128)", "(32,100)"]))
     d = clone("tokenizer")
     raw = open(os.path.join(d, "tokenizer.json"), "rb").read()
     open(os.path.join(d, "tokenizer.json"), "wb").write(raw[:len(raw) // 2])
