@@ -13,11 +13,11 @@
  * rotate_half: x cos + (-x2, x1) sin, frequencies theta^(-2i/D)), the kv_heads key and value heads
  * each shared by heads / kv_heads query heads.
  *
- * The attention runs on loom_attention's packed (B, T, 3, H, D) layout: the three projections'
- * weights are stacked into one (3 H D, C) matrix each step (the key and value rows repeated per
- * query head: gathers, their gradients summed back by the scatters), the rotation applied to
- * the packed projections by a (T, 3, 1, D) table of cosines and sines (1 and 0 for the values)
- * and the fixed matrix that maps x to rotate_half(x).
+ * The attention runs on loom_attention's packed (B, T, 3, H, D) layout: the queries, keys and
+ * values are projected apart (the key and value heads only once each), rotated (by a (T, 1, D)
+ * table of cosines and sines and the fixed matrix that maps x to rotate_half(x)), the key and
+ * value heads repeated for their query heads (expand), and the three put side by side by two
+ * selects over a (1, 3, 1) mask: elementwise work on the activations, none on the weights.
  */
 #include "internal.h"
 
@@ -33,9 +33,9 @@ struct loom_llama {
     loom_llama_config c;
     loom_param *embed, *norm, *head; /* head: embed when tied */
     block *blocks;
-    int32_t *rows_q, *rows_k, *rows_v, *rep; /* the packing's row maps (H D each) */
-    float *cos, *sin;                        /* (context, 3, 1, D) */
-    float *rot;                              /* (D, D): x rot = rotate_half(x) */
+    float *cos, *sin;          /* (context, 1, D) */
+    float *rot;                /* (D, D): x rot = rotate_half(x) */
+    float first[3], second[3]; /* the packing's masks: the queries' part, the keys' */
 };
 
 static loom_param *add(loom_model *m, const char *name, int ndim, int64_t d0, int64_t d1) {
@@ -50,13 +50,9 @@ static void rope_tables(loom_llama *l) {
     for (int64_t t = 0; t < l->c.context; t++)
         for (int64_t i = 0; i < half; i++) {
             float inv = 1.0f / powf((float)l->c.rope_theta, (float)(2 * i) / (float)D);
-            float a = (float)t * inv, c = cosf(a), s = sinf(a);
-            for (int64_t part = 0; part < 3; part++) {
-                float *cp = l->cos + (t * 3 + part) * D, *sp = l->sin + (t * 3 + part) * D;
-                bool v = part == 2; /* (the values are not rotated) */
-                cp[i] = cp[i + half] = v ? 1.0f : c;
-                sp[i] = sp[i + half] = v ? 0.0f : s;
-            }
+            float a = (float)t * inv;
+            l->cos[t * D + i] = l->cos[t * D + i + half] = cosf(a);
+            l->sin[t * D + i] = l->sin[t * D + i + half] = sinf(a);
         }
     for (int64_t i = 0; i < half; i++) { /* rotate_half(x) = (-x[half:], x[:half]) */
         l->rot[(i + half) * D + i] = -1.0f;
@@ -88,22 +84,15 @@ loom_llama *loom_llama_new(loom_model *m, const loom_llama_config *c) {
     if (l) {
         l->m = m, l->c = *c;
         l->blocks = loom__calloc((size_t)c->layers, sizeof *l->blocks);
-        l->rows_q = loom__malloc(sizeof(int32_t) * 4 * (size_t)HD);
-        l->cos = loom__malloc(sizeof(float) * 6 * (size_t)(c->context * D));
+        l->cos = loom__malloc(sizeof(float) * 2 * (size_t)(c->context * D));
         l->rot = loom__calloc((size_t)(D * D), sizeof(float));
     }
-    if (!l || !l->blocks || !l->rows_q || !l->cos || !l->rot) {
+    if (!l || !l->blocks || !l->cos || !l->rot) {
         loom_llama_free(l);
         return NULL;
     }
-    l->rows_k = l->rows_q + HD, l->rows_v = l->rows_k + HD, l->rep = l->rows_v + HD;
-    l->sin = l->cos + 3 * c->context * D;
-    int64_t n_rep = c->heads / c->kv_heads;
-    for (int64_t j = 0; j < HD; j++) {
-        l->rows_q[j] = (int32_t)j, l->rows_k[j] = (int32_t)(HD + j);
-        l->rows_v[j] = (int32_t)(2 * HD + j);
-        l->rep[j] = (int32_t)((j / D / n_rep) * D + j % D); /* query head h: kv head h / n_rep */
-    }
+    l->sin = l->cos + c->context * D;
+    l->first[0] = 1, l->second[1] = 1;
     rope_tables(l);
     bool ok = (l->embed = add(m, "model.embed_tokens.weight", 2, c->vocab, C)) != NULL;
     for (int64_t i = 0; ok && i < c->layers; i++) {
@@ -139,7 +128,6 @@ void loom_llama_free(loom_llama *l) {
     if (!l)
         return;
     loom__free(l->blocks);
-    loom__free(l->rows_q);
     loom__free(l->cos);
     loom__free(l->rot);
     loom__free(l);
@@ -184,32 +172,43 @@ static loom_tensor *silu(loom_graph *g, loom_tensor *x) {
                     loom_add(g, t, loom_scalar(g, 1.0, LOOM_F32)));
 }
 
-/* The queries', keys' and values' weights stacked as (3 H D, C), key and value heads repeated. */
-static loom_tensor *packed(loom_graph *g, const loom_llama *l, const block *b) {
-    int64_t HD = l->c.width, rows = 3 * HD;
-    loom_tensor *rep = loom_input(g, LOOM_I32, 1, &HD, l->rep);
-    loom_tensor *k = loom_parameter(g, b->k), *v = loom_parameter(g, b->v);
-    if (l->c.kv_heads != l->c.heads)
-        k = loom_gather(g, k, rep), v = loom_gather(g, v, rep);
-    loom_tensor *w = loom_scatter_add(g, loom_parameter(g, b->q),
-                                      loom_input(g, LOOM_I32, 1, &HD, l->rows_q), rows);
-    w = loom_add(g, w, loom_scatter_add(g, k, loom_input(g, LOOM_I32, 1, &HD, l->rows_k), rows));
-    return loom_add(g, w, loom_scatter_add(g, v, loom_input(g, LOOM_I32, 1, &HD, l->rows_v), rows));
+/* x (B T, n D) with each of its n heads rotated by position: x cos + rotate_half(x) sin. */
+static loom_tensor *rotate(loom_graph *g, const loom_llama *l, loom_tensor *x, int64_t B, int64_t T,
+                           int64_t n) {
+    int64_t D = l->c.width / l->c.heads, heads[4] = {B, T, n, D}, rows[2] = {B * T * n, D};
+    int64_t table[3] = {T, 1, D}, dd[2] = {D, D}, flat[2] = {B * T, n * D};
+    loom_tensor *turned =
+        loom_matmul(g, loom_reshape(g, x, 2, rows), loom_input(g, LOOM_F32, 2, dd, l->rot));
+    loom_tensor *y = loom_add(
+        g, loom_mul(g, loom_reshape(g, x, 4, heads), loom_input(g, LOOM_F32, 3, table, l->cos)),
+        loom_mul(g, loom_reshape(g, turned, 4, heads), loom_input(g, LOOM_F32, 3, table, l->sin)));
+    return loom_reshape(g, y, 2, flat);
+}
+
+/* x (R, kv_heads D) with each key or value head repeated for its heads / kv_heads query heads
+ * (transformers' repeat_kv), as (R, 1, H D) ready to be expanded into the packing. */
+static loom_tensor *repeated(loom_graph *g, const loom_llama *l, loom_tensor *x, int64_t R) {
+    int64_t H = l->c.heads, K = l->c.kv_heads, D = l->c.width / H;
+    int64_t one[4] = {R, K, 1, D}, many[4] = {R, K, H / K, D}, out[3] = {R, 1, H * D};
+    if (K != H)
+        x = loom_expand(g, loom_reshape(g, x, 4, one), 4, many);
+    return loom_reshape(g, x, 3, out);
 }
 
 static loom_tensor *attention(loom_graph *g, const loom_llama *l, const block *b, loom_tensor *a,
                               int64_t B, int64_t T) {
-    int64_t C = l->c.width, H = l->c.heads, D = C / H;
-    int64_t pk[5] = {B, T, 3, H, D}, flat[2] = {B * T * 3 * H, D}, table[4] = {T, 3, 1, D};
-    int64_t dd[2] = {D, D}, out[2] = {B * T, C};
-    loom_tensor *qkv = loom_matmul(g, a, loom_transpose(g, packed(g, l, b))); /* (B T, 3 C) */
-    loom_tensor *turned =
-        loom_matmul(g, loom_reshape(g, qkv, 2, flat), loom_input(g, LOOM_F32, 2, dd, l->rot));
-    loom_tensor *cos = loom_input(g, LOOM_F32, 4, table, l->cos);
-    loom_tensor *sin = loom_input(g, LOOM_F32, 4, table, l->sin);
-    qkv = loom_add(g, loom_mul(g, loom_reshape(g, qkv, 5, pk), cos),
-                   loom_mul(g, loom_reshape(g, turned, 5, pk), sin));
-    loom_tensor *y = loom_attention(g, qkv, true); /* (B, T, H, D) */
+    int64_t C = l->c.width, H = l->c.heads, D = C / H, R = B * T;
+    int64_t q1[3] = {R, 1, C}, three[3] = {R, 3, C}, mask[3] = {1, 3, 1};
+    int64_t pk[5] = {B, T, 3, H, D}, out[2] = {R, C};
+    loom_tensor *q = rotate(g, l, proj(g, a, b->q), B, T, H);
+    loom_tensor *k = repeated(g, l, rotate(g, l, proj(g, a, b->k), B, T, l->c.kv_heads), R);
+    loom_tensor *v = repeated(g, l, proj(g, a, b->v), R);
+    loom_tensor *qkv =
+        loom_where(g, loom_input(g, LOOM_F32, 3, mask, l->first),
+                   loom_expand(g, loom_reshape(g, q, 3, q1), 3, three),
+                   loom_where(g, loom_input(g, LOOM_F32, 3, mask, l->second),
+                              loom_expand(g, k, 3, three), loom_expand(g, v, 3, three)));
+    loom_tensor *y = loom_attention(g, loom_reshape(g, qkv, 5, pk), true); /* (B, T, H, D) */
     return proj(g, loom_reshape(g, y, 2, out), b->o);
 }
 
