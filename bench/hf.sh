@@ -5,10 +5,12 @@
 # layers, width 768, vocabulary 50257) and a Llama of ~125M parameters (12 layers, width 768, 12
 # heads sharing 4 key and value heads, MLP 2048, vocabulary 32000, untied head), random weights,
 # batches of 4 x 128 tokens. ms a step (loom: the mean of steps 4-6, after an evaluation;
-# PyTorch: of steps 3-8 on 2 threads) and peak RSS. The folders are made once in bench/.hf.
-# Not a test.
+# PyTorch: of steps 3-8 on 2 threads) and peak RSS. REPEAT=N (default 1) runs each N times,
+# loom and PyTorch alternating, and reports the medians with every run. The folders are made
+# once in bench/.hf. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 [ -x build/loom ] || { echo "build first: make build"; exit 1; }
 py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
@@ -22,14 +24,19 @@ printf '%-8s %10s %10s %8s %14s %14s\n' model loom_ms torch_ms speedup loom_rss_
 for kind in gpt2 llama; do
     dir=bench/.hf/$kind
     [ -f "$dir/config.json" ] || "$py" bench/torch_hf.py make "$dir" "$kind" "$text" >&2
-    /usr/bin/time -f "peak RSS %M KB" build/loom train hf --init "$dir" --data "$text" --steps 6 \
-        --eval-interval 3 --batch 4 --context 128 --devices 2 --quiet >/tmp/loom-hf.$$ 2>&1
-    l=$(sed -n 's/^step 6: .*, \([0-9.]*\) ms a step$/\1/p' /tmp/loom-hf.$$)
-    lr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/loom-hf.$$)
-    "$py" bench/torch_hf.py run "$dir" 8 2 >/tmp/torch-hf.$$ 2>&1
-    t=$(sed -n 's/^ms\/step //p' /tmp/torch-hf.$$)
-    tr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/torch-hf.$$)
-    printf '%-8s %10s %10s %7.2fx %14d %14d\n' "$kind" "$l" "$t" "$(echo "$t / $l" | bc -l)" \
-        "$((lr / 1024))" "$((tr / 1024))"
+    ls=() ts=() runs=""
+    for _ in $(seq "${REPEAT:-1}"); do
+        /usr/bin/time -f "peak RSS %M KB" build/loom train hf --init "$dir" --data "$text" \
+            --steps 6 --eval-interval 3 --batch 4 --context 128 --devices 2 --quiet >/tmp/loom-hf.$$ 2>&1
+        ls+=("$(sed -n 's/^step 6: .*, \([0-9.]*\) ms a step$/\1/p' /tmp/loom-hf.$$)")
+        lr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/loom-hf.$$)
+        "$py" bench/torch_hf.py run "$dir" 8 2 >/tmp/torch-hf.$$ 2>&1
+        ts+=("$(sed -n 's/^ms\/step //p' /tmp/torch-hf.$$)")
+        tr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/torch-hf.$$)
+    done
+    l=$(median "${ls[@]}") t=$(median "${ts[@]}")
+    [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[*]}; PyTorch ${ts[*]})"
+    printf '%-8s %10s %10s %7.2fx %14d %14d%s\n' "$kind" "$l" "$t" "$(echo "$t / $l" | bc -l)" \
+        "$((lr / 1024))" "$((tr / 1024))" "$runs"
 done
 rm -f /tmp/loom-hf.$$ /tmp/torch-hf.$$

@@ -989,6 +989,36 @@ TEST(float_erf_is_faithful) {
     loom_graph_free(g);
 }
 
+/* tanh in float32 (graph/opmath.h's, not libm's) within one ulp of the double tanh over [-12,
+ * 12] (both sides of 0.625, where it changes method) and tiny values, exactly +-1 beyond 10, -0 for
+ * -0, NaN for NaN. */
+TEST(float_tanh_is_faithful) {
+    enum { N = 480001 };
+    static float x[N + 9];
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(-12.0 + 24.0 * i / (N - 1));
+    float extra[9] = {1e-30f, -1e-20f, 1e-7f, 3e-4f, 0.625f, 10.0f, -INFINITY, -0.0f, NAN};
+    memcpy(x + N, extra, sizeof extra);
+    int64_t s[1] = {N + 9};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *y = loom_tanh(g, loom_input(g, LOOM_F32, 1, s, x));
+    loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *py = loom_tensor_data(y);
+    double worst = 0;
+    for (int i = 0; i < N + 7; i++) {
+        double ref = tanh((double)x[i]);
+        float r = (float)ref;
+        double ulp = nextafterf(fabsf(r), INFINITY) - fabsf(r);
+        worst = fmax(worst, fabs(py[i] - ref) / ulp);
+    }
+    fprintf(stderr, "float tanh: at most %.3f ulp from tanh\n", worst);
+    ASSERT(worst <= 1.0);
+    ASSERT(py[N + 5] == 1.0f && py[N + 6] == -1.0f && py[N + 7] == 0.0f && signbit(py[N + 7]) &&
+           isnan(py[N + 8]));
+    loom_graph_free(g);
+}
+
 /* exp in float32 (graph/opmath.h's, not libm's) within one ulp of the double exp from -104 to
  * 88.7 (denormal results too), exactly 1 at 0, 0 and infinity beyond, NaN for NaN. */
 TEST(float_exp_is_faithful) {
@@ -1419,6 +1449,7 @@ int main(void) {
     RUN(every_op_has_a_case);
     RUN(float_erf_is_faithful);
     RUN(float_exp_is_faithful);
+    RUN(float_tanh_is_faithful);
     RUN(gelu_and_layer_norm_match_naive);
     RUN(gelu_gradient_in_float_matches_its_definition);
     RUN(layer_norm_of_strided_rows_and_its_second_derivative);
