@@ -961,32 +961,43 @@ TEST(forward_only_ops) {
     loom_graph_free(g);
 }
 
+/* The worst distance in ulp of op over x[0, n) (float32, graph/opmath.h's) from ref in double,
+ * its values into y (n + extra of them: x's extra values after n). */
+static double worst_ulp(loom_tensor *(*op)(loom_graph *, loom_tensor *), double (*ref)(double),
+                        const float *x, int n, int extra, float *y) {
+    int64_t s[1] = {n + extra};
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *t = op(g, loom_input(g, LOOM_F32, 1, s, x));
+    loom_output(t);
+    if (loom_graph_run(g) != LOOM_OK) {
+        loom_graph_free(g);
+        return INFINITY;
+    }
+    memcpy(y, loom_tensor_data(t), sizeof(float) * (size_t)(n + extra));
+    loom_graph_free(g);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double r = ref((double)x[i]);
+        float f = (float)r;
+        double ulp = nextafterf(fabsf(f), INFINITY) - fabsf(f);
+        worst = fmax(worst, fabs(y[i] - r) / ulp);
+    }
+    return worst;
+}
+
 /* erf in float32 (graph/opmath.h's rational function, not libm's) within one ulp of the double
  * erf over [-6, 6] and tiny values, exactly +-1 beyond 4, NaN for NaN. */
 TEST(float_erf_is_faithful) {
     enum { N = 240001 };
-    static float x[N + 8];
+    static float x[N + 8], y[N + 8];
     for (int i = 0; i < N; i++)
         x[i] = (float)(-6.0 + 12.0 * i / (N - 1));
     float extra[8] = {1e-30f, -1e-20f, 1e-7f, 3e-4f, 4.0f, 17.0f, -INFINITY, NAN};
     memcpy(x + N, extra, sizeof extra);
-    int64_t s[1] = {N + 8};
-    loom_graph *g = loom_graph_new(NULL);
-    loom_tensor *y = loom_erf(g, loom_input(g, LOOM_F32, 1, s, x));
-    loom_output(y);
-    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
-    const float *py = loom_tensor_data(y);
-    double worst = 0;
-    for (int i = 0; i < N + 7; i++) {
-        double ref = erf((double)x[i]);
-        float r = (float)ref;
-        double ulp = nextafterf(fabsf(r), INFINITY) - fabsf(r);
-        worst = fmax(worst, fabs(py[i] - ref) / ulp);
-    }
+    double worst = worst_ulp(loom_erf, erf, x, N + 7, 1, y);
     fprintf(stderr, "float erf: at most %.3f ulp from erf\n", worst);
     ASSERT(worst <= 1.0);
-    ASSERT(py[N + 5] == 1.0f && py[N + 6] == -1.0f && isnan(py[N + 7]));
-    loom_graph_free(g);
+    ASSERT(y[N + 5] == 1.0f && y[N + 6] == -1.0f && isnan(y[N + 7]));
 }
 
 /* tanh in float32 (graph/opmath.h's, not libm's) within one ulp of the double tanh over [-12,
@@ -994,58 +1005,32 @@ TEST(float_erf_is_faithful) {
  * -0, NaN for NaN. */
 TEST(float_tanh_is_faithful) {
     enum { N = 480001 };
-    static float x[N + 9];
+    static float x[N + 9], y[N + 9];
     for (int i = 0; i < N; i++)
         x[i] = (float)(-12.0 + 24.0 * i / (N - 1));
     float extra[9] = {1e-30f, -1e-20f, 1e-7f, 3e-4f, 0.625f, 10.0f, -INFINITY, -0.0f, NAN};
     memcpy(x + N, extra, sizeof extra);
-    int64_t s[1] = {N + 9};
-    loom_graph *g = loom_graph_new(NULL);
-    loom_tensor *y = loom_tanh(g, loom_input(g, LOOM_F32, 1, s, x));
-    loom_output(y);
-    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
-    const float *py = loom_tensor_data(y);
-    double worst = 0;
-    for (int i = 0; i < N + 7; i++) {
-        double ref = tanh((double)x[i]);
-        float r = (float)ref;
-        double ulp = nextafterf(fabsf(r), INFINITY) - fabsf(r);
-        worst = fmax(worst, fabs(py[i] - ref) / ulp);
-    }
+    double worst = worst_ulp(loom_tanh, tanh, x, N + 7, 2, y);
     fprintf(stderr, "float tanh: at most %.3f ulp from tanh\n", worst);
     ASSERT(worst <= 1.0);
-    ASSERT(py[N + 5] == 1.0f && py[N + 6] == -1.0f && py[N + 7] == 0.0f && signbit(py[N + 7]) &&
-           isnan(py[N + 8]));
-    loom_graph_free(g);
+    ASSERT(y[N + 5] == 1.0f && y[N + 6] == -1.0f && y[N + 7] == 0.0f && signbit(y[N + 7]) &&
+           isnan(y[N + 8]));
 }
 
 /* exp in float32 (graph/opmath.h's, not libm's) within one ulp of the double exp from -104 to
  * 88.7 (denormal results too), exactly 1 at 0, 0 and infinity beyond, NaN for NaN. */
 TEST(float_exp_is_faithful) {
     enum { N = 400001 };
-    static float x[N + 6];
+    static float x[N + 6], y[N + 6];
     for (int i = 0; i < N; i++)
         x[i] = (float)(-104.0 + 192.7 * i / (N - 1));
     float extra[6] = {0.0f, -200.0f, 200.0f, -INFINITY, INFINITY, NAN};
     memcpy(x + N, extra, sizeof extra);
-    int64_t s[1] = {N + 6};
-    loom_graph *g = loom_graph_new(NULL);
-    loom_tensor *y = loom_exp(g, loom_input(g, LOOM_F32, 1, s, x));
-    loom_output(y);
-    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
-    const float *py = loom_tensor_data(y);
-    double worst = 0;
-    for (int i = 0; i < N; i++) {
-        double ref = exp((double)x[i]);
-        float r = (float)ref;
-        double ulp = nextafterf(r, INFINITY) - r;
-        worst = fmax(worst, fabs(py[i] - ref) / ulp);
-    }
+    double worst = worst_ulp(loom_exp, exp, x, N, 6, y);
     fprintf(stderr, "float exp: at most %.3f ulp from exp\n", worst);
     ASSERT(worst <= 1.0);
-    ASSERT(py[N] == 1.0f && py[N + 1] == 0.0f && isinf(py[N + 2]) && py[N + 3] == 0.0f &&
-           isinf(py[N + 4]) && isnan(py[N + 5]));
-    loom_graph_free(g);
+    ASSERT(y[N] == 1.0f && y[N + 1] == 0.0f && isinf(y[N + 2]) && y[N + 3] == 0.0f &&
+           isinf(y[N + 4]) && isnan(y[N + 5]));
 }
 
 /* GELU against its definition and layer normalization against naive loops, in float32 (the

@@ -272,18 +272,26 @@ static loom_status read_added(loom_tokenizer *t, const char *path, const loom__j
     return LOOM_OK;
 }
 
+typedef loom_status (*step_reader)(loom_tokenizer *t, const char *path, const loom__jnode *n);
+
+/* A Sequence's steps (the array list, of pipeline field `field`), each read by fn. */
+static loom_status each(loom_tokenizer *t, const char *path, const loom__jnode *list,
+                        const char *field, step_reader fn) {
+    if (!list || list->kind != LOOM__JARR)
+        return bad(path, field, "a Sequence's array of steps");
+    loom_status s = LOOM_OK;
+    for (const loom__jnode *e = loom__json_first(&t->doc, list); e && !s;
+         e = loom__json_next(&t->doc, e))
+        s = fn(t, path, e);
+    return s;
+}
+
 /* A normalizer step of SentencePiece's kind: Prepend("\u2581") or Replace(" ", "\u2581"). */
 static loom_status read_normalizer(loom_tokenizer *t, const char *path, const loom__jnode *n) {
     const loom__json *d = &t->doc;
     const loom__jnode *type = loom__json_get(d, n, "type");
-    if (loom__json_is_str(type, "Sequence")) {
-        const loom__jnode *list = loom__json_get(d, n, "normalizers");
-        loom_status s =
-            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "normalizer", "normalizers");
-        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
-            s = read_normalizer(t, path, e);
-        return s;
-    }
+    if (loom__json_is_str(type, "Sequence"))
+        return each(t, path, loom__json_get(d, n, "normalizers"), "normalizer", read_normalizer);
     if (loom__json_is_str(type, "Prepend") &&
         loom__json_is_str(loom__json_get(d, n, "prepend"), "\xe2\x96\x81"))
         return t->prepend_norm = true, LOOM_OK;
@@ -317,14 +325,8 @@ static loom_status read_decoder(loom_tokenizer *t, const char *path, const loom_
         loom__json_int(loom__json_get(d, n, "start"), &start) && start == 1 &&
         loom__json_int(loom__json_get(d, n, "stop"), &stop) && stop == 0)
         return t->strip_space = true, LOOM_OK;
-    if (loom__json_is_str(type, "Sequence")) {
-        const loom__jnode *list = loom__json_get(d, n, "decoders");
-        loom_status s =
-            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "decoder", "decoders");
-        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
-            s = read_decoder(t, path, e);
-        return s;
-    }
+    if (loom__json_is_str(type, "Sequence"))
+        return each(t, path, loom__json_get(d, n, "decoders"), "decoder", read_decoder);
     return refuse(path, "decoder", "loom reads ByteLevel, and Replace, ByteFallback, Fuse, Strip");
 }
 
@@ -353,14 +355,8 @@ static loom_status read_post(loom_tokenizer *t, const char *path, const loom__jn
     const loom__jnode *type = loom__json_get(d, n, "type");
     if (!n || n->kind == LOOM__JNULL || loom__json_is_str(type, "ByteLevel"))
         return LOOM_OK;
-    if (loom__json_is_str(type, "Sequence")) {
-        const loom__jnode *list = loom__json_get(d, n, "processors");
-        loom_status s =
-            list && list->kind == LOOM__JARR ? LOOM_OK : bad(path, "post_processor", "processors");
-        for (const loom__jnode *e = loom__json_first(d, list); e && !s; e = loom__json_next(d, e))
-            s = read_post(t, path, e);
-        return s;
-    }
+    if (loom__json_is_str(type, "Sequence"))
+        return each(t, path, loom__json_get(d, n, "processors"), "post_processor", read_post);
     if (!loom__json_is_str(type, "TemplateProcessing"))
         return refuse(path, "post_processor", "loom reads ByteLevel and TemplateProcessing");
     const loom__jnode *single = loom__json_get(d, n, "single");
