@@ -61,10 +61,10 @@ test-tsan: deps
 	    ctest --output-on-failure -L "dist|threads"
 
 # The libFuzzer targets (tests/fuzz) under ASan+UBSan, built with clang: each replays its committed
-# corpus and fuzzes for 15 s (scripts/fuzz.sh runs long campaigns).
+# corpus and fuzzes for 8 s (scripts/fuzz.sh runs long campaigns).
 test-fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) $(GENERATOR) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	    -DLOOM_SANITIZE=address -DLOOM_FUZZ=ON -DLOOM_FUZZ_SECONDS=15
+	    -DLOOM_SANITIZE=address -DLOOM_FUZZ=ON -DLOOM_FUZZ_SECONDS=8
 	cmake --build $(FUZZ_BUILD)
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j2 -L fuzz
 

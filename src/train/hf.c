@@ -271,8 +271,8 @@ static loom_status find_shards(const char *dir, shards *sh) {
 }
 
 /* Parameter (or tied name) `name`'s values from the files: found (*got) and its shape checked. */
-static loom_status take(loom_hf *h, loom_tensor_file *const *f, const shards *sh, const char *name,
-                        float *dst, int ndim, const int64_t *shape, bool *got) {
+static loom_status take(loom_tensor_file *const *f, const shards *sh, const char *name, float *dst,
+                        int ndim, const int64_t *shape, bool *got) {
     const char *base = strncmp(name, "transformer.", 12) ? NULL : name + 12;
     for (int i = 0; i < sh->n; i++) {
         loom_dtype dt;
@@ -303,7 +303,6 @@ static loom_status take(loom_hf *h, loom_tensor_file *const *f, const shards *sh
         *got = true;
         return LOOM_OK;
     }
-    (void)h;
     *got = false;
     return LOOM_OK;
 }
@@ -339,7 +338,7 @@ static loom_status load_weights(loom_hf *h) {
     for (int i = 0; !s && i < loom_model_count(h->m); i++) {
         loom_param *p = loom_model_at(h->m, i);
         bool got;
-        s = take(h, f, &sh, loom_param_name(p), loom_param_data(p), loom_param_ndim(p),
+        s = take(f, &sh, loom_param_name(p), loom_param_data(p), loom_param_ndim(p),
                  loom_param_shape(p), &got);
         if (!s && !got)
             s = loom__error(LOOM_ENOTFOUND, "%s: tensor '%s' is missing from %s%s", h->dir,
