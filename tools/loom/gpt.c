@@ -591,6 +591,7 @@ static int train(gpt_opts *o) {
                (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
                (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
                loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
+    fflush(stdout); /* (the banner now, where stdout is a pipe or a file: training began) */
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;
     cli_progress bar;
