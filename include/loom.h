@@ -1114,7 +1114,7 @@ LOOM_API double loom_cross_entropy_sum(const float *logits, int64_t rows, int64_
 LOOM_API double loom_fma_peak_gflops(void);
 /* Library version, backends and BLAS, one fact per line, into buf (always NUL-terminated). */
 LOOM_API void loom_info(char *buf, size_t size);
-/* Removes loom's cached files (compiled kernels and decompressed datasets, see the README) and
+/* Removes loom's cached files (compiled kernels, decompressed datasets and tokenized texts) and
  * says how many and how large through *files and *bytes. EIO if the directory cannot be read. */
 LOOM_API loom_status loom_cache_clear(int64_t *files, int64_t *bytes);
 

@@ -66,7 +66,7 @@ static loom_status clear_dir(const char *dir, int64_t *files, int64_t *bytes) {
         const char *tmp = strstr(e->d_name, ".tmp.");
         bool ours = tmp ? !writer_alive(tmp)
                         : ends_with(e->d_name, ".so") || ends_with(e->d_name, ".log") ||
-                              ends_with(e->d_name, ".idx");
+                              ends_with(e->d_name, ".idx") || ends_with(e->d_name, ".tokens");
         if (!ours || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || unlink(path) != 0)
             continue;
         (*files)++;

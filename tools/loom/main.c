@@ -101,9 +101,9 @@ static const char hf_options[] =
     "  --dropout (none); docs/huggingface.md\n";
 
 static const char cache_help[] =
-    "usage: loom cache clear   remove the compiled kernels and decompressed datasets of\n"
-    "                          $XDG_CACHE_HOME/loom (or ~/.cache/loom); a compile in progress\n"
-    "                          keeps its files\n";
+    "usage: loom cache clear   remove the compiled kernels, decompressed datasets and tokenized\n"
+    "                          texts of $XDG_CACHE_HOME/loom (or ~/.cache/loom); a compile in\n"
+    "                          progress keeps its files\n";
 
 static const char plot_help[] =
     "usage: loom plot LOGDIR [-o FILE.svg] [--log-scale]   the training loss, validation loss and\n"
