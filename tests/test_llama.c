@@ -289,6 +289,28 @@ TEST(folders_open_save_and_refuse) {
         ASSERT_STR_CONTAINS(text, "\"torch_dtype\": \"float32\"");
         ASSERT_STR_CONTAINS(text, "\"rope_theta\": 100.0");
     }
+    { /* a config without torch_dtype: the saved one says float32 all the same */
+        char plain[sizeof config], path2[700];
+        const char *at = strstr(config, ", \"torch_dtype\": \"bfloat16\"");
+        ASSERT(at);
+        snprintf(plain, sizeof plain, "%.*s%s", (int)(at - config), config,
+                 at + strlen(", \"torch_dtype\": \"bfloat16\""));
+        snprintf(bad, sizeof bad, "%s-nodtype", dir);
+        folder(bad, plain, m);
+        loom_model *m2 = loom_model_new();
+        loom_hf *h;
+        ASSERT_EQ(loom_hf_open(bad, m2, &h), LOOM_OK);
+        snprintf(path2, sizeof path2, "%s-saved", bad);
+        ASSERT_EQ(loom_hf_save(h, path2), LOOM_OK);
+        snprintf(path, sizeof path, "%s/config.json", path2);
+        FILE *f = fopen(path, "r");
+        char text[4096] = {0};
+        ASSERT(f && fread(text, 1, sizeof text - 1, f) > 0);
+        fclose(f);
+        ASSERT_STR_CONTAINS(text, "\"rope_scaling\": null,\n  \"torch_dtype\": \"float32\"\n}");
+        loom_hf_free(h);
+        loom_model_free(m2);
+    }
     const struct {
         const char *from, *to;
         loom_status s;

@@ -163,6 +163,11 @@ const loom__jnode *loom__json_get(const loom__json *d, const loom__jnode *obj, c
 bool loom__json_is_str(const loom__jnode *v, const char *s);
 /* Whether v is a number with an integer value below 2^53 in magnitude: then *out. */
 bool loom__json_int(const loom__jnode *v, int64_t *out);
+/* Member `key` of object obj set to the string value (replaced where it is, else added last);
+ * key and value are not copied and must outlive d. ENOMEM; obj and every node pointer of d may
+ * move. */
+loom_status loom__json_set_str(loom__json *d, const loom__jnode *obj, const char *key,
+                               const char *value);
 /* A growing string (NUL-terminated; err once an allocation failed). */
 typedef struct {
     char *s;

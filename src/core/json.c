@@ -129,7 +129,7 @@ static bool string(reader *r, const char **s, int64_t *len) {
     return true;
 }
 
-static bool value(reader *r, int64_t at, int depth);
+static bool value(reader *r, int depth);
 
 /* An array or object's members after its opening bracket, children of node `at`. */
 static bool members(reader *r, int64_t at, bool object, int depth) {
@@ -151,7 +151,7 @@ static bool members(reader *r, int64_t at, bool object, int depth) {
             r->i++;
         }
         int64_t child = r->doc->n;
-        if (!value(r, at, depth + 1))
+        if (!value(r, depth + 1))
             return false;
         loom__jnode *v = r->doc->v;
         v[child].key = key, v[child].klen = klen;
@@ -210,8 +210,7 @@ static bool number(reader *r, int64_t k) {
     return true;
 }
 
-static bool value(reader *r, int64_t parent, int depth) {
-    (void)parent;
+static bool value(reader *r, int depth) {
     skip_ws(r);
     if (depth > MAX_DEPTH)
         return fail(r, "nesting at most 256 deep");
@@ -261,7 +260,7 @@ loom_status loom__json_parse(const char *text, size_t n, const char *path, loom_
     memcpy(r.out, text, n);
     r.out[n] = 0;
     out->size = n;
-    bool ok = value(&r, -1, 0);
+    bool ok = value(&r, 0);
     if (ok) {
         skip_ws(&r);
         if (r.i < r.n)
@@ -337,6 +336,38 @@ bool loom__json_int(const loom__jnode *v, int64_t *out) {
         return false;
     *out = (int64_t)v->num;
     return true;
+}
+
+loom_status loom__json_set_str(loom__json *d, const loom__jnode *obj, const char *key,
+                               const char *value) {
+    int64_t o = obj - d->v, last = -1;
+    size_t klen = strlen(key);
+    for (int64_t c = d->v[o].child; c >= 0; last = c, c = d->v[c].next)
+        if ((size_t)d->v[c].klen == klen && !memcmp(d->v[c].key, key, klen)) {
+            d->v[c] = (loom__jnode){.kind = LOOM__JSTR,
+                                    .s = value,
+                                    .len = (int64_t)strlen(value),
+                                    .key = d->v[c].key,
+                                    .klen = d->v[c].klen,
+                                    .child = -1,
+                                    .next = d->v[c].next};
+            return LOOM_OK;
+        }
+    if (loom__grow((void **)&d->v, &d->cap, d->n + 1, sizeof *d->v))
+        return LOOM_ENOMEM;
+    d->v[d->n] = (loom__jnode){.kind = LOOM__JSTR,
+                               .s = value,
+                               .len = (int64_t)strlen(value),
+                               .key = key,
+                               .klen = (int64_t)klen,
+                               .child = -1,
+                               .next = -1};
+    if (last < 0)
+        d->v[o].child = d->n;
+    else
+        d->v[last].next = d->n;
+    d->v[o].count++, d->n++;
+    return LOOM_OK;
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */

@@ -27,6 +27,7 @@
 #include "unicode_classes.h"
 
 enum { CLS_OTHER, CLS_LETTER, CLS_NUMBER, CLS_SPACE };
+enum { ID_BYTE = 0x100, ID_ADDED = 0x200, ID_SPECIAL = 0x400 }; /* decode_as: ID_BYTE | the byte */
 
 static int class_of(int32_t c) {
     int lo = 0, hi = (int)(sizeof unicode_classes / sizeof *unicode_classes) - 1;
@@ -96,7 +97,9 @@ struct loom_tokenizer {
     int32_t byte_of[324];      /* GPT-2's character (code point < 324) -> its byte, -1 if none */
     int32_t char_of[256];      /* byte -> GPT-2's character */
     const loom__jnode **added; /* the added tokens, longest first */
-    bool *special;             /* id -> an added token marked special (skipped by decoding) */
+    /* id -> how decoding takes it: ID_SPECIAL (skipped), ID_ADDED (its text as it is), the byte
+     * of a <0xXX> token (with the ByteFallback decoder) */
+    uint16_t *decode_as;
     int64_t nadded;
     bool ignore_merges;
     /* byte-level */
@@ -457,14 +460,17 @@ loom_status loom_tokenizer_load(const char *path, loom_tokenizer **out) {
             loom__json_get(&t->doc, loom__json_get(&t->doc, root, "model"), "unk_token");
         t->unk = unk && unk->kind == LOOM__JSTR ? vocab_id(t, unk->s, unk->len) : -1;
         const loom__jnode *added = loom__json_get(&t->doc, root, "added_tokens");
-        if (!(t->special = loom__calloc((size_t)t->n, sizeof *t->special)))
+        if (!(t->decode_as = loom__calloc((size_t)t->n, sizeof *t->decode_as)))
             s = LOOM_ENOMEM;
+        for (int b = 0; !s && t->byte_decode && b < 256; b++)
+            if (t->byte_tok[b] >= 0)
+                t->decode_as[t->byte_tok[b]] = (uint16_t)(ID_BYTE | b);
         for (const loom__jnode *e = s ? NULL : loom__json_first(&t->doc, added); e;
              e = loom__json_next(&t->doc, e)) {
-            int64_t id;
-            if (loom__json_int(loom__json_get(&t->doc, e, "id"), &id) &&
-                !null_or_false(loom__json_get(&t->doc, e, "special")))
-                t->special[id] = true;
+            int64_t id; /* (read_added checked each: an id of the vocabulary) */
+            if (loom__json_int(loom__json_get(&t->doc, e, "id"), &id))
+                t->decode_as[id] |=
+                    null_or_false(loom__json_get(&t->doc, e, "special")) ? ID_ADDED : ID_SPECIAL;
         }
         if (unk && unk->kind == LOOM__JSTR && t->unk < 0)
             s = loom__error(LOOM_EFORMAT, "%s: \"model.unk_token\": '%s' is not in the vocabulary",
@@ -482,7 +488,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
         return;
     loom__json_free(&t->doc);
     loom__free(t->vocab.v), loom__free(t->merges.v);
-    loom__free(t->str), loom__free(t->slen), loom__free(t->added), loom__free(t->special);
+    loom__free(t->str), loom__free(t->slen), loom__free(t->added), loom__free(t->decode_as);
     loom__free(t);
 }
 
@@ -837,16 +843,12 @@ size_t loom_tokenizer_decode(const loom_tokenizer *t, const int32_t *ids, int64_
     size_t k = 0;
     bool start = true; /* (SentencePiece's: the text's first space is dropped) */
     for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n || !t->str[ids[i]] || t->special[ids[i]])
+        if (ids[i] < 0 || ids[i] >= t->n || !t->str[ids[i]] || t->decode_as[ids[i]] & ID_SPECIAL)
             continue;
         const unsigned char *s = (const unsigned char *)t->str[ids[i]];
         int64_t len = t->slen[ids[i]];
-        bool added = false;
-        for (int64_t a = 0; a < t->nadded && !added; a++)
-            added = t->added[a]->s == (const char *)s;
-        int byte = -1;
-        for (int b = 0; t->byte_decode && b < 256 && byte < 0; b++)
-            byte = t->byte_tok[b] == ids[i] ? b : -1;
+        bool added = t->decode_as[ids[i]] & ID_ADDED;
+        int byte = t->decode_as[ids[i]] & ID_BYTE ? t->decode_as[ids[i]] & 0xFF : -1;
         for (int64_t j = 0; j < len;) {
             int cl;
             int32_t c = next_char(s + j, len - j, &cl);

@@ -368,6 +368,8 @@ loom_status loom_hf_open(const char *dir, loom_model *m, loom_hf **out) {
     loom_status s = loom__json_read(path, &h->config);
     if (!s)
         s = build(h, path);
+    if (!s) /* (the parameters are float32 whatever the files held: so says a saved config) */
+        s = loom__json_set_str(&h->config, loom__json_root(&h->config), "torch_dtype", "float32");
     if (!s)
         s = load_weights(h);
     if (s)
@@ -405,31 +407,12 @@ loom_tensor *loom_hf_forward(loom_graph *g, loom_hf *h, loom_tensor *idx) {
 
 /* ---- writing back -------------------------------------------------------------------------- */
 
-/* config.json as read, its torch_dtype "float32" (replaced or added at the end). */
+/* config.json as read (its torch_dtype made "float32" by loom_hf_open), indented as
+ * save_pretrained writes it. */
 static loom_status write_config(const loom_hf *h, const char *path) {
-    const loom__json *d = &h->config;
-    const loom__jnode *root = loom__json_root(d);
     loom__strbuf b = {0};
-    bool had = false;
-    loom__strbuf_add(&b, "{", 1);
-    for (const loom__jnode *c = loom__json_first(d, root); c; c = loom__json_next(d, c)) {
-        bool dtype = (size_t)c->klen == strlen("torch_dtype") && !strcmp(c->key, "torch_dtype");
-        loom__strbuf_add(&b, c == loom__json_first(d, root) ? "\n  " : ",\n  ",
-                         c == loom__json_first(d, root) ? 3 : 4);
-        loom__jnode key = {.kind = LOOM__JSTR, .s = c->key, .len = c->klen};
-        loom__json_write(&b, d, &key, 1);
-        loom__strbuf_add(&b, ": ", 2);
-        if (dtype)
-            loom__strbuf_add(&b, "\"float32\"", 9), had = true;
-        else
-            loom__json_write(&b, d, c, 1);
-    }
-    if (!had)
-        loom__strbuf_add(&b,
-                         root->count ? ",\n  \"torch_dtype\": \"float32\""
-                                     : "\n  \"torch_dtype\": \"float32\"",
-                         root->count ? 28 : 27);
-    loom__strbuf_add(&b, "\n}\n", 3);
+    loom__json_write(&b, &h->config, loom__json_root(&h->config), 0);
+    loom__strbuf_add(&b, "\n", 1);
     loom_status s =
         b.err ? LOOM_ENOMEM : loom__write_atomic(path, &(loom__part){b.s, (size_t)b.len}, 1);
     loom__free(b.s);
