@@ -287,11 +287,8 @@ static loom_status take(loom_tensor_file *const *f, const shards *sh, const char
         for (int k = 0; same && k < nd; k++)
             same = fs[k] == shape[k];
         if (!same || dt == LOOM_I32) {
-            loom_tensor a = {.ndim = (uint8_t)nd}, b = {.ndim = (uint8_t)ndim};
-            memcpy(a.shape, fs, sizeof(int64_t) * (size_t)nd);
-            memcpy(b.shape, shape, sizeof(int64_t) * (size_t)ndim);
             char sa[96], sb[96];
-            loom__shape_str(&a, sa, sizeof sa), loom__shape_str(&b, sb, sizeof sb);
+            loom__dims_str(nd, fs, sa, sizeof sa), loom__dims_str(ndim, shape, sb, sizeof sb);
             return loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, config.json makes it %s",
                                sh->files[i], name, dt == LOOM_I32 ? "i32" : "float", sa, sb);
         }

@@ -41,5 +41,7 @@ loom__st_tensor *loom__model_tensors(const loom_model *m, int64_t more, int64_t 
 loom_status loom__model_check_file(const loom_model *m, const loom_tensor_file *f, const char *path,
                                    const char *other);
 void loom__model_take_file(loom_model *m, loom_tensor_file *f);
+/* "(2,3)": nd dims of shape s, as loom__shape_str writes a tensor's (safetensors.c). */
+void loom__dims_str(int nd, const int64_t *s, char *buf, size_t size);
 
 #endif

@@ -594,7 +594,7 @@ const void *loom_tensor_file_get(const loom_tensor_file *f, const char *name, lo
     return e->data;
 }
 
-static void shape_str(int nd, const int64_t *s, char *buf, size_t size) {
+void loom__dims_str(int nd, const int64_t *s, char *buf, size_t size) {
     loom_tensor t = {.ndim = (uint8_t)nd};
     memcpy(t.shape, s, sizeof(int64_t) * (size_t)nd);
     loom__shape_str(&t, buf, size);
@@ -615,8 +615,8 @@ loom_status loom__model_check_file(const loom_model *m, const loom_tensor_file *
                             p->name);
         } else if (e->dtype != LOOM_F32 || e->ndim != p->ndim ||
                    memcmp(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) != 0) {
-            shape_str(e->ndim, e->shape, a, sizeof a);
-            shape_str(p->ndim, p->shape, b, sizeof b);
+            loom__dims_str(e->ndim, e->shape, a, sizeof a);
+            loom__dims_str(p->ndim, p->shape, b, sizeof b);
             s = loom__error(LOOM_ESHAPE, "%s: tensor '%s' is %s %s, the model expects f32 %s", path,
                             p->name, loom__dtype_name(e->dtype), a, b);
         }
