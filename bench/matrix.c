@@ -4,6 +4,7 @@
  * build/bench_matrix; bench/matrix.sh runs it beside PyTorch (bench/torch_matrix.py).
  *   bench_matrix --list                 the models, one a line, as torch_matrix.py reads them
  *   bench_matrix MODEL DEVICES STEPS    "samples/s R": STEPS steps after 20 warm-up steps
+ *                                       (DEVICES: D, or DxC for D devices of C cores each)
  *   bench_matrix MODEL DEVICES STEPS --digest   ... and "params H": a hash (FNV-1a) of every
  *                                       parameter's bits after them (bench/bitwise.sh compares
  *                                       builds by it)
@@ -48,9 +49,12 @@ static loom_tensor *training_step(void *ctx, loom_graph *g, loom_tensor *x, loom
 
 /* Runs `steps` steps of m on `devices`; the trainer's samples/s, or a negative number. */
 static double fit(const matrix_model *mm, loom_model *m, loom_optim *o, model_ctx *ctx,
-                  loom_loader *l, int devices, int64_t steps) {
-    loom_trainer *t = loom_trainer_new(&(loom_trainer_config){
-        .max_epochs = 1000000, .max_steps = steps, .devices = devices, .log_every = -1});
+                  loom_loader *l, int devices, int cores, int64_t steps) {
+    loom_trainer *t = loom_trainer_new(&(loom_trainer_config){.max_epochs = 1000000,
+                                                              .max_steps = steps,
+                                                              .devices = devices,
+                                                              .cores_per_device = cores,
+                                                              .log_every = -1});
     loom_module_fns fns = {training_step, NULL, ctx};
     if (!t || loom_trainer_fit(t, m, o, &fns, l, NULL)) {
         fprintf(stderr, "%s: %s\n", mm->name, loom_last_error());
@@ -88,9 +92,11 @@ int main(int argc, char **argv) {
             "usage: bench_matrix --list | MODEL DEVICES STEPS [--digest] (MODEL from --list)\n");
         return 2;
     }
-    int devices = atoi(argv[2]);
+    int devices = 0, cores = 1;
+    if (sscanf(argv[2], "%dx%d", &devices, &cores) < 1)
+        devices = 0;
     int64_t steps = atoll(argv[3]), n = 8 * mm->batch; /* eight batches, over and over */
-    if (devices < 1 || steps < 1) {
+    if (devices < 1 || cores < 1 || steps < 1) {
         fprintf(stderr, "bench_matrix: DEVICES and STEPS must be at least 1 (got '%s', '%s')\n",
                 argv[2], argv[3]);
         return 2;
@@ -115,9 +121,9 @@ int main(int argc, char **argv) {
     loom_optim *o = loom_sgd_new(m, &(loom_optim_config){.lr = 0.01, .momentum = 0.9});
     loom_loader *l = loom_loader_new(d, &(loom_loader_config){.batch_size = mm->batch});
     model_ctx ctx = {net, mm->flat};
-    double warm = fit(mm, m, o, &ctx, l, devices, 20), rate = 0;
+    double warm = fit(mm, m, o, &ctx, l, devices, cores, 20), rate = 0;
     if (warm > 0)
-        rate = fit(mm, m, o, &ctx, l, devices, steps);
+        rate = fit(mm, m, o, &ctx, l, devices, cores, steps);
     if (rate > 0)
         printf("samples/s %.0f\n", rate);
     if (rate > 0 && digest)

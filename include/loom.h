@@ -816,7 +816,8 @@ LOOM_API uint64_t loom_comm_seq(const loom_comm *c);
 /* ---- devices: data parallelism inside one process ---------------------------------------------
  */
 
-/* Devices are worker threads, one per core (pinned), each with its own gradients (its own
+/* Devices are worker threads, each pinned to a core (or spanning several: helper threads pinned
+ * to the next cores split its kernels' outputs with it), each with its own gradients (its own
  * parameters too, or shared: loom_share) and its own workspace; a graph set to run on them is
  * compiled once and run by every device on its shard of each batch, gradients averaged by
  * all-reduces inside the step. */
@@ -831,8 +832,11 @@ typedef enum { LOOM_DIST_AUTO, LOOM_DIST_LOCAL, LOOM_DIST_MPI } loom_dist;
  * The results are bitwise the same either way. */
 typedef enum { LOOM_SHARE_AUTO, LOOM_SHARE_ALWAYS, LOOM_SHARE_NEVER } loom_share;
 typedef struct {
-    int count;            /* 0 means one per core this process may run on (its CPU affinity;
-                           * across processes, its share among those on its machine) */
+    int count;            /* 0 means one per `cores` cores this process may run on (its CPU
+                           * affinity; across processes, its share among those on its machine) */
+    int cores;            /* the cores each device spans (0 means 1, at most 64): its kernels'
+                           * outputs are split among them, each output computed as on one core,
+                           * so that the results are bitwise those of one-core devices */
     double timeout_s;     /* deadline of a step and of each collective (0 means 60 s) */
     int64_t bucket_bytes; /* gradients are all-reduced in buckets of about this size (0: 1 MiB) */
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */
@@ -847,8 +851,9 @@ typedef struct {
 LOOM_API loom_devices *loom_devices_new(const loom_devices_config *c);
 /* Stops the workers. Graphs using d must be freed first. */
 LOOM_API void loom_devices_free(loom_devices *d);
-/* The devices of this process. */
+/* The devices of this process, and the cores each spans (loom_devices_config.cores). */
 LOOM_API int loom_devices_count(const loom_devices *d);
+LOOM_API int loom_devices_cores(const loom_devices *d);
 /* Across the processes of an MPI job (loom_dist): every process's devices (world = processes x
  * count; every process has as many), and this process's rank (0 alone). A batch is split over
  * the world's devices, device p * count + i being process p's i-th; gradients are averaged over
@@ -968,9 +973,10 @@ LOOM_API loom_status loom_tensorboard_close(loom_tensorboard *w);
  * step. The same program runs unchanged on 1 or N devices. */
 typedef struct loom_accelerator loom_accelerator;
 typedef struct {
-    int devices;         /* 0 means one per available core */
-    double timeout_s;    /* 0 means 60 */
-    bool detect_anomaly; /* a NaN/Inf loss fails the step */
+    int devices;          /* 0 means one per `cores_per_device` available cores */
+    int cores_per_device; /* 0 means 1: loom_devices_config.cores */
+    double timeout_s;     /* 0 means 60 */
+    bool detect_anomaly;  /* a NaN/Inf loss fails the step */
 } loom_accelerator_config;
 LOOM_API loom_accelerator *loom_accelerator_new(const loom_accelerator_config *c);
 LOOM_API void loom_accelerator_free(loom_accelerator *a);
@@ -1007,10 +1013,11 @@ typedef struct {
     void *ctx;
 } loom_module_fns;
 typedef struct {
-    int64_t max_epochs; /* 0 means 1 */
-    int64_t max_steps;  /* stop after this many steps (0: no limit) */
-    int devices;        /* 0 means one per available core */
-    double timeout_s;   /* 0 means 60 */
+    int64_t max_epochs;   /* 0 means 1 */
+    int64_t max_steps;    /* stop after this many steps (0: no limit) */
+    int devices;          /* 0 means one per `cores_per_device` available cores */
+    int cores_per_device; /* 0 means 1: loom_devices_config.cores */
+    double timeout_s;     /* 0 means 60 */
     bool detect_anomaly;
     int64_t log_every; /* a progress line every N steps (0: 100; negative: quiet) */
     /* Gradient accumulation (Lightning's accumulate_grad_batches): this many loader batches per

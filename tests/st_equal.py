@@ -1,6 +1,8 @@
-"""st_equal.py A B [TOL] - whether B holds A's tensors (B may hold more: a checkpoint's optimizer
-state beside the weights): bitwise (no TOL), or each element within TOL of A's relative to the
-tensor's largest magnitude. One line
+"""st_equal.py A B [TOL [norm]] - whether B holds A's tensors (B may hold more: a checkpoint's
+optimizer state beside the weights): bitwise (no TOL), or each element within TOL of A's relative
+to the tensor's largest magnitude, or with "norm" each tensor within TOL normwise (||A - B|| /
+||A||: AdamW moves an element whose gradient is rounding noise, summed in another order, by up to
+a share of lr, which the elementwise bound takes for a difference of the whole). One line
 either way (naming the first tensor that differs and by how much); exit 0 when they match.
 Reads the format itself (8-byte header length, JSON header, data), so it needs no package."""
 import json
@@ -19,6 +21,7 @@ def read(path):
 
 a, b = read(sys.argv[1]), read(sys.argv[2])
 tol = float(sys.argv[3]) if len(sys.argv) > 3 else None
+norm = len(sys.argv) > 4 and sys.argv[4] == 'norm'
 missing = sorted(a.keys() - b.keys())
 if missing:
     print('differ: %s lacks %s' % (sys.argv[2], missing[:3]))
@@ -32,10 +35,15 @@ for k in sorted(a):
         sys.exit(1)
     x = struct.unpack('<%df' % (len(a[k]) // 4), a[k])
     y = struct.unpack('<%df' % (len(b[k]) // 4), b[k])
-    scale = max(max(abs(v) for v in x), 1e-30)
-    d = max(abs(p - q) for p, q in zip(x, y)) / scale
+    if norm:
+        scale = max(sum(v * v for v in x) ** 0.5, 1e-30)
+        d = sum((p - q) ** 2 for p, q in zip(x, y)) ** 0.5 / scale
+    else:
+        scale = max(max(abs(v) for v in x), 1e-30)
+        d = max(abs(p - q) for p, q in zip(x, y)) / scale
     worst = max(worst, d)
     if d > tol:
-        print('differ: %s by %.3g of its largest magnitude (tolerance %g)' % (k, d, tol))
+        print('differ: %s by %.3g of its %s (tolerance %g)' %
+              (k, d, 'norm' if norm else 'largest magnitude', tol))
         sys.exit(1)
 print('equal: %d tensors%s' % (len(a), '' if tol is None else ', within %.3g' % worst))

@@ -37,6 +37,9 @@ expect_fail "apt-get install dataset-fashion-mnist" train fmnist-mlp --data /non
 expect_fail "--init: /nonexistent.safetensors: cannot open" train fmnist-mlp --steps 1 --init /nonexistent.safetensors
 expect_fail "--devices: expected an integer from 1 to 256, got 'two'" train fmnist-mlp --devices two
 expect_fail "--devices: expected an integer from 1 to 256, got '0'" train fmnist-mlp --devices 0
+expect_fail "--cores-per-device: expected an integer from 1 to 64, got '0'" train fmnist-mlp --cores-per-device 0
+expect_fail "--cores-per-device: expected an integer from 1 to 64, got '65'" train fmnist-mlp --cores-per-device 65
+expect_fail "--cores-per-device: expected an integer from 1 to 64, got 'two'" train fmnist-mlp --cores-per-device two
 expect_fail "--timeout: expected a number" train fmnist-mlp --timeout -3
 expect_fail "--dist: expected auto, local or mpi, got 'grpc'" train fmnist-mlp --dist grpc
 printf 'garbage' >"$tmp/bad.safetensors"
@@ -145,6 +148,17 @@ printf 'step,epoch,loss\n1,1,0.5\n2,1,0\n' >"$tmp/badlog/metrics.csv"
 expect_fail "--log-scale: the loss 0 at step 2 has no place on it" plot "$tmp/badlog" --log-scale
 expect_fail "plot: expected a log directory" plot
 expect_fail "tensor '0.weight' is f32 (256,784), the model expects f32 (32,1,3,3)" train fmnist-cnn --steps 1 --init "$tmp/w.safetensors"
+
+# A device of 2 cores (they split its kernels' outputs) trains to bitwise the weights of a device
+# of one.
+if "$loom" train fmnist-cnn --steps 3 --devices 1 --limit-eval 64 --save "$tmp/c1.st" >/dev/null 2>&1 &&
+   "$loom" train fmnist-cnn --steps 3 --devices 1 --cores-per-device 2 --limit-eval 64 --save "$tmp/c2.st" \
+       >"$tmp/out" 2>&1 &&
+   grep -q "on 1 device of 2 cores," "$tmp/out" && cmp -s "$tmp/c1.st" "$tmp/c2.st"; then
+    echo "ok   a device of 2 cores trains the CNN to the weights of a device of 1"
+else
+    echo "FAIL: --cores-per-device 2: $(head -3 "$tmp/out")"; fails=$((fails + 1))
+fi
 
 # --devices auto respects the CPU affinity; a failing device stops the run with one line.
 if taskset -c 0 "$loom" train fmnist-mlp --steps 2 >"$tmp/out" 2>&1 && grep -q "on 1 device," "$tmp/out"; then

@@ -1,9 +1,13 @@
 /*
  * test_core.c - core facilities: the status table, the thread-local error text, the allocation
  * hooks (used here to count leaks and to inject failures), and Philox-4x32-10 against the
- * known-answer vectors published with Random123 (kat_vectors).
+ * known-answer vectors published with Random123 (kat_vectors), and a device's team of cores
+ * (loom__team_for: every index once, the bounds aligned).
  */
+#include "../src/core/internal.h"
 #include "harness.h"
+
+#include <time.h>
 
 TEST(status_names_and_messages) {
     ASSERT(!strcmp(loom_status_name(LOOM_OK), "OK"));
@@ -129,10 +133,63 @@ TEST(no_leaks_and_failed_allocations_are_reported) {
     ASSERT(failures_seen > 10);
 }
 
+typedef struct {
+    int64_t n, align;
+    int size;
+    int *hits;     /* per index */
+    int seen[8];   /* calls per worker */
+    int bad_bound; /* bounds not a multiple of align (n excepted) */
+    loom__team *t;
+} team_case;
+
+static void team_range(void *ctx, int64_t lo, int64_t hi, int w) {
+    team_case *c = ctx;
+    __atomic_fetch_add(&c->seen[w], 1, __ATOMIC_RELAXED);
+    if ((lo % c->align && lo != c->n) || (hi % c->align && hi != c->n))
+        __atomic_fetch_add(&c->bad_bound, 1, __ATOMIC_RELAXED);
+    for (int64_t i = lo; i < hi; i++)
+        __atomic_fetch_add(&c->hits[i], 1, __ATOMIC_RELAXED);
+    unsigned char *s = loom__team_scratch(c->t, w);
+    if (w > 0 && s)
+        s[4095] = (unsigned char)w; /* (ASan: the whole reserve is there) */
+}
+
+/* A device's cores split [0, n) among them: every index exactly once, each range's bounds (but n)
+ * multiples of the alignment, each core at most once a job; over many jobs in a row (the helpers
+ * polling) and after pauses (asleep); a team of one, or none, runs the whole range here. */
+TEST(a_team_of_cores_covers_every_index_once) {
+    for (int size = 1; size <= 3; size++) {
+        loom__team *t = loom__team_new(size, NULL, "test");
+        ASSERT(t != NULL);
+        ASSERT_EQ(loom__team_size(t), size);
+        ASSERT(loom__team_reserve(t, 4096));
+        ASSERT(loom__team_scratch(t, 0) == NULL);
+        const int64_t ns[] = {0, 1, 5, 16, 17, 100, 1000, 4099};
+        for (int job = 0; job < 300; job++) {
+            team_case c = {.n = ns[job % 8], .align = job % 3 == 0 ? 16 : 1, .size = size, .t = t};
+            c.hits = calloc((size_t)c.n + 1, sizeof *c.hits);
+            if (job % 50 == 49) /* long enough for the helpers to sleep */
+                nanosleep(&(struct timespec){0, 3000000}, NULL);
+            loom__team_for(job % 7 == 6 ? NULL : t, c.n, c.align, team_range, &c);
+            for (int64_t i = 0; i < c.n; i++)
+                if (c.hits[i] != 1)
+                    FAILF("team of %d, n %lld: index %lld run %d times", size, (long long)c.n,
+                          (long long)i, c.hits[i]);
+            for (int w = 0; w < 8; w++)
+                ASSERT(c.seen[w] <= 1);
+            ASSERT_EQ(c.bad_bound, 0);
+            free(c.hits);
+        }
+        loom__team_free(t);
+    }
+    loom__team_free(NULL);
+}
+
 int main(void) {
     RUN(status_names_and_messages);
     RUN(philox_known_answers);
     RUN(uniform_floats_are_in_range_and_keyed);
     RUN(no_leaks_and_failed_allocations_are_reported);
+    RUN(a_team_of_cores_covers_every_index_once);
     return HARNESS_EXIT();
 }

@@ -698,6 +698,29 @@ TEST(failures_stop_every_device_and_name_it) {
         FAILF("the hung step ended after %.2f s on one device, its deadline is 0.5 s", dt);
 }
 
+/* Devices of 2 cores each: a failing device still stops every device, named; and a config asking
+ * for more cores a device than 64, or fewer than none, is refused in one line. */
+TEST(devices_of_several_cores_fail_as_devices_of_one) {
+    char msg[512];
+    double dt;
+    loom_status after;
+    setenv("LOOM_FAULT", "1:3", 1);
+    loom_status st = run_until_failure((loom_devices_config){.timeout_s = 5, .cores = 2}, false, 0,
+                                       msg, &dt, &after);
+    unsetenv("LOOM_FAULT");
+    ASSERT_EQ(st, LOOM_EINTERNAL);
+    ASSERT_STR_CONTAINS(msg, "device 1, step 3: fault injected by LOOM_FAULT=1:3");
+    ASSERT_EQ(after, LOOM_EABORTED);
+    for (int cores = -1; cores <= 65; cores += 66) {
+        ASSERT(loom_devices_new(&(loom_devices_config){.count = 1, .cores = cores}) == NULL);
+        ASSERT_STR_CONTAINS(loom_last_error(), "cores a device (expected 1 to 64)");
+    }
+    loom_devices *d = loom_devices_new(&(loom_devices_config){.count = 1, .cores = 3});
+    ASSERT(d != NULL);
+    ASSERT_EQ(loom_devices_cores(d), 3);
+    loom_devices_free(d);
+}
+
 /* Allocations above a size fail once armed: a device's replica or workspace cannot be had. */
 static size_t fail_above = SIZE_MAX;
 static void *big_fails_malloc(size_t n, void *ud) {
@@ -751,6 +774,7 @@ int main(void) {
     RUN(outputs_outlive_another_graphs_steps);
     RUN(each_sample_counts_exactly_once);
     RUN(failures_stop_every_device_and_name_it);
+    RUN(devices_of_several_cores_fail_as_devices_of_one);
     RUN(allocation_failure_names_the_device);
     fprintf(stderr, "largest difference from 1 device after %d steps: %.2g\n", equiv_steps,
             worst_equiv);

@@ -39,7 +39,7 @@ static const void *get(const char *name) {
 }
 
 /* The GPT from PyTorch's initial parameters and nanoGPT's optimizer, on `devices` (0: none). */
-static bool rig_new_dropout(rig *r, int devices, double dropout) {
+static bool rig_new_dropout(rig *r, int devices, int cores, double dropout) {
     memset(r, 0, sizeof *r);
     r->m = loom_model_new();
     loom_gpt_config c = cfg;
@@ -66,12 +66,12 @@ static bool rig_new_dropout(rig *r, int devices, double dropout) {
     loom_optim_decay_matrices_only(r->o, 0.1);
     r->g = loom_graph_new(r->m);
     if (devices)
-        r->d = loom_devices_new(&(loom_devices_config){.count = devices});
+        r->d = loom_devices_new(&(loom_devices_config){.count = devices, .cores = cores});
     return r->o && r->g && (!devices || (r->d && !loom_graph_set_devices(r->g, r->d)));
 }
 
 static bool rig_new(rig *r, int devices) {
-    return rig_new_dropout(r, devices, 0);
+    return rig_new_dropout(r, devices, 1, 0);
 }
 
 static void rig_free(rig *r) {
@@ -169,10 +169,11 @@ static int64_t gpt_numel(void) {
     return n;
 }
 
-/* 20 steps over the fixture's batches again and again; the parameters into out. */
-static bool train20(int devices, double dropout, float *out, int64_t n) {
+/* 20 steps over the fixture's batches again and again on `devices` of `cores` cores each; the
+ * parameters into out. */
+static bool train20(int devices, int cores, double dropout, float *out, int64_t n) {
     rig r;
-    bool ok = rig_new_dropout(&r, devices, dropout);
+    bool ok = rig_new_dropout(&r, devices, cores, dropout);
     for (int s = 0; ok && s < 20; s++)
         ok = !isnan(step(&r, s % STEPS));
     if (ok)
@@ -187,8 +188,8 @@ TEST(two_devices_match_one_and_repeat_bitwise) {
           *again = malloc(sizeof(float) * (size_t)n), *plain = malloc(sizeof(float) * (size_t)n);
     for (int k = 0; k < 2; k++) { /* without dropout, then with 0.2 */
         double dropout = k ? 0.2 : 0;
-        ASSERT(train20(1, dropout, one, n) && train20(2, dropout, two, n) &&
-               train20(2, dropout, again, n));
+        ASSERT(train20(1, 1, dropout, one, n) && train20(2, 1, dropout, two, n) &&
+               train20(2, 1, dropout, again, n));
         double e = 0, s = 0;
         for (int64_t i = 0; i < n; i++)
             e += ((double)two[i] - one[i]) * ((double)two[i] - one[i]),
@@ -211,13 +212,15 @@ TEST(every_kernel_equals_the_reference_under_a_second_executor) {
     int64_t n = gpt_numel();
     float *cpu = malloc(sizeof(float) * (size_t)n), *checked = malloc(sizeof(float) * (size_t)n);
     for (int devices = 1; devices <= 2; devices++) {
-        bool ok = train20(devices, 0.2, cpu, n);
+        bool ok = train20(devices, 1, 0.2, cpu, n);
         loom__set_executor(&loom__check_executor);
         int64_t values = loom__check.values;
-        ok = ok && train20(devices, 0.2, checked, n);
+        /* (one device of 2 cores: its split kernels checked, and its bits those of one core) */
+        ok = ok && train20(devices, devices == 1 ? 2 : 1, 0.2, checked, n);
         loom__set_executor(NULL);
-        fprintf(stderr, "%d device(s), 20 steps: %lld values checked against the reference\n",
-                devices, (long long)(loom__check.values - values));
+        fprintf(stderr, "%s, 20 steps: %lld values checked against the reference\n",
+                devices == 1 ? "1 device of 2 cores" : "2 devices",
+                (long long)(loom__check.values - values));
         ASSERT(ok);
         ASSERT(loom__check.values - values >= 20 * devices * 100);
         ASSERT(memcmp(cpu, checked, sizeof(float) * (size_t)n) == 0);

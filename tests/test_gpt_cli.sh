@@ -20,14 +20,23 @@ small="--layers 1 --heads 2 --width 16 --context 16 --batch 8 --steps 30 --eval-
 text="$tmp/text.txt"
 gzip -dc "$(dirname "$0")/../data/tinyshakespeare.txt.gz" | head -c 200000 >"$text"
 
-for dev in 1 2; do
-    if "$loom" train shakespeare-gpt --data "$text" $small --devices $dev --save "$tmp/w$dev.st" \
+for dev in 1 2 1x2; do # 1x2: a device of 2 cores
+    opts="--devices $dev"
+    [ "$dev" = 1x2 ] && opts="--devices 1 --cores-per-device 2"
+    if "$loom" train shakespeare-gpt --data "$text" $small $opts --save "$tmp/w$dev.st" \
         >"$tmp/train$dev.out" 2>"$tmp/train$dev.err"; then
         echo "ok   train on $dev device(s): $(grep '^val loss' "$tmp/train$dev.out")"
     else
         fail "train on $dev device(s): $(cat "$tmp/train$dev.err")"
     fi
 done
+# the cores of a device split its kernels' outputs: the weights of a device of one core
+grep -q "1 device(s) of 2 cores" "$tmp/train1x2.out" || fail "no '1 device(s) of 2 cores' banner"
+if cmp -s "$tmp/w1.st" "$tmp/w1x2.st"; then
+    echo "ok   1 device of 2 cores gives 1 device's weights"
+else
+    fail "1 device of 2 cores differs from 1 device of 1 core"
+fi
 grep -q '^step 15: train loss [0-9.]*, val loss [0-9.]*' "$tmp/train1.out" ||
     fail "no evaluation line at step 15: $(cat "$tmp/train1.out")"
 grep -q '^val loss: [0-9]\.[0-9]\{4\}$' "$tmp/train1.out" || fail "no final 'val loss: X' line"

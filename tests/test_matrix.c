@@ -37,9 +37,11 @@ static void batch_data(int64_t rows, int step, float *x, int32_t *y) {
 /* The last failure of train(). */
 static char train_error[1024];
 
-/* Trains mm for `steps` steps of `rows` samples: on `devices` devices (compiled), or with none
- * (devices 0) interpreted on this thread. false on failure (said in train_error). */
-static bool try_train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
+/* Trains mm for `steps` steps of `rows` samples: on `devices` devices of `cores` cores each
+ * (compiled), or with none (devices 0) interpreted on this thread. false on failure (said in
+ * train_error). */
+static bool try_train(const matrix_model *mm, int devices, int cores, int steps, int64_t rows,
+                      result *r) {
     loom_model *m = loom_model_new();
     loom_sequential *net = loom_sequential_new(m, mm->layers);
     if (!net) {
@@ -49,7 +51,8 @@ static bool try_train(const matrix_model *mm, int devices, int steps, int64_t ro
     }
     loom_sequential_init(net, 7);
     loom_optim *o = loom_sgd_new(m, &(loom_optim_config){.lr = 0.01, .momentum = 0.9});
-    loom_devices *d = devices ? loom_devices_new(&(loom_devices_config){.count = devices}) : NULL;
+    loom_devices *d =
+        devices ? loom_devices_new(&(loom_devices_config){.count = devices, .cores = cores}) : NULL;
     loom_graph *g = loom_graph_new(m);
     if (d)
         loom_graph_set_devices(g, d);
@@ -96,8 +99,9 @@ static bool try_train(const matrix_model *mm, int devices, int steps, int64_t ro
 }
 
 /* try_train(), a failure reported. */
-static bool train(const matrix_model *mm, int devices, int steps, int64_t rows, result *r) {
-    bool ok = try_train(mm, devices, steps, rows, r);
+static bool train(const matrix_model *mm, int devices, int cores, int steps, int64_t rows,
+                  result *r) {
+    bool ok = try_train(mm, devices, cores, steps, rows, r);
     if (!ok)
         fprintf(stderr, "FAIL %s\n", train_error), harness_failed++;
     return ok;
@@ -131,9 +135,10 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
             continue;
         const matrix_model *mm = &matrix[i];
         int64_t rows = quick && mm->batch > 16 ? 16 : mm->batch;
-        result ref = {0}, one = {0}, two = {0};
-        bool ok = (quick || train(mm, 0, steps, rows, &ref)) && train(mm, 1, steps, rows, &one) &&
-                  train(mm, 2, steps, rows, &two);
+        result ref = {0}, one = {0}, two = {0}, wide = {0};
+        bool ok = (quick || train(mm, 0, 1, steps, rows, &ref)) &&
+                  train(mm, 1, 1, steps, rows, &one) && train(mm, 2, 1, steps, rows, &two) &&
+                  train(mm, 1, 2, steps, rows, &wide);
         if (ok) {
             loom_model *m = loom_model_new();
             loom_sequential *net = loom_sequential_new(m, mm->layers);
@@ -151,6 +156,11 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
                 pooled = pooled || l->kind == LOOM_LAYER_MAXPOOL;
             double tol = pooled ? 1e-2 : 1e-5;
             bool bitwise = !quick && !memcmp(one.params, ref.params, sizeof(float) * (size_t)n);
+            /* a device's cores split its kernels' outputs: the same bits as one core */
+            if (memcmp(wide.params, one.params, sizeof(float) * (size_t)n) != 0)
+                fprintf(stderr, "FAIL %s: a device of 2 cores differs from one of 1 by %.3g\n",
+                        mm->name, normwise(wide.params, one.params, n)),
+                    harness_failed++;
             fprintf(stderr,
                     "%-15s batch %3lld, %d steps: loss %.4f -> %.4f; compiled vs interpreted "
                     "%.2g (%s), 2 devices vs 1 %.2g (after one step %.2g)\n",
@@ -169,14 +179,15 @@ TEST(every_model_of_the_matrix_trains_as_interpreted_and_on_2_devices_as_on_1) {
                         one.first_loss, one.last_loss),
                     harness_failed++;
         }
-        free(ref.params), free(one.params), free(two.params);
-        free(ref.first), free(one.first), free(two.first);
+        free(ref.params), free(one.params), free(two.params), free(wide.params);
+        free(ref.first), free(one.first), free(two.first), free(wide.first);
     }
 }
 
 /* Through the check executor (src/backend/check.c, a second implementation of the executor
- * interface), every model's steps on 1 and 2 devices: each value every kernel leaves whole equals
- * the reference interpreter's bit for bit. */
+ * interface), every model's steps on 1 device of 2 cores (its kernels' outputs split between
+ * them) and on 2 devices: each value every kernel leaves whole equals the reference interpreter's
+ * bit for bit. */
 TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
     bool quick = getenv("LOOM_TEST_QUICK") != NULL;
     loom__set_executor(&loom__check_executor);
@@ -188,10 +199,11 @@ TEST(every_kernel_of_every_model_equals_the_reference_under_a_second_executor) {
         for (int devices = 1; devices <= 2; devices++) {
             int64_t kernels = loom__check.kernels, values = loom__check.values;
             result r = {0};
-            bool ok = train(mm, devices, 2, rows, &r);
+            bool ok = train(mm, devices, devices == 1 ? 2 : 1, 2, rows, &r);
             free(r.params), free(r.first);
-            fprintf(stderr, "%-15s %d device%s: %lld kernels run, %lld values checked\n", mm->name,
-                    devices, devices > 1 ? "s" : " ", (long long)(loom__check.kernels - kernels),
+            fprintf(stderr, "%-15s %s: %lld kernels run, %lld values checked\n", mm->name,
+                    devices > 1 ? "2 devices" : "1 device of 2 cores",
+                    (long long)(loom__check.kernels - kernels),
                     (long long)(loom__check.values - values));
             if (ok && !(loom__check.values - values >= 2 * devices * 10))
                 fprintf(stderr, "FAIL %s: only %lld values checked\n", mm->name,
@@ -209,7 +221,7 @@ TEST(the_second_executor_fails_a_step_on_one_wrong_bit) {
     for (int64_t e = 0; e < 34; e += 11) {
         loom__check.corrupt_entry = e;
         result r = {0};
-        bool ok = try_train(&matrix[0], 2, 1, 64, &r);
+        bool ok = try_train(&matrix[0], 2, 1, 1, 64, &r);
         free(r.params), free(r.first);
         if (ok)
             FAILF("a bit flipped in kernel #%lld went unnoticed", (long long)e);

@@ -432,6 +432,48 @@ TEST(matmul_matches_naive_loop) {
         }
 }
 
+/* Batched products over permuted views, as attention without its fused kernel makes them: q kᵀ
+ * and then its product with v, heads of (B, T, H, D) read as (B, H, T, D), large enough that
+ * the batch's products are split among a device's cores; every product of the batch against a
+ * double-precision naive loop (the second batch item on was once left unwritten). */
+TEST(batched_matmul_of_permuted_views_matches_naive_loop) {
+    enum { B = 3, T = 40, H = 2, D = 24 };
+    static float q[B * T * H * D], k[B * T * H * D];
+    test_fill(q, B * T * H * D, 40, -1, 1);
+    test_fill(k, B * T * H * D, 41, -1, 1);
+    loom_graph *g = loom_graph_new(NULL);
+    int64_t s[4] = {B, T, H, D};
+    const int perm[4] = {0, 2, 1, 3};
+    loom_tensor *qh = loom_permute(g, loom_input(g, LOOM_F32, 4, s, q), perm);
+    loom_tensor *kh = loom_permute(g, loom_input(g, LOOM_F32, 4, s, k), perm);
+    loom_tensor *sc = loom_matmul(g, qh, loom_transpose(g, kh)); /* (B, H, T, T) */
+    loom_tensor *y = loom_matmul(g, sc, kh);                     /* (B, H, T, D) */
+    loom_output(sc), loom_output(y);
+    ASSERT_EQ(loom_graph_run(g), LOOM_OK);
+    const float *ps = loom_tensor_data(sc), *py = loom_tensor_data(y);
+    int bad = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *qb = q + (int64_t)b * T * H * D + h * D, *kb = k + (qb - q);
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) {
+                    double r = 0;
+                    for (int d = 0; d < D; d++)
+                        r += (double)qb[i * H * D + d] * kb[j * H * D + d];
+                    bad += !(fabs(ps[((b * H + h) * T + i) * T + j] - r) <= 1e-5);
+                }
+            for (int i = 0; i < T; i++)
+                for (int d = 0; d < D; d++) {
+                    double r = 0;
+                    for (int j = 0; j < T; j++)
+                        r += (double)ps[((b * H + h) * T + i) * T + j] * kb[j * H * D + d];
+                    bad += !(fabs(py[((b * H + h) * T + i) * D + d] - r) <= 1e-4);
+                }
+        }
+    loom_graph_free(g);
+    ASSERT_EQ(bad, 0);
+}
+
 /* A product whose B is strided along k (a stride-2 unfold read in place, transposed: a strided
  * first convolution's weight gradient), on the dot path that copies B a block of k at a time
  * (two blocks and a ragged one), against a double-precision naive loop. */
@@ -1446,6 +1488,7 @@ int main(void) {
     RUN(gradients_match_finite_differences);
     RUN(matmul_matches_naive_loop);
     RUN(matmul_of_a_strided_view_matches_naive_loop);
+    RUN(batched_matmul_of_permuted_views_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);

@@ -132,7 +132,7 @@ __attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, 
 typedef struct {
     int64_t B, T, H, D;
     const int64_t *xs, *gs;
-    bool causal;
+    bool causal, f64;
     void *kept; /* the probabilities kept for the backward (after the forward's values), or NULL */
 } attn_shape;
 
@@ -312,94 +312,93 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
  *             probabilities made again, where not kept).
  * Scratch: ATTN_BUF elements. */
 #define ATTN_BUF(T, D) (8 * (T) * (D) + 2 * ATTN_ROWS * (T))
-#define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                        \
-    typedef struct {                                                                               \
-        const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                 \
-        int64_t rs[4];                                                                             \
-        TYPE *kt, *vt; /* k and v transposed (D x T, contiguous) */                                \
-    } head_##SFX;                                                                                  \
-    ATTR static void gather_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, int64_t b,   \
-                                  int64_t h, head_##SFX *a, TYPE *buf) {                           \
-        int64_t T = s->T, D = s->D;                                                                \
-        const int64_t *xs = s->xs, *gs = s->gs;                                                    \
-        const TYPE *e = x + b * xs[0] + h * xs[3];                                                 \
-        const TYPE *src[4] = {e, e + xs[2], e + 2 * xs[2], gy ? gy + b * gs[0] + h * gs[2] : e};   \
-        int64_t rs[4] = {xs[1], xs[1], xs[1], gy ? gs[1] : 0};                                     \
-        int64_t cs[4] = {xs[4], xs[4], xs[4], gy ? gs[3] : 1};                                     \
-        for (int m = 0; m < 4; m++) {                                                              \
-            a->m[m] = src[m], a->rs[m] = rs[m];                                                    \
-            if (cs[m] == 1)                                                                        \
-                continue;                                                                          \
-            TYPE *c = buf + m * T * D; /* elements apart: copied, contiguous */                    \
-            for (int64_t t = 0; t < T; t++)                                                        \
-                for (int64_t d = 0; d < D; d++)                                                    \
-                    c[t * D + d] = src[m][t * rs[m] + d * cs[m]];                                  \
-            a->m[m] = c, a->rs[m] = D;                                                             \
-        }                                                                                          \
-        a->kt = buf + 4 * T * D, a->vt = a->kt + T * D;                                            \
-        if (!gy ||                                                                                 \
-            !s->kept) /* the scores' keys (not where the forward's probabilities are kept) */      \
-            TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                             \
-        if (gy)                                                                                    \
-            TRANSPOSE(a->m[2], a->rs[2], T, D, a->vt);                                             \
-    }                                                                                              \
-    ATTR static void probs_##SFX(const attn_shape *s, const head_##SFX *a, int64_t i0,             \
-                                 int64_t rows, int64_t n, TYPE *P) {                               \
-        TYPE scale = (TYPE)(1.0 / sqrt((double)s->D));                                             \
-        MM(rows, n, s->D, a->m[0] + i0 * a->rs[0], a->rs[0], 1, a->kt, s->T, P, n, false);         \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            SOFTMAX_ROW(P + r * n, s->causal ? i0 + r + 1 : n, n, scale);                          \
-    }                                                                                              \
-    ATTR static void forward_##SFX(const attn_shape *s, const TYPE *x, TYPE *y, TYPE *buf) {       \
-        int64_t T = s->T, D = s->D, H = s->H, ph = probs_a_head(T, s->causal);                     \
-        head_##SFX a;                                                                              \
-        for (int64_t b = 0; b < s->B; b++)                                                         \
-            for (int64_t h = 0; h < H; h++) {                                                      \
-                gather_##SFX(s, x, NULL, b, h, &a, buf);                                           \
-                TYPE *P = s->kept ? (TYPE *)s->kept + (b * H + h) * ph : buf + 6 * T * D;          \
-                for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
-                    int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
-                    int64_t n = s->causal ? i0 + rows : T;                                         \
-                    probs_##SFX(s, &a, i0, rows, n, P);                                            \
-                    MM(rows, D, n, P, n, 1, a.m[2], a.rs[2], y + ((b * T + i0) * H + h) * D,       \
-                       H * D, false);                                                              \
-                    P += s->kept ? rows * n : 0;                                                   \
-                }                                                                                  \
-            }                                                                                      \
-    }                                                                                              \
-    ATTR static void backward_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, TYPE *gx,  \
-                                    TYPE *buf) {                                                   \
-        int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D, ph = probs_a_head(T, s->causal);     \
-        TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                                \
-        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D + ATTN_ROWS * T;            \
-        head_##SFX a;                                                                              \
-        for (int64_t b = 0; b < s->B; b++)                                                         \
-            for (int64_t h = 0; h < H; h++) {                                                      \
-                gather_##SFX(s, x, gy, b, h, &a, buf);                                             \
-                const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                 \
-                const TYPE *kept = s->kept ? (const TYPE *)s->kept + (b * H + h) * ph : NULL;      \
-                memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                    \
-                TYPE *gq = gx + (b * T * 3 * H + h) * D;                                           \
-                for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                    \
-                    int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                        \
-                    int64_t n = s->causal ? i0 + rows : T;                                         \
-                    TYPE *P = dv + T * D; /* the forward's, or made again as it made them */       \
-                    if (kept)                                                                      \
-                        P = (TYPE *)(uintptr_t)kept, kept += rows * n;                             \
-                    else                                                                           \
-                        probs_##SFX(s, &a, i0, rows, n, P);                                        \
-                    MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */ \
-                    for (int64_t r = 0; r < rows; r++)                                             \
-                        GRAD_ROW(P + r * n, dS + r * n, n, scale);                                 \
-                    MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */     \
-                    MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */     \
-                    MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */     \
-                }                                                                                  \
-                for (int64_t t = 0; t < T; t++)                                                    \
-                    for (int64_t d = 0; d < D; d++)                                                \
-                        gq[t * ld + H * D + d] = dk[t * D + d],                                    \
-                                            gq[t * ld + 2 * H * D + d] = dv[t * D + d];            \
-            }                                                                                      \
+#define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                       \
+    typedef struct {                                                                              \
+        const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                \
+        int64_t rs[4];                                                                            \
+        TYPE *kt, *vt; /* k and v transposed (D x T, contiguous) */                               \
+    } head_##SFX;                                                                                 \
+    ATTR static void gather_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, int64_t b,  \
+                                  int64_t h, head_##SFX *a, TYPE *buf) {                          \
+        int64_t T = s->T, D = s->D;                                                               \
+        const int64_t *xs = s->xs, *gs = s->gs;                                                   \
+        const TYPE *e = x + b * xs[0] + h * xs[3];                                                \
+        const TYPE *src[4] = {e, e + xs[2], e + 2 * xs[2], gy ? gy + b * gs[0] + h * gs[2] : e};  \
+        int64_t rs[4] = {xs[1], xs[1], xs[1], gy ? gs[1] : 0};                                    \
+        int64_t cs[4] = {xs[4], xs[4], xs[4], gy ? gs[3] : 1};                                    \
+        for (int m = 0; m < 4; m++) {                                                             \
+            a->m[m] = src[m], a->rs[m] = rs[m];                                                   \
+            if (cs[m] == 1)                                                                       \
+                continue;                                                                         \
+            TYPE *c = buf + m * T * D; /* elements apart: copied, contiguous */                   \
+            for (int64_t t = 0; t < T; t++)                                                       \
+                for (int64_t d = 0; d < D; d++)                                                   \
+                    c[t * D + d] = src[m][t * rs[m] + d * cs[m]];                                 \
+            a->m[m] = c, a->rs[m] = D;                                                            \
+        }                                                                                         \
+        a->kt = buf + 4 * T * D, a->vt = a->kt + T * D;                                           \
+        if (!gy ||                                                                                \
+            !s->kept) /* the scores' keys (not where the forward's probabilities are kept) */     \
+            TRANSPOSE(a->m[1], a->rs[1], T, D, a->kt);                                            \
+        if (gy)                                                                                   \
+            TRANSPOSE(a->m[2], a->rs[2], T, D, a->vt);                                            \
+    }                                                                                             \
+    ATTR static void probs_##SFX(const attn_shape *s, const head_##SFX *a, int64_t i0,            \
+                                 int64_t rows, int64_t n, TYPE *P) {                              \
+        TYPE scale = (TYPE)(1.0 / sqrt((double)s->D));                                            \
+        MM(rows, n, s->D, a->m[0] + i0 * a->rs[0], a->rs[0], 1, a->kt, s->T, P, n, false);        \
+        for (int64_t r = 0; r < rows; r++)                                                        \
+            SOFTMAX_ROW(P + r * n, s->causal ? i0 + r + 1 : n, n, scale);                         \
+    }                                                                                             \
+    ATTR static void forward_##SFX(const attn_shape *s, const TYPE *x, TYPE *y, TYPE *buf,        \
+                                   int64_t lo, int64_t hi) {                                      \
+        int64_t T = s->T, D = s->D, H = s->H, ph = probs_a_head(T, s->causal);                    \
+        head_##SFX a;                                                                             \
+        for (int64_t bh = lo, b = lo / H, h = lo % H; bh < hi; bh++, b = bh / H, h = bh % H) {    \
+            gather_##SFX(s, x, NULL, b, h, &a, buf);                                              \
+            TYPE *P = s->kept ? (TYPE *)s->kept + (b * H + h) * ph : buf + 6 * T * D;             \
+            for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                       \
+                int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                           \
+                int64_t n = s->causal ? i0 + rows : T;                                            \
+                probs_##SFX(s, &a, i0, rows, n, P);                                               \
+                MM(rows, D, n, P, n, 1, a.m[2], a.rs[2], y + ((b * T + i0) * H + h) * D, H * D,   \
+                   false);                                                                        \
+                P += s->kept ? rows * n : 0;                                                      \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    ATTR static void backward_##SFX(const attn_shape *s, const TYPE *x, const TYPE *gy, TYPE *gx, \
+                                    TYPE *buf, int64_t lo, int64_t hi) {                          \
+        int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D, ph = probs_a_head(T, s->causal);    \
+        TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                               \
+        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D + ATTN_ROWS * T;           \
+        head_##SFX a;                                                                             \
+        for (int64_t bh = lo, b = lo / H, h = lo % H; bh < hi; bh++, b = bh / H, h = bh % H) {    \
+            gather_##SFX(s, x, gy, b, h, &a, buf);                                                \
+            const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                    \
+            const TYPE *kept = s->kept ? (const TYPE *)s->kept + (b * H + h) * ph : NULL;         \
+            memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                       \
+            TYPE *gq = gx + (b * T * 3 * H + h) * D;                                              \
+            for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                       \
+                int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                           \
+                int64_t n = s->causal ? i0 + rows : T;                                            \
+                TYPE *P = dv + T * D; /* the forward's, or made again as it made them */          \
+                if (kept)                                                                         \
+                    P = (TYPE *)(uintptr_t)kept, kept += rows * n;                                \
+                else                                                                              \
+                    probs_##SFX(s, &a, i0, rows, n, P);                                           \
+                MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */    \
+                for (int64_t r = 0; r < rows; r++)                                                \
+                    GRAD_ROW(P + r * n, dS + r * n, n, scale);                                    \
+                MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */        \
+                MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */        \
+                MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */        \
+            }                                                                                     \
+            for (int64_t t = 0; t < T; t++)                                                       \
+                for (int64_t d = 0; d < D; d++)                                                   \
+                    gq[t * ld + H * D + d] = dk[t * D + d],                                       \
+                                        gq[t * ld + 2 * H * D + d] = dv[t * D + d];               \
+        }                                                                                         \
     }
 ATTN_KERNELS(f64, double, , mm_f64, softmax_row_f64, grad_row_f64, transpose_f64)
 ATTN_KERNELS(f32, float, , mm_f32, softmax_row_f32, grad_row_f32, transpose_f32)
@@ -413,30 +412,57 @@ size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id) {
     return loom__dtype_size((loom_dtype)x->dtype) * (size_t)ATTN_BUF(x->shape[1], x->shape[4]);
 }
 
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    attn_shape s;
+    const void *xs, *gs;
+    void *o;
+    bool grad;
+} attn_job;
+
+/* Heads [lo, hi) (of batch row lo / H, head lo % H on) of an attention or its gradient, in worker
+ * w's scratch (loom__attention_scratch_bytes). */
+static void attention_heads(void *ctx, int64_t lo, int64_t hi, int w) {
+    const attn_job *j = ctx;
+    const attn_shape *s = &j->s;
+    void *buf = loom__scratch_of(j->p, j->b, w);
+    bool grad = j->grad;
+    if (s->f64)
+        grad ? backward_f64(s, j->xs, j->gs, j->o, buf, lo, hi)
+             : forward_f64(s, j->xs, j->o, buf, lo, hi);
+#if ATTN_WIDE
+    else if (loom__use_own_gemm()) /* (loom's AVX-512 products, not LOOM_MATMUL=blas) */
+        grad ? backward_f32w(s, j->xs, j->gs, j->o, buf, lo, hi)
+             : forward_f32w(s, j->xs, j->o, buf, lo, hi);
+#endif
+    else
+        grad ? backward_f32(s, j->xs, j->gs, j->o, buf, lo, hi)
+             : forward_f32(s, j->xs, j->o, buf, lo, hi);
+}
+
 static loom_status attention(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
-    attn_shape s = {.B = x->shape[0],
-                    .T = x->shape[1],
-                    .H = x->shape[3],
-                    .D = x->shape[4],
-                    .xs = x->lay.stride,
-                    .gs = grad ? gy->lay.stride : NULL,
-                    .causal = t->attr.value != 0};
+    attn_job j = {.p = p,
+                  .b = b,
+                  .s = {.B = x->shape[0],
+                        .T = x->shape[1],
+                        .H = x->shape[3],
+                        .D = x->shape[4],
+                        .xs = x->lay.stride,
+                        .gs = grad ? gy->lay.stride : NULL,
+                        .causal = t->attr.value != 0,
+                        .f64 = t->dtype == LOOM_F64},
+                  .xs = loom__addr(p, b, t->src[0]),
+                  .gs = grad ? loom__addr(p, b, t->src[1]) : NULL,
+                  .o = loom__addr(p, b, id),
+                  .grad = grad};
     int32_t fwd = grad ? t->src[2] : id; /* whose buffer keeps the probabilities, if it does */
     if (loom__attention_keeps(p, fwd))
-        s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
-    void *buf = b->ws + p->scratch; /* loom__attention_scratch_bytes of it */
-    const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
-    void *o = loom__addr(p, b, id);
-    if (t->dtype == LOOM_F64)
-        grad ? backward_f64(&s, xs, gs, o, buf) : forward_f64(&s, xs, o, buf);
-#if ATTN_WIDE
-    else if (loom__use_own_gemm()) /* (loom's AVX-512 products, not LOOM_MATMUL=blas) */
-        grad ? backward_f32w(&s, xs, gs, o, buf) : forward_f32w(&s, xs, o, buf);
-#endif
-    else
-        grad ? backward_f32(&s, xs, gs, o, buf) : forward_f32(&s, xs, o, buf);
+        j.s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
+    /* the heads split across the device's cores, each computed as alone */
+    loom__team_for(b->team, j.s.B * j.s.H, 1, attention_heads, &j);
     return LOOM_OK;
 }
 

@@ -218,6 +218,7 @@ static loom_status check_run(const loom__executor *x, const loom__program *p, co
     (void)x;
     twin *t = check_twin(p);
     check_ref r = {.q = t ? t->q : NULL, .b = *b};
+    r.b.team = NULL; /* (the reference runs on one core) */
     if (!r.q)
         return loom__error(
             LOOM_ENOMEM,

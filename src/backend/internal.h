@@ -131,17 +131,22 @@ static inline bool loom__runs_kernel(const loom__pnode *t) {
 #define LOOM_RULES_MAX      16 /* fusion rules (compile/fuse.c's table) */
 #define LOOM_FUSED_MAX_OUTS 4
 
-/* A generated kernel: args[0] is the root node (the output), the rest its leaves. An epilogue
+/* A generated kernel: args[0] is the root node (the output), the rest its leaves; fn(args, lo, hi)
+ * computes the outputs of indices [lo, hi) of its outermost loop, [0, extent) all of them, each
+ * as the whole would (so that a device's cores may split it: loom__team_for); work: its elements'
+ * operations, for choosing whether to split. An epilogue
  * (epi_of >= 0) runs inside library kernel epi_of instead of on its own: part(args, i, j0, j1, v)
  * computes row i, columns [j0, j1) of its 2-D root into args[0][0 .. j1 - j0), reading leaf
  * epi_arg (the library kernel's output) from v[0 .. j1 - j0) while that block is still in cache. */
-typedef void (*loom__kfn)(void *const *args);
+typedef void (*loom__kfn)(void *const *args, int64_t lo, int64_t hi);
 typedef void (*loom__kpart)(void *const *args, int64_t i, int64_t j0, int64_t j1, const void *v);
 typedef struct {
     int32_t root;
     int32_t nargs;
     int32_t args[LOOM_FUSED_MAX_ARGS];
     loom__kfn fn;
+    int64_t extent;
+    double work;
     int32_t epi_of, epi_arg;
     loom__kpart part;
     /* Members also stored, each into its slab place (an optimizer's moments, read by the update
@@ -267,7 +272,18 @@ typedef struct {
      * NULL: every entry runs here. `device`: this one's index. */
     const int32_t *owner;
     int device;
+    /* the device's cores (NULL: one), which split the outputs of its larger kernels */
+    loom__team *team;
 } loom__bind;
+
+/* Kernels of fewer operations than this run on one core: splitting costs more than it saves. */
+#define LOOM_SPLIT_MIN 32768.0
+
+/* The scratch worker w of a kernel split by loom__team_for uses (loom__team_scratch; the
+ * program's own for the caller): each its own, as large. */
+static inline unsigned char *loom__scratch_of(const loom__program *p, const loom__bind *b, int w) {
+    return w > 0 ? (unsigned char *)loom__team_scratch(b->team, w) : b->ws + p->scratch;
+}
 
 /* Whether exec entry e runs on the device bound by b (not another device's shared update). */
 static inline bool loom__runs_here(const loom__bind *b, int64_t e) {

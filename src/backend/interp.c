@@ -615,15 +615,32 @@ static const kernel_fn kernels[LOOM_OP_COUNT] = {
 #include "../graph/ops.def"
 };
 
+typedef struct {
+    const loom__fused *k;
+    void *args[LOOM_FUSED_MAX_ARGS];
+} split_kernel;
+
+static void kernel_range(void *ctx, int64_t lo, int64_t hi, int w) {
+    split_kernel *sk = ctx;
+    (void)w;
+    sk->k->fn(sk->args, lo, hi);
+}
+
 loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int64_t e) {
     int32_t id = p->exec[e];
     loom_status s = LOOM_OK;
+    /* the device's other cores: scratch as large as the program's own (a no-op once it is) */
+    if (p->scratch > 0 && !loom__team_reserve(b->team, p->ws_bytes - p->scratch))
+        return LOOM_ENOMEM;
     if (p->fused_of && p->fused_of[id] >= 0) { /* a generated kernel */
         const loom__fused *k = &p->fused[p->fused_of[id]];
-        void *args[LOOM_FUSED_MAX_ARGS];
+        split_kernel sk = {.k = k};
         for (int a = 0; a < k->nargs; a++)
-            args[a] = loom__addr(p, b, k->args[a]);
-        k->fn(args);
+            sk.args[a] = loom__addr(p, b, k->args[a]);
+        if (k->work >= LOOM_SPLIT_MIN)
+            loom__team_for(b->team, k->extent, 1, kernel_range, &sk);
+        else
+            k->fn(sk.args, 0, k->extent);
     } else {
         s = kernels[p->nodes[id].op](p, b, id);
     }

@@ -149,6 +149,75 @@ static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const in
     }
 }
 
+/* A product through BLAS, over its batch dims, split or not across a device's cores. */
+#define BLAS_BLOCKS 4
+typedef enum { SPLIT_NONE, SPLIT_BATCH, SPLIT_ROWS, SPLIT_COLS } blas_split;
+typedef struct {
+    const loom__pnode *t, *A, *B;
+    int64_t m, n, k, lda, ldb, batch, block;
+    bool ta, tb;
+    size_t es;
+    unsigned char *o;
+    const unsigned char *pa, *pb;
+    blas_split split;
+} blas_job;
+
+/* One product: rows [i0, i0 + m) and columns [j0, j0 + n) of the output at po (n_all columns a
+ * row), from the operands at pa, pb (their first elements). */
+static void blas_one(const blas_job *j, unsigned char *po, const unsigned char *pa,
+                     const unsigned char *pb, int64_t i0, int64_t m, int64_t j0, int64_t n) {
+    size_t es = j->es;
+    int64_t ldc = j->n > 1 ? j->n : 1;
+    po += (size_t)(i0 * j->n + j0) * es;
+    pa += (size_t)(i0 * (j->ta ? 1 : j->lda)) * es;
+    pb += (size_t)(j0 * (j->tb ? j->ldb : 1)) * es;
+    if (m * n == 0)
+        return;
+    if (j->k == 0) {
+        for (int64_t i = 0; i < m; i++)
+            memset(po + (size_t)(i * j->n) * es, 0, (size_t)n * es);
+    } else if (j->t->dtype == LOOM_F64) {
+        cblas_dgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans,
+                    j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)j->k, 1.0,
+                    (const double *)pa, (int)j->lda, (const double *)pb, (int)j->ldb, 0.0,
+                    (double *)po, (int)ldc);
+    } else {
+        cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans,
+                    j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)j->k, 1.0f,
+                    (const float *)pa, (int)j->lda, (const float *)pb, (int)j->ldb, 0.0f,
+                    (float *)po, (int)ldc);
+    }
+}
+
+/* Blocks [lo, hi): products of the batch, or blocks of rows or columns of the one product. */
+static void blas_part(void *ctx, int64_t lo, int64_t hi, int w) {
+    const blas_job *j = ctx;
+    (void)w;
+    int nd = j->t->ndim;
+    if (j->split == SPLIT_ROWS || j->split == SPLIT_COLS) {
+        bool rows = j->split == SPLIT_ROWS;
+        for (int64_t q = lo; q < hi; q++) {
+            int64_t at = q * j->block, len = (rows ? j->m : j->n) - at;
+            len = len < j->block ? len : j->block;
+            blas_one(j, j->o, j->pa, j->pb, rows ? at : 0, rows ? len : j->m, rows ? 0 : at,
+                     rows ? j->n : len);
+        }
+        return;
+    }
+    if (j->split == SPLIT_NONE)
+        lo = 0, hi = j->batch;
+    int64_t idx[MAXD] = {0}, oa = 0, ob = 0, r = lo;
+    for (int d = nd - 3; d >= 0; d--) { /* batch index lo's operands */
+        idx[d] = r % j->t->shape[d], r /= j->t->shape[d];
+        oa += idx[d] * j->A->lay.stride[d], ob += idx[d] * j->B->lay.stride[d];
+    }
+    for (r = lo; r < hi; r++) {
+        blas_one(j, j->o + (size_t)(r * j->m * j->n) * j->es, j->pa + (size_t)oa * j->es,
+                 j->pb + (size_t)ob * j->es, 0, j->m, 0, j->n);
+        next_batch(nd - 2, j->t->shape, j->A->lay.stride, j->B->lay.stride, idx, &oa, &ob);
+    }
+}
+
 loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *A = &p->nodes[t->src[0]], *B = &p->nodes[t->src[1]];
     int nd = t->ndim;
@@ -204,34 +273,32 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
         }
         return LOOM_OK;
     }
-    int64_t m = t->shape[nd - 2], n = t->shape[nd - 1], k = A->shape[nd - 1];
-    bool ta = false, tb = false;
-    int64_t lda = 1, ldb = 1;
-    bool ok = loom__blas_layout(m, k, A->lay.stride[nd - 2], A->lay.stride[nd - 1], &ta, &lda) &&
-              loom__blas_layout(k, n, B->lay.stride[nd - 2], B->lay.stride[nd - 1], &tb, &ldb);
+    blas_job j = {.t = t,
+                  .A = A,
+                  .B = B,
+                  .m = t->shape[nd - 2],
+                  .n = t->shape[nd - 1],
+                  .k = A->shape[nd - 1],
+                  .es = loom__dtype_size((loom_dtype)t->dtype),
+                  .o = loom__addr(p, b, id),
+                  .pa = loom__addr(p, b, t->src[0]),
+                  .pb = loom__addr(p, b, t->src[1]),
+                  .batch = loom__numel(nd - 2, t->shape)};
+    bool ok =
+        loom__blas_layout(j.m, j.k, A->lay.stride[nd - 2], A->lay.stride[nd - 1], &j.ta, &j.lda) &&
+        loom__blas_layout(j.k, j.n, B->lay.stride[nd - 2], B->lay.stride[nd - 1], &j.tb, &j.ldb);
     LOOM_ASSERT(ok); /* the planner materializes other layouts */
-    size_t es = loom__dtype_size((loom_dtype)t->dtype);
-    unsigned char *o = loom__addr(p, b, id);
-    const unsigned char *pa = loom__addr(p, b, t->src[0]), *pb = loom__addr(p, b, t->src[1]);
-    int64_t batch = loom__numel(nd - 2, t->shape), idx[MAXD] = {0}, oa = 0, ob = 0;
-    for (int64_t r = 0; r < batch; r++) {
-        unsigned char *po = o + (size_t)(r * m * n) * es;
-        if (k == 0 && m * n > 0) {
-            memset(po, 0, (size_t)(m * n) * es);
-        } else if (m * n > 0 && t->dtype == LOOM_F64) {
-            cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0,
-                        (const double *)(pa + (size_t)oa * es), (int)lda,
-                        (const double *)(pb + (size_t)ob * es), (int)ldb, 0.0, (double *)po,
-                        (int)(n > 1 ? n : 1));
-        } else if (m * n > 0) {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f,
-                        (const float *)(pa + (size_t)oa * es), (int)lda,
-                        (const float *)(pb + (size_t)ob * es), (int)ldb, 0.0f, (float *)po,
-                        (int)(n > 1 ? n : 1));
-        }
-        next_batch(nd - 2, t->shape, A->lay.stride, B->lay.stride, idx, &oa, &ob);
-    }
+    /* A large product is computed in blocks: one product's rows or columns (the longer), in at
+     * most BLAS_BLOCKS blocks of a multiple of 16 (at least 64), or the products of its batch;
+     * the device's cores take blocks. The blocks depend on the shape alone: BLAS may round an
+     * element otherwise in another block of another size, so that its values stay the same
+     * whatever the cores. */
+    bool big = (double)j.batch * (double)(j.m * j.n) * (double)j.k >= 2 * LOOM_SPLIT_MIN;
+    j.split = !big ? SPLIT_NONE : j.batch > 1 ? SPLIT_BATCH : j.m >= j.n ? SPLIT_ROWS : SPLIT_COLS;
+    int64_t extent = j.split == SPLIT_ROWS ? j.m : j.split == SPLIT_COLS ? j.n : j.batch;
+    j.block = (extent + BLAS_BLOCKS * 16 - 1) / (BLAS_BLOCKS * 16) * 16;
+    j.block = j.split == SPLIT_BATCH || j.split == SPLIT_NONE ? 1 : j.block < 64 ? 64 : j.block;
+    loom__team_for(j.split == SPLIT_NONE ? NULL : b->team,
+                   j.split == SPLIT_NONE ? 1 : (extent + j.block - 1) / j.block, 1, blas_part, &j);
     return LOOM_OK;
 }

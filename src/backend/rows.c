@@ -208,17 +208,30 @@ size_t loom__lnorm_scratch_bytes(const loom__pnode *t) {
     return loom__dtype_size((loom_dtype)t->dtype) * (size_t)(3 * t->shape[t->ndim - 1]);
 }
 
-/* LNORMGRAD id from its LNORM_READ form: the forward's output rows (contiguous) and rstd. */
-static void lnorm_grad_kept(const loom__program *p, const loom__bind *b, int32_t id, int32_t m) {
-    const loom__pnode *t = &p->nodes[id], *gy = &p->nodes[t->src[1]];
-    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+/* A row kernel's job: node id of program p bound by b, the node another form makes it read (-1:
+ * none), whether a gradient. */
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    int32_t id, m;
+    bool grad;
+} rows_job;
+
+/* Rows [lo, hi) of LNORMGRAD id from its LNORM_READ form: the forward's output rows (contiguous)
+ * and rstd. */
+static void lnorm_grad_kept(void *ctx, int64_t lo, int64_t hi, int w) {
+    const rows_job *j = ctx;
+    const loom__program *p = j->p;
+    const loom__bind *b = j->b;
+    const loom__pnode *t = &p->nodes[j->id], *gy = &p->nodes[t->src[1]];
+    int64_t n = t->shape[t->ndim - 1];
     const void *gs = loom__addr(p, b, t->src[1]);
-    const unsigned char *y = loom__addr(p, b, m);
-    void *o = loom__addr(p, b, id);
-    unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
+    const unsigned char *y = loom__addr(p, b, j->m);
+    void *o = loom__addr(p, b, j->id);
+    unsigned char *tmp = loom__scratch_of(p, b, w); /* loom__lnorm_scratch_bytes: a row's copies */
     size_t es = loom__dtype_size((loom_dtype)t->dtype);
     const unsigned char *rstd = y + (size_t)loom__numel(t->ndim, t->shape) * es;
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         if (t->dtype == LOOM_F64) {
             double *gr = (double *)(void *)tmp;
             GATHER_ROW(double, gs, gy, r, n, gr);
@@ -233,20 +246,20 @@ static void lnorm_grad_kept(const loom__program *p, const loom__bind *b, int32_t
     }
 }
 
-static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
-    const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
-    const loom__form *kept = grad ? loom__form_get(p, id, LOOM_FORM_LNORM_READ) : NULL;
-    if (kept) {
-        lnorm_grad_kept(p, b, id, kept->reads.node);
-        return LOOM_OK;
-    }
+/* Rows [lo, hi) of LNORM or LNORMGRAD id. */
+static void lnorm_rows(void *ctx, int64_t lo, int64_t hi, int w) {
+    const rows_job *j = ctx;
+    const loom__program *p = j->p;
+    const loom__bind *b = j->b;
+    bool grad = j->grad;
+    const loom__pnode *t = &p->nodes[j->id], *x = &p->nodes[t->src[0]];
     const loom__pnode *gy = grad ? &p->nodes[t->src[1]] : NULL;
-    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    int64_t n = t->shape[t->ndim - 1];
     const void *xs = loom__addr(p, b, t->src[0]), *gs = grad ? loom__addr(p, b, t->src[1]) : NULL;
-    void *o = loom__addr(p, b, id);
-    unsigned char *tmp = b->ws + p->scratch; /* loom__lnorm_scratch_bytes: a row's copies */
+    void *o = loom__addr(p, b, j->id);
+    unsigned char *tmp = loom__scratch_of(p, b, w); /* loom__lnorm_scratch_bytes: a row's copies */
     /* the forward's rstd, a row's after its values, where its gradient reads them */
-    unsigned char *keep = !grad && loom__form_get(p, id, LOOM_FORM_LNORM_KEEP)
+    unsigned char *keep = !grad && loom__form_get(p, j->id, LOOM_FORM_LNORM_KEEP)
                               ? (unsigned char *)o + (size_t)loom__numel(t->ndim, t->shape) *
                                                          loom__dtype_size((loom_dtype)t->dtype)
                               : NULL;
@@ -255,7 +268,7 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
 #else
     bool wide = false;
 #endif
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = lo; r < hi; r++) {
         if (t->dtype == LOOM_F64) {
             double *xr = (double *)(void *)tmp, *gr = grad ? xr + n : NULL,
                    *o_r = (double *)o + r * n;
@@ -291,6 +304,15 @@ static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t 
             lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value, kr);
         }
     }
+}
+
+static loom_status k_lnorm(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
+    const loom__pnode *t = &p->nodes[id];
+    const loom__form *kept = grad ? loom__form_get(p, id, LOOM_FORM_LNORM_READ) : NULL;
+    int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
+    rows_job j = {p, b, id, kept ? kept->reads.node : -1, grad};
+    loom__team *team = (double)(rows * n) * (grad ? 8 : 5) >= LOOM_SPLIT_MIN ? b->team : NULL;
+    loom__team_for(team, rows, 1, kept ? lnorm_grad_kept : lnorm_rows, &j);
     return LOOM_OK;
 }
 
@@ -302,34 +324,51 @@ loom_status loom__k_lnormgrad(const loom__program *p, const loom__bind *b, int32
     return k_lnorm(p, b, id, true);
 }
 
+/* Rows [lo, hi) of SOFTMAX id whose rows are evenly spaced (contiguous, or any layout whose
+ * leading dims merge): one loop over them. */
+static void softmax_even(void *ctx, int64_t lo, int64_t hi, int w) {
+    const rows_job *j = ctx;
+    const loom__pnode *t = &j->p->nodes[j->id], *x = &j->p->nodes[t->src[0]];
+    int64_t n = t->shape[t->ndim - 1], cs = x->lay.stride[x->ndim - 1];
+    int64_t rs = x->ndim >= 2 ? x->lay.stride[x->ndim - 2] : n;
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    const char *xr = (const char *)loom__addr(j->p, j->b, t->src[0]) + (size_t)(lo * rs) * es;
+    char *yr = (char *)loom__addr(j->p, j->b, j->id) + (size_t)(lo * n) * es;
+    (void)w;
+    if (t->dtype == LOOM_F64)
+        softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, hi - lo,
+                            n);
+    else
+        softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, hi - lo, n);
+}
+
 loom_status loom__k_softmax(const loom__program *p, const loom__bind *b, int32_t id) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     int64_t n = t->shape[t->ndim - 1], rows = n ? loom__numel(t->ndim, t->shape) / n : 0;
-    const void *src = loom__addr(p, b, t->src[0]);
-    void *o = loom__addr(p, b, id);
-    int64_t cs = x->lay.stride[x->ndim - 1], rs = n;
-    /* rows evenly spaced (contiguous, or any layout whose leading dims merge) take one loop;
-     * others go a row at a time */
     bool even = true;
     for (int d = x->ndim - 3; d >= 0 && even; d--)
         even = x->shape[d] == 1 || x->lay.stride[d] == x->lay.stride[d + 1] * x->shape[d + 1];
-    if (x->ndim >= 2)
-        rs = x->lay.stride[x->ndim - 2];
+    rows_job j = {p, b, id, -1, false};
+    if (even) {
+        loom__team_for((double)(rows * n) * 4 >= LOOM_SPLIT_MIN ? b->team : NULL, rows, 1,
+                       softmax_even, &j);
+        return LOOM_OK;
+    }
+    const void *src = loom__addr(p, b, t->src[0]); /* others a row at a time */
+    void *o = loom__addr(p, b, id);
+    int64_t cs = x->lay.stride[x->ndim - 1], rs = x->ndim >= 2 ? x->lay.stride[x->ndim - 2] : n;
     size_t es = loom__dtype_size((loom_dtype)t->dtype);
     int64_t ix[MAXD] = {0}, off = 0;
-    for (int64_t r = 0; r < rows; r += even ? rows : 1) {
-        int64_t m = even ? rows : 1;
+    for (int64_t r = 0; r < rows; r++) {
         const char *xr = (const char *)src + (size_t)off * es;
         char *yr = (char *)o + (size_t)(r * n) * es;
         if (t->dtype == LOOM_F64)
-            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, m,
+            softmax_rows_double((const double *)(const void *)xr, rs, cs, (double *)(void *)yr, 1,
                                 n);
         else
-            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, m, n);
-        if (!even) { /* to the next row's first element */
-            off += (n - 1) * cs, ix[x->ndim - 1] = n - 1;
-            loom__next_strided(x, ix, &off);
-        }
+            softmax_rows_f32((const float *)(const void *)xr, rs, cs, (float *)(void *)yr, 1, n);
+        off += (n - 1) * cs, ix[x->ndim - 1] = n - 1; /* to the next row's first element */
+        loom__next_strided(x, ix, &off);
     }
     return LOOM_OK;
 }

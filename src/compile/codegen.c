@@ -182,17 +182,51 @@ static void red_step(text *t, const loom__program *p, const loom__fused *k, int3
 
 #define RED_COLUMNS_MAX 4096 /* accumulators of a reduction across rows (red_kernel) */
 
+/* "for (int64_t i<d> = 0; i<d> < n; i<d>++)", or over [lo, hi) for the dim a kernel's range
+ * splits (split: its outermost loop). */
+static void loop(text *t, const char *pre, const char *ind, int d, int64_t n, bool split) {
+    if (split)
+        put(t, "%s%sfor (int64_t i%d = lo; i%d < hi; i%d++)\n", pre, ind, d, d, d);
+    else
+        put(t, "%s%sfor (int64_t i%d = 0; i%d < %lld; i%d++)\n", pre, ind, d, d, (long long)n, d);
+}
+
+/* How a kernel around reduction red combines (lanes, columns or one accumulator: red_kernel), and
+ * the dim whose range it is given (-1: none, it runs whole): its outermost loop. */
+static int red_form(const loom__program *p, int32_t red, bool *lanes, bool *columns) {
+    const loom__pnode *r = &p->nodes[red], *in = &p->nodes[r->src[0]];
+    int ax = r->attr.axis;
+    int64_t len = in->shape[ax], sax = 1, inner = 1;
+    for (int d = ax + 1; d < in->ndim; d++)
+        sax *= in->shape[d];
+    if (in->fused_into < 0) /* a leaf: its own stride along the axis */
+        sax = in->lay.stride[ax];
+    *lanes = sax == 1 && len >= 64; /* the interpreter's rule (RED_LANES 16) */
+    /* columns: a reduction across rows (dims after the axis, `inner` outputs of them) runs the
+     * axis outermost over an accumulator per output, so that the loads along the rows vectorize;
+     * each output still combines its k in ascending order, as the sequential form does */
+    for (int d = ax + 1; d < r->ndim; d++)
+        inner *= r->shape[d];
+    *columns = !*lanes && inner > 1 && inner <= RED_COLUMNS_MAX;
+    for (int d = 0; d < (*columns ? ax : r->ndim); d++)
+        if (d != ax && r->shape[d] != 1)
+            return d;
+    for (int d = ax + 1; *columns && d < r->ndim; d++)
+        if (r->shape[d] != 1)
+            return d;
+    return -1;
+}
+
 /* The loops over a reduction's dims after its axis, opening a block that knows j, the output's
  * index among them. */
-static void inner_loops(text *t, const loom__pnode *r, int ax, const char *ind) {
+static void inner_loops(text *t, const loom__pnode *r, int ax, int split, const char *ind) {
     int last = -1;
     for (int d = ax + 1; d < r->ndim; d++)
         if (r->shape[d] != 1)
             last = d;
     for (int d = ax + 1; d < r->ndim; d++)
         if (r->shape[d] != 1)
-            put(t, "%s%sfor (int64_t i%d = 0; i%d < %lld; i%d++)\n",
-                d == last ? "#pragma GCC ivdep\n" : "", ind, d, d, (long long)r->shape[d], d);
+            loop(t, d == last ? "#pragma GCC ivdep\n" : "", ind, d, r->shape[d], d == split);
     put(t, "%s{\n%s    int64_t j = 0", ind, ind);
     for (int64_t d = r->ndim - 1, s = 1; d > ax; s *= r->shape[d], d--)
         if (r->shape[d] != 1)
@@ -209,29 +243,22 @@ static void red_kernel(text *t, const loom__program *p, const loom__fused *k, in
     const loom__pnode *root = &p->nodes[k->root], *r = &p->nodes[red], *in = &p->nodes[r->src[0]];
     const char *T = r->dtype == LOOM_F64 ? "double" : "float";
     int ax = r->attr.axis;
-    int64_t len = in->shape[ax], cst[LOOM_MAX_DIMS], sax = 1;
+    int64_t len = in->shape[ax], cst[LOOM_MAX_DIMS], inner = 1;
     for (int64_t d = r->ndim - 1, s = 1; d >= 0; d--)
         cst[d] = s, s *= r->shape[d];
-    for (int d = ax + 1; d < in->ndim; d++)
-        sax *= in->shape[d];
-    bool member = in->fused_into >= 0;
-    if (!member) /* a leaf: its own stride along the axis */
-        sax = in->lay.stride[ax];
-    bool lanes = sax == 1 && len >= 64; /* the interpreter's rule (RED_LANES 16) */
-    /* columns: a reduction across rows (dims after the axis, `inner` outputs of them) runs the
-     * axis outermost over an accumulator per output, so that the loads along the rows vectorize;
-     * each output still combines its k in ascending order, as the sequential form does */
-    int64_t inner = 1;
     for (int d = ax + 1; d < r->ndim; d++)
         inner *= r->shape[d];
-    bool columns = !lanes && inner > 1 && inner <= RED_COLUMNS_MAX;
-    put(t, "\nvoid loom_k%d(void *const *p) {\n    %s *o = (%s *)p[0];\n", k->root, T, T);
+    bool lanes, columns;
+    int split = red_form(p, red, &lanes, &columns);
+    put(t, "\nvoid loom_k%d(void *const *p, int64_t lo, int64_t hi) {\n    %s *o = (%s *)p[0];\n",
+        k->root, T, T);
+    if (split < 0)
+        put(t, "    (void)lo, (void)hi;\n");
     for (int a = 1; a < k->nargs; a++)
         put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
     for (int d = 0; d < (columns ? ax : r->ndim); d++)
         if (d != ax && r->shape[d] != 1)
-            put(t, "    for (int64_t i%d = 0; i%d < %lld; i%d++)\n", d, d, (long long)r->shape[d],
-                d);
+            loop(t, "", "    ", d, r->shape[d], d == split);
     put(t, "    {\n");
     const char *name = loom__ops[r->op].name, *bits = r->dtype == LOOM_F64 ? "64" : "32";
     const char *ind = "        ";
@@ -240,10 +267,10 @@ static void red_kernel(text *t, const loom__program *p, const loom__fused *k, in
             (long long)inner, (long long)inner);
         put(t, "            acc[j] = (%s)(ID_%s);\n", T, name);
         put(t, "        for (int64_t k = 0; k < %lld; k++)\n", (long long)len);
-        inner_loops(t, r, ax, "        ");
+        inner_loops(t, r, ax, split, "        ");
         red_step(t, p, k, red, "k", "acc[j]", "            ");
         put(t, "        }\n");
-        inner_loops(t, r, ax, "        ");
+        inner_loops(t, r, ax, split, "        ");
         put(t, "            %s v%d = acc[j];\n", T, red);
         ind = "            ";
     } else if (lanes) {
@@ -327,7 +354,10 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
     const char *P = r->dtype == LOOM_F64 ? "f64" : "f32";
     space sp;
     build_space(p, k, &sp);
-    put(t, "\nvoid loom_k%d(void *const *p) {\n    %s *o = (%s *)p[0];\n", k->root, T, T);
+    put(t, "\nvoid loom_k%d(void *const *p, int64_t lo, int64_t hi) {\n    %s *o = (%s *)p[0];\n",
+        k->root, T, T);
+    if (sp.nd == 0)
+        put(t, "    (void)lo, (void)hi;\n");
     for (int a = 1; a < k->nargs; a++)
         if (loom__fused_out_arg(k, a)) /* a member stored too */
             put(t, "    %s *o%d = (%s *)p[%d];\n", T, a, T, a);
@@ -337,8 +367,7 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
      * in place, a slab is read only at the index written, in_place_safe): the compiler need not
      * prove it, and could not where the update reads and writes the same slab */
     for (int d = 0; d < sp.nd; d++)
-        put(t, "%s    for (int64_t i%d = 0; i%d < %lld; i%d++)\n",
-            d == sp.nd - 1 ? "#pragma GCC ivdep\n" : "", d, d, (long long)sp.shape[d], d);
+        loop(t, d == sp.nd - 1 ? "#pragma GCC ivdep\n" : "", "    ", d, sp.shape[d], d == 0);
     put(t, "    {\n");
     for (int a = 1; a < k->nargs; a++) {
         if (loom__fused_out_arg(k, a))
@@ -378,6 +407,23 @@ static void kernel(text *t, const loom__program *p, const loom__fused *k) {
     for (int d = 0; d < sp.nd; d++)
         put(t, " + i%d * %lld", d, (long long)sp.st[0][d]);
     put(t, "] = v%d;\n    }\n}\n", k->root);
+}
+
+int64_t loom__kernel_extent(const loom__program *p, const loom__fused *k, double *work) {
+    const loom__pnode *r = &p->nodes[k->root];
+    *work = (double)loom__numel(r->ndim, r->shape);
+    for (int32_t m = 0; m <= k->root; m++) {
+        bool through, lanes, columns;
+        const loom__pnode *n = &p->nodes[m];
+        if (loom__ops[n->op].kind == LOOM_KIND_RED && in_kernel(p, k, m, -1, &through)) {
+            int d = red_form(p, m, &lanes, &columns);
+            *work *= (double)p->nodes[n->src[0]].shape[n->attr.axis];
+            return d < 0 ? 1 : n->shape[d];
+        }
+    }
+    space sp;
+    build_space(p, k, &sp);
+    return sp.nd ? sp.shape[0] : 1;
 }
 
 char *loom__codegen(const loom__program *p, uint64_t *key) {

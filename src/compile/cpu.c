@@ -21,6 +21,7 @@ static loom_status cpu_build(const loom__executor *x, loom__program *p, bool *co
         void *sym = dlsym(p->target, name);
         memcpy(&p->fused[k].fn, &sym, sizeof sym); /* object pointer to function pointer */
         st = sym ? LOOM_OK : LOOM_EINTERNAL;
+        p->fused[k].extent = loom__kernel_extent(p, &p->fused[k], &p->fused[k].work);
         if (!st && p->fused[k].epi_of >= 0) {
             snprintf(name, sizeof name, "loom_k%d_part", p->fused[k].root);
             sym = dlsym(p->target, name);

@@ -149,6 +149,10 @@ void loom__program_free(loom__program *p);
 /* The C source of p's fused kernels (functions loom_k<root>), with `key` written into it; owned by
  * the caller (loom__free). NULL out of memory. */
 char *loom__codegen(const loom__program *p, uint64_t *key);
+/* The extent of the range kernel k's function takes (loom__kfn: its outermost loop, 1 where it
+ * runs whole) and in *work its elements' operations (the root's elements, times the reduced
+ * length under a reduction). */
+int64_t loom__kernel_extent(const loom__program *p, const loom__fused *k, double *work);
 
 /* Builds source `src` (identified by key) into a shared object, or finds it in the disk cache,
  * and loads it. *compiled says whether the compiler ran. A missing compiler or a failed build is

@@ -92,6 +92,23 @@ void loom__cpu_hold(int cpu, bool hold);
 void loom__keep_off_held_cpus(void);
 void loom__cpus_follow_holds(void); /* the same, only for a thread that has called it before */
 
+/* team.c: the cores of one device. loom__team_new starts size - 1 helper threads (pinned to
+ * cpus[0 .. size - 2] and holding them, where cpus is not NULL; named "<name>.<w>"); NULL with
+ * the reason on failure. loom__team_for(t, n, align, fn, ctx) runs fn(ctx, lo, hi, w) over
+ * near-equal ranges of [0, n), one a core (w: 0 the caller, 1.. the helpers), each bound but n
+ * a multiple of align, and returns when all are done; on a NULL team, one core or n <= align,
+ * fn(ctx, 0, n, 0) alone. fn must compute each index as it would in one range (the results may
+ * not depend on the split) and not fail. A helper's scratch: loom__team_reserve (the caller,
+ * between jobs) makes it at least bytes; loom__team_scratch(t, w) is helper w's (NULL for 0). */
+typedef struct loom__team loom__team;
+typedef void (*loom__range_fn)(void *ctx, int64_t lo, int64_t hi, int w);
+loom__team *loom__team_new(int size, const int *cpus, const char *name);
+void loom__team_free(loom__team *t);
+int loom__team_size(const loom__team *t);
+void loom__team_for(loom__team *t, int64_t n, int64_t align, loom__range_fn fn, void *ctx);
+bool loom__team_reserve(loom__team *t, size_t bytes);
+void *loom__team_scratch(const loom__team *t, int w);
+
 /* fs.c: $XDG_CACHE_HOME/loom/<sub> (or ~/.cache/loom/<sub>) into out, created with its parents;
  * false if it cannot be had. */
 bool loom__cache_dir(const char *sub, char *out, size_t size);

@@ -423,7 +423,8 @@ static loom_status prepare(loom_devices *D, loom_graph *g, loom__program *p) {
                                .allreduce = dev_allreduce,
                                .comm = d,
                                .owner = D->share && p->own ? D->owner : NULL,
-                               .device = i};
+                               .device = i,
+                               .team = d->team};
         for (int s = 0; s < LOOM_SLAB_COUNT; s++)
             d->bind.slab[s] = g->model ? slab_of(D, d, s) : NULL;
     }
@@ -622,6 +623,12 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
         loom__error(LOOM_EINVAL, "loom_devices_new: %d devices (expected 1 to 256)", cfg.count);
         return NULL;
     }
+    if (cfg.cores < 0 || cfg.cores > 64) {
+        loom__error(LOOM_EINVAL, "loom_devices_new: %d cores a device (expected 1 to 64)",
+                    cfg.cores);
+        return NULL;
+    }
+    int C = cfg.cores = cfg.cores ? cfg.cores : 1;
     loom_devices *D = loom__calloc(1, sizeof *D);
     if (!D)
         return NULL;
@@ -640,9 +647,9 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
         loom_devices_free(D);
         return NULL;
     }
-    int part = ncpu / node_size > 0 ? ncpu / node_size : 1;
+    int part = ncpu / node_size / C > 0 ? ncpu / node_size / C : 1;
     D->n = D->c.count = cfg.count ? cfg.count : ncpu > 0 ? part : 1;
-    D->spare_cpu = ncpu > D->n * node_size;
+    D->spare_cpu = ncpu > D->n * C * node_size;
     D->group = loom_group_local_new(D->n, cfg.timeout_s);
     D->dev = loom__calloc((size_t)D->n, sizeof *D->dev);
     if (!D->group || !D->dev || same_counts(D) || parse_fault(D)) {
@@ -652,7 +659,16 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
     for (int i = 0; i < D->n; i++) {
         device *d = &D->dev[i];
         d->owner = D, d->index = i;
-        d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[(node_rank * D->n + i) % ncpu];
+        int first = (node_rank * D->n + i) * C, helpers[64];
+        d->cpu = cfg.no_pin || ncpu == 0 ? -1 : cpus[first % ncpu];
+        for (int h = 1; h < C; h++) /* its helpers': the next ones */
+            helpers[h - 1] = cfg.no_pin || ncpu == 0 ? -1 : cpus[(first + h) % ncpu];
+        char name[16]; /* as top -H and the tests see it, from the moment this returns */
+        snprintf(name, sizeof name, "loom-device%d", i % 1000);
+        if (C > 1 && !(d->team = loom__team_new(C, helpers, name))) {
+            loom_devices_free(D);
+            return NULL;
+        }
         d->comm = loom_group_comm(D->group, i);
         if (start_pinned(d) != 0 && pthread_create(&d->thread, NULL, worker, d) != 0) {
             loom__error(LOOM_EINTERNAL, "loom_devices_new: cannot start device %d: %s", i,
@@ -661,8 +677,6 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
             return NULL;
         }
         d->started = true;
-        char name[16]; /* as top -H and the tests see it, from the moment this returns */
-        snprintf(name, sizeof name, "loom-device%d", i % 1000);
         pthread_setname_np(d->thread, name);
     }
     return D;
@@ -692,6 +706,8 @@ void loom_devices_free(loom_devices *D) {
         if (D->dev[i].holds_cpu)
             loom__cpu_hold(D->dev[i].cpu, false);
     }
+    for (int i = 0; D->dev && i < D->n && !stuck; i++)
+        loom__team_free(D->dev[i].team);
     loom__cpus_follow_holds(); /* this thread has its CPUs back, if start() took them */
     if (stuck)                 /* its memory may still be in use */
         return;
@@ -716,6 +732,10 @@ void loom_devices_free(loom_devices *D) {
 
 int loom_devices_count(const loom_devices *D) {
     return D->n;
+}
+
+int loom_devices_cores(const loom_devices *D) {
+    return D->c.cores;
 }
 
 bool loom_devices_any(loom_devices *D, bool mine) {

@@ -24,6 +24,7 @@ struct loom__device {
                                    * them); device 0 uses the model's slabs */
     int64_t slab_cap[LOOM_SLAB_COUNT];
     loom__bind bind;
+    loom__team *team; /* its cores (loom_devices_config.cores), or NULL for one */
     loom_status st;
     char msg[512];
     bool done;         /* finished the current job (under the owner's mutex) */

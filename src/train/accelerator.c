@@ -21,8 +21,10 @@ loom_accelerator *loom_accelerator_new(const loom_accelerator_config *c) {
     loom_accelerator *a = loom__calloc(1, sizeof *a);
     if (!a)
         return NULL;
-    a->devs = loom_devices_new(&(loom_devices_config){
-        .count = cfg.devices, .timeout_s = cfg.timeout_s, .detect_anomaly = cfg.detect_anomaly});
+    a->devs = loom_devices_new(&(loom_devices_config){.count = cfg.devices,
+                                                      .cores = cfg.cores_per_device,
+                                                      .timeout_s = cfg.timeout_s,
+                                                      .detect_anomaly = cfg.detect_anomaly});
     if (!a->devs) {
         loom__free(a);
         return NULL;

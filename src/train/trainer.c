@@ -56,8 +56,11 @@ loom_trainer *loom_trainer_new(const loom_trainer_config *c) {
     t->c = cfg;
     t->m.val_accuracy = t->m.val_loss = t->m.best = NAN;
     t->ckpt_step = t->val_step = -1;
-    t->acc = loom_accelerator_new(&(loom_accelerator_config){
-        .devices = cfg.devices, .timeout_s = cfg.timeout_s, .detect_anomaly = cfg.detect_anomaly});
+    t->acc =
+        loom_accelerator_new(&(loom_accelerator_config){.devices = cfg.devices,
+                                                        .cores_per_device = cfg.cores_per_device,
+                                                        .timeout_s = cfg.timeout_s,
+                                                        .detect_anomaly = cfg.detect_anomaly});
     if (!t->acc) {
         loom__free(t);
         return NULL;

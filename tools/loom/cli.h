@@ -25,7 +25,8 @@ typedef struct {
     int64_t epochs, steps, batch;
     int64_t
         accumulate;  /* --accumulate N: micro-batches of --batch per optimizer step (0, 1: one) */
-    int64_t devices; /* 0: one per core */
+    int64_t devices; /* 0: one per --cores-per-device cores */
+    int64_t cores;   /* --cores-per-device N: the cores each device spans (0, 1: one) */
     int64_t limit_eval; /* --limit-eval N: evaluate on the first N test samples (0: all) */
     double timeout;     /* seconds, 0: the library's default */
     bool detect_anomaly;
@@ -73,6 +74,7 @@ typedef struct {
     unsigned given; /* which of --layers, --heads, --width, --context (bits 0 to 3) were given */
     int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k, num_samples;
     int64_t accumulate; /* --accumulate N: micro-batches of --batch per optimizer step */
+    int64_t cores;      /* --cores-per-device N (0, 1: one) */
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;
     bool no_shuffle;

@@ -76,7 +76,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
                 {"--top-k", 1, (int64_t)1 << 30, &o->top_k},
                 {"--num-samples", 1, 1 << 20, &o->num_samples},
                 {"--devices", 1, 256, &o->devices},
-                {"--accumulate", 1, 65536, &o->accumulate}};
+                {"--accumulate", 1, 65536, &o->accumulate},
+                {"--cores-per-device", 1, 64, &o->cores}};
     const struct {
         const char *flag;
         double min, max, *dst;
@@ -261,8 +262,8 @@ static int run_devices(gpt_opts *o, gpt_run *r) {
     size_t rows = (size_t)(o->batch > VAL_ROWS ? o->batch : VAL_ROWS);
     r->x = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
     r->y = malloc(sizeof(int32_t) * rows * (size_t)o->shape.context);
-    r->d =
-        loom_devices_new(&(loom_devices_config){.count = (int)o->devices, .timeout_s = o->timeout});
+    r->d = loom_devices_new(&(loom_devices_config){
+        .count = (int)o->devices, .cores = (int)o->cores, .timeout_s = o->timeout});
     r->full = loom_graph_new(r->m), r->tail = loom_graph_new(r->m);
     if (!r->x || !r->y || !r->d || !r->full || !r->tail || loom_graph_set_devices(r->full, r->d) ||
         loom_graph_set_devices(r->tail, r->d))
@@ -579,18 +580,21 @@ static int train(gpt_opts *o) {
     int64_t T = o->shape.context, every = o->ck.every;
     cli_catch_stop();
     cli_stop_agree(rc ? NULL : r.d);
+    char cores[32] = "";
+    if (!rc && loom_devices_cores(r.d) > 1)
+        snprintf(cores, sizeof cores, " of %d cores", loom_devices_cores(r.d));
     if (!rc && t.talk && o->hf)
-        printf("%s: context %lld, vocabulary %lld, %lld parameters; %d device(s), batch %lld, %lld "
-               "steps\n",
+        printf("%s: context %lld, vocabulary %lld, %lld parameters; %d device(s)%s, batch %lld, "
+               "%lld steps\n",
                o->init, (long long)T, (long long)loom_text_vocab(r.text),
-               (long long)loom_model_numel(r.m), loom_devices_world(r.d), (long long)o->batch,
-               (long long)o->steps);
+               (long long)loom_model_numel(r.m), loom_devices_world(r.d), cores,
+               (long long)o->batch, (long long)o->steps);
     else if (!rc && t.talk)
         printf("shakespeare-gpt: %lld layers, %lld heads, width %lld, context %lld, vocabulary "
-               "%lld, %lld parameters; %d device(s), batch %lld, %lld steps\n",
+               "%lld, %lld parameters; %d device(s)%s, batch %lld, %lld steps\n",
                (long long)o->shape.layers, (long long)o->shape.heads, (long long)o->shape.width,
                (long long)T, (long long)loom_text_vocab(r.text), (long long)loom_model_numel(r.m),
-               loom_devices_world(r.d), (long long)o->batch, (long long)o->steps);
+               loom_devices_world(r.d), cores, (long long)o->batch, (long long)o->steps);
     fflush(stdout); /* (the banner now, where stdout is a pipe or a file: training began) */
     double sum = 0, t0 = now(), t_interval = t0, eval_s = 0, loss = 0;
     int64_t counted = 0;

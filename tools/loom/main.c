@@ -62,6 +62,9 @@ static const char train_options[] =
     "  --devices N|auto    data-parallel devices of this process (1 to 256), one per core it may\n"
     "                      run on by default (auto; under mpirun, per process: give each the "
     "same)\n"
+    "  --cores-per-device N  the cores each device spans (1 to 64, default 1): they split its\n"
+    "                      kernels' outputs, the results bitwise those of one core; auto\n"
+    "                      devices are then one per N cores\n"
     "  --dist auto|local|mpi  across the processes of an MPI job (auto: when started by\n"
     "                      mpirun or mpiexec), or this process alone\n"
     "  --timeout S         seconds before a stuck step fails every device (default 60, at most\n"
@@ -82,7 +85,8 @@ static const char gpt_options[] =
     "  --lr X (1e-3)   --warmup-steps N (100)\n"
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
     "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
-    "  (250)   --seed N   --no-shuffle   --devices N|auto   --timeout S   --init FILE   --quiet\n"
+    "  (250)   --seed N   --no-shuffle   --devices N|auto   --cores-per-device N   --timeout S\n"
+    "  --init FILE   --quiet\n"
     "  --save FILE   --log-dir DIR (metrics.csv and a TensorBoard event file)   --log-errors\n"
     "  stop|warn\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";

@@ -348,6 +348,7 @@ static int setup(run_state *r, loom_model *model, loom_dataset **train, loom_dat
     /* the devices first (across the processes of an MPI job: only process 0 writes), then the
      * outputs: a path that cannot be written fails now, not after the training */
     r->devs = loom_devices_new(&(loom_devices_config){.count = (int)o->devices,
+                                                      .cores = (int)o->cores,
                                                       .timeout_s = o->timeout,
                                                       .detect_anomaly = o->detect_anomaly,
                                                       .dist = (loom_dist)o->dist});
@@ -449,12 +450,14 @@ int cli_train(const train_opts *o) {
         printf("test accuracy: %.4f\n", r.last_acc);
     if (!rc && !o->eval_only) {
         int world = loom_devices_world(r.devs), here = loom_devices_count(r.devs);
-        char procs[64] = "";
+        char procs[64] = "", cores[32] = "";
         if (world > here)
             snprintf(procs, sizeof procs, " (%d in each of %d processes)", here, world / here);
-        printf("loom: training %s on %d device%s%s, %lld samples, batch %lld, %s lr %g\n",
-               o->recipe, world, world > 1 ? "s" : "", procs, (long long)loom_dataset_count(train),
-               (long long)o->batch, o->optimizer, o->lr);
+        if (loom_devices_cores(r.devs) > 1)
+            snprintf(cores, sizeof cores, " of %d cores", loom_devices_cores(r.devs));
+        printf("loom: training %s on %d device%s%s%s, %lld samples, batch %lld, %s lr %g\n",
+               o->recipe, world, world > 1 ? "s" : "", cores, procs,
+               (long long)loom_dataset_count(train), (long long)o->batch, o->optimizer, o->lr);
     }
     bool done = false;
     if (!rc && !o->eval_only)
