@@ -2,7 +2,8 @@
 # bench/gpt.sh - shakespeare-gpt (nanoGPT's shakespeare-char CPU run) against its PyTorch peer
 # (bench/torch_gpt.py: nanoGPT's model and recipe, eager; PyTorch's current release from PyPI,
 # bench/torch-venv.sh; PEER_PYTHON overrides), all in this one run: ms a step on 1 device against
-# 1 thread and on 2 devices against 2 threads (loom: the mean of steps 111-220, after an
+# 1 thread, and on 2 devices and on 1 device of 2 cores (1x2) against 2 threads (loom: the mean of
+# steps 111-220, after an
 # evaluation; PyTorch: steps 21-120), then the whole 2000-step run of each on 2 cores with its
 # final validation loss (both exact: the whole split in non-overlapping windows) and peak RSS.
 # REPEAT=N (default 1) times each step time N times, loom and PyTorch alternating, and reports
@@ -14,13 +15,17 @@ export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 [ -x build/loom ] || { echo "build first: make build"; exit 1; }
 py=${PEER_PYTHON:-$(bash bench/torch-venv.sh)}
 echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $(lscpu | sed -n 's/^Model name: *//p')"
-loom_ms() { build/loom train shakespeare-gpt --steps 220 --eval-interval 110 --devices "$1" |
+loom_ms() { # DEVICES, or 1x2: one device of 2 cores
+    local opts="--devices $1"
+    [ "$1" = 1x2 ] && opts="--devices 1 --cores-per-device 2"
+    # shellcheck disable=SC2086
+    build/loom train shakespeare-gpt --steps 220 --eval-interval 110 $opts |
     sed -n 's/^step 220: .*, \([0-9.]*\) ms a step$/\1/p'; }
 torch_ms() { "$py" bench/torch_gpt.py 120 "$1" --no-eval | sed -n 's/^ms\/step //p'; }
 printf '%-10s %10s %10s %8s\n' devices loom_ms torch_ms speedup
-for n in 1 2; do
+for n in 1 2 1x2; do
     ls=() ts=()
-    for _ in $(seq "${REPEAT:-1}"); do ls+=("$(loom_ms $n)") ts+=("$(torch_ms $n)"); done
+    for _ in $(seq "${REPEAT:-1}"); do ls+=("$(loom_ms $n)") ts+=("$(torch_ms "${n#1x}")"); done
     l=$(median "${ls[@]}") t=$(median "${ts[@]}")
     runs=""
     [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[*]}; PyTorch ${ts[*]})"

@@ -514,6 +514,42 @@ static bool pool2_grad_fast_double(const double *r0, const double *r1, int64_t o
 POOL_KERNELS(float, uint32_t)
 POOL_KERNELS(double, uint64_t)
 
+/* A max pooling or its gradient: what pool_kernel hands pool_images. */
+typedef struct {
+    const loom__pnode *t, *x;
+    const int64_t *ys, *dyst;
+    const void *xv, *dy;
+    void *o;
+    bool grad, relu, epi, place;
+    uint8_t *codes;
+    epilogue *e;
+} pool_job;
+
+/* Images [n0, n1) of the batch: their planes' maxima (or gradients) and codes, each image's its
+ * own. */
+static void pool_images(void *ctx, int64_t n0, int64_t n1, int w) {
+    const pool_job *j = ctx;
+    const loom__pnode *t = j->t, *x = j->x;
+    const int64_t *xst = x->lay.stride, *ys = j->ys;
+    int64_t xs[4] = {n1 - n0, x->shape[1], x->shape[2], x->shape[3]}, C = xs[1];
+    int64_t oplane = j->grad ? xs[2] * xs[3] : ys[2] * ys[3];
+    size_t es = loom__dtype_size((loom_dtype)t->dtype);
+    const char *xv = (const char *)j->xv + (size_t)(n0 * xst[0]) * es;
+    const char *dy = j->dy ? (const char *)j->dy + (size_t)(n0 * j->dyst[0]) * es : NULL;
+    char *o = (char *)j->o + (j->epi ? 0 : (size_t)(n0 * C * oplane) * es);
+    uint8_t *codes = j->codes ? j->codes + n0 * C * ys[2] * ys[3] : NULL;
+    (void)w;
+    if (t->dtype == LOOM_F64)
+        loom__pool_double(&t->attr.win, xs, xst, ys, (const double *)(const void *)xv,
+                          (const double *)(const void *)dy, j->dyst, (double *)(void *)o, j->grad,
+                          codes, false, NULL, NULL, NULL);
+    else
+        loom__pool_float(&t->attr.win, xs, xst, ys, (const float *)(const void *)xv,
+                         (const float *)(const void *)dy, j->dyst, (float *)(void *)o, j->grad,
+                         codes, j->relu, j->epi ? loom__plane_done : NULL,
+                         j->place ? loom__plane_place : NULL, j->e);
+}
+
 static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int32_t id, bool grad) {
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     int32_t dn = grad ? loom__pool_dy(p, id) : -1; /* the gradient read */
@@ -550,14 +586,24 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
                                                    : NULL;
     if (relu >= 0) /* the ReLU's output, not its own */
         o = loom__addr(p, b, relu);
-    if (t->dtype == LOOM_F64)
-        loom__pool_double(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad,
-                          codes, false, NULL, NULL, NULL);
-    else
-        loom__pool_float(&t->attr.win, x->shape, x->lay.stride, y->shape, xv, dy, dyst, o, grad,
-                         codes, relu >= 0 || loom__form_get(p, id, LOOM_FORM_RELU_DY),
-                         t->epi >= 0 || sk ? loom__plane_done : NULL,
-                         t->epi < 0 && sk && e.cols % e.plane == 0 ? loom__plane_place : NULL, &e);
+    pool_job j = {.t = t,
+                  .x = x,
+                  .ys = y->shape,
+                  .xv = xv,
+                  .dy = dy,
+                  .dyst = dyst,
+                  .o = o,
+                  .grad = grad,
+                  .codes = codes,
+                  .relu = relu >= 0 || loom__form_get(p, id, LOOM_FORM_RELU_DY),
+                  .e = &e,
+                  .epi = t->epi >= 0 || sk,
+                  .place = t->epi < 0 && sk && e.cols % e.plane == 0};
+    /* the batch's images split across the device's cores (not with an epilogue, which takes the
+     * planes in order, nor on the AVX-512 rows, which take 16 planes at a time: not yet) */
+    bool split = !j.epi && !loom__pool512() &&
+                 (double)loom__numel(4, x->shape) * (grad ? 2 : 1) >= LOOM_SPLIT_MIN;
+    loom__team_for(split ? b->team : NULL, x->shape[0], 1, pool_images, &j);
     return LOOM_OK;
 }
 

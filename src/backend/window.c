@@ -51,9 +51,10 @@ WINDOW_ROW(double)
 
 #define WINDOW_KERNEL(T)                                                                         \
     static void window_##T(const loom_window *w, const int64_t *xs, const int64_t *xst,          \
-                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold) {    \
-        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];              \
-        for (int64_t c = 0; c < C; c++)                                                          \
+                           const int64_t *cs, const int64_t *cst, T *x, T *cols, bool fold,      \
+                           int64_t c0, int64_t c1) {                                             \
+        int64_t H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];                         \
+        for (int64_t c = c0; c < c1; c++)                                                        \
             for (int64_t i = 0; i < w->kh; i++)                                                  \
                 for (int64_t j = 0; j < w->kw; j++) {                                            \
                     int64_t ylo, yhi, xlo, xhi;                                                  \
@@ -86,39 +87,39 @@ WINDOW_KERNEL(double)
  * and columns' strides: loom__contiguous_strides' of x (N,C,H,W) and cols (C,KH,KW,N,OH,OW) with
  * the columns' planes (N's stride) cst3 apart. */
 enum { FOLD_TAPS = 64 }; /* window places whose ranges fold_planes works out once */
-#define FOLD_PLANES(T)                                                                      \
-    static void fold_planes_##T(const loom_window *w, const int64_t *xs, const int64_t *cs, \
-                                int64_t cst3, T *x, const T *cols) {                        \
-        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];         \
-        int64_t taps = (int64_t)w->kh * w->kw, sw = w->sw, rg[FOLD_TAPS][4], g[4];          \
-        for (int64_t t = 0; t < taps && t < FOLD_TAPS; t++) {                               \
-            window_range(H, OH, (int)(t / w->kw), w->sh, w->ph, &rg[t][0], &rg[t][1]);      \
-            window_range(W, OW, (int)(t % w->kw), w->sw, w->pw, &rg[t][2], &rg[t][3]);      \
-        }                                                                                   \
-        for (int64_t c = 0; c < C; c++)                                                     \
-            for (int64_t n = 0; n < N; n++) {                                               \
-                T *plane = x + (n * C + c) * H * W;                                         \
-                for (int64_t t = 0; t < taps; t++) {                                        \
-                    int i = (int)(t / w->kw), j = (int)(t % w->kw);                         \
-                    const int64_t *e = t < FOLD_TAPS ? rg[t] : g;                           \
-                    if (t >= FOLD_TAPS) {                                                   \
-                        window_range(H, OH, i, w->sh, w->ph, &g[0], &g[1]);                 \
-                        window_range(W, OW, j, w->sw, w->pw, &g[2], &g[3]);                 \
-                    }                                                                       \
-                    const T *cp = cols + ((c * taps + t) * N + n) * cst3;                   \
-                    for (int64_t oy = e[0]; oy < e[1]; oy++) {                              \
-                        T *restrict r =                                                     \
-                            plane + (oy * w->sh - w->ph + i) * W + e[2] * sw - w->pw + j;   \
-                        const T *restrict v = cp + oy * OW + e[2];                          \
-                        if (sw == 1)                                                        \
-                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
-                                r[q] += v[q];                                               \
-                        else                                                                \
-                            for (int64_t q = 0; q < e[3] - e[2]; q++)                       \
-                                r[q * sw] += v[q];                                          \
-                    }                                                                       \
-                }                                                                           \
-            }                                                                               \
+#define FOLD_PLANES(T)                                                                       \
+    static void fold_planes_##T(const loom_window *w, const int64_t *xs, const int64_t *cs,  \
+                                int64_t cst3, T *x, const T *cols, int64_t c0, int64_t c1) { \
+        int64_t C = xs[1], H = xs[2], W = xs[3], N = xs[0], OH = cs[4], OW = cs[5];          \
+        int64_t taps = (int64_t)w->kh * w->kw, sw = w->sw, rg[FOLD_TAPS][4], g[4];           \
+        for (int64_t t = 0; t < taps && t < FOLD_TAPS; t++) {                                \
+            window_range(H, OH, (int)(t / w->kw), w->sh, w->ph, &rg[t][0], &rg[t][1]);       \
+            window_range(W, OW, (int)(t % w->kw), w->sw, w->pw, &rg[t][2], &rg[t][3]);       \
+        }                                                                                    \
+        for (int64_t c = c0; c < c1; c++)                                                    \
+            for (int64_t n = 0; n < N; n++) {                                                \
+                T *plane = x + (n * C + c) * H * W;                                          \
+                for (int64_t t = 0; t < taps; t++) {                                         \
+                    int i = (int)(t / w->kw), j = (int)(t % w->kw);                          \
+                    const int64_t *e = t < FOLD_TAPS ? rg[t] : g;                            \
+                    if (t >= FOLD_TAPS) {                                                    \
+                        window_range(H, OH, i, w->sh, w->ph, &g[0], &g[1]);                  \
+                        window_range(W, OW, j, w->sw, w->pw, &g[2], &g[3]);                  \
+                    }                                                                        \
+                    const T *cp = cols + ((c * taps + t) * N + n) * cst3;                    \
+                    for (int64_t oy = e[0]; oy < e[1]; oy++) {                               \
+                        T *restrict r =                                                      \
+                            plane + (oy * w->sh - w->ph + i) * W + e[2] * sw - w->pw + j;    \
+                        const T *restrict v = cp + oy * OW + e[2];                           \
+                        if (sw == 1)                                                         \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                        \
+                                r[q] += v[q];                                                \
+                        else                                                                 \
+                            for (int64_t q = 0; q < e[3] - e[2]; q++)                        \
+                                r[q * sw] += v[q];                                           \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
     }
 FOLD_PLANES(float)
 FOLD_PLANES(double)
@@ -130,31 +131,50 @@ static bool fold_planes_ok(const loom__pnode *s) {
            st[1] == cs[2] * st[2] && st[0] == cs[1] * st[1];
 }
 
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    int32_t id;
+    bool fold;
+    int64_t xst[MAXD], cst[MAXD];
+} window_job;
+
+/* Channels [c0, c1) of an unfold or a fold: each channel's columns and image plane its own, so
+ * that a device's cores may take channels apart. */
+static void window_channels(void *ctx, int64_t c0, int64_t c1, int w) {
+    const window_job *j = ctx;
+    const loom__pnode *t = &j->p->nodes[j->id], *s = &j->p->nodes[t->src[0]];
+    const loom__pnode *xn = j->fold ? t : s, *cn = j->fold ? s : t;
+    void *x = loom__addr(j->p, j->b, j->fold ? j->id : t->src[0]);
+    void *c = loom__addr(j->p, j->b, j->fold ? t->src[0] : j->id);
+    (void)w;
+    if (j->fold && fold_planes_ok(s)) {
+        if (t->dtype == LOOM_F64)
+            fold_planes_double(&t->attr.win, t->shape, s->shape, j->cst[3], x, c, c0, c1);
+        else
+            fold_planes_float(&t->attr.win, t->shape, s->shape, j->cst[3], x, c, c0, c1);
+    } else if (t->dtype == LOOM_F64)
+        window_double(&t->attr.win, xn->shape, j->xst, cn->shape, j->cst, x, c, j->fold, c0, c1);
+    else
+        window_float(&t->attr.win, xn->shape, j->xst, cn->shape, j->cst, x, c, j->fold, c0, c1);
+}
+
 static loom_status window_kernel(const loom__program *p, const loom__bind *b, int32_t id,
                                  bool fold) {
     const loom__pnode *t = &p->nodes[id], *s = &p->nodes[t->src[0]];
-    const loom__pnode *xn = fold ? t : s, *cn = fold ? s : t;
-    int64_t xst[MAXD], cst[MAXD];
+    window_job j = {.p = p, .b = b, .id = id, .fold = fold};
     if (fold) {
-        loom__contiguous_strides(4, t->shape, xst);
-        memcpy(cst, s->lay.stride, sizeof cst);
+        loom__contiguous_strides(4, t->shape, j.xst);
+        memcpy(j.cst, s->lay.stride, sizeof j.cst);
         memset(loom__addr(p, b, id), 0,
                (size_t)loom__numel(4, t->shape) * loom__dtype_size((loom_dtype)t->dtype));
     } else {
-        memcpy(xst, s->lay.stride, sizeof xst);
-        loom__contiguous_strides(6, t->shape, cst);
+        memcpy(j.xst, s->lay.stride, sizeof j.xst);
+        loom__contiguous_strides(6, t->shape, j.cst);
     }
-    void *x = loom__addr(p, b, fold ? id : t->src[0]);
-    void *c = loom__addr(p, b, fold ? t->src[0] : id);
-    if (fold && fold_planes_ok(s)) {
-        if (t->dtype == LOOM_F64)
-            fold_planes_double(&t->attr.win, t->shape, s->shape, cst[3], x, c);
-        else
-            fold_planes_float(&t->attr.win, t->shape, s->shape, cst[3], x, c);
-    } else if (t->dtype == LOOM_F64)
-        window_double(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
-    else
-        window_float(&t->attr.win, xn->shape, xst, cn->shape, cst, x, c, fold);
+    const loom__pnode *cn = fold ? s : t; /* the columns (C, KH, KW, N, OH, OW) */
+    double work = (double)loom__numel(6, cn->shape);
+    loom__team_for(work >= LOOM_SPLIT_MIN ? b->team : NULL, cn->shape[0], 1, window_channels, &j);
     return LOOM_OK;
 }
 
