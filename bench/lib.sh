@@ -5,3 +5,7 @@ median() {
     printf '%s\n' "$@" | sort -g |
         awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
+
+# PyTorch's DDP peer (gloo) on this machine's loopback: without it gloo picks the interface of the
+# host name, which these machines may not have (its processes then abort).
+export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}"
