@@ -831,12 +831,15 @@ typedef enum { LOOM_DIST_AUTO, LOOM_DIST_LOCAL, LOOM_DIST_MPI } loom_dist;
  * its own: AUTO times both on each program's first steps and keeps the faster; ALWAYS; NEVER.
  * The results are bitwise the same either way. */
 typedef enum { LOOM_SHARE_AUTO, LOOM_SHARE_ALWAYS, LOOM_SHARE_NEVER } loom_share;
+#define LOOM_CORES_AUTO (-1)
 typedef struct {
     int count;            /* 0 means one per `cores` cores this process may run on (its CPU
                            * affinity; across processes, its share among those on its machine) */
     int cores;            /* the cores each device spans (0 means 1, at most 64): its kernels'
                            * outputs are split among them, each output computed as on one core,
-                           * so that the results are bitwise those of one-core devices */
+                           * so that the results are bitwise those of one-core devices;
+                           * LOOM_CORES_AUTO: the CPUs of this process over `count` devices (one
+                           * device of them all when count is 0) */
     double timeout_s;     /* deadline of a step and of each collective (0 means 60 s) */
     int64_t bucket_bytes; /* gradients are all-reduced in buckets of about this size (0: 1 MiB) */
     bool detect_anomaly;  /* a NaN or Inf loss fails the step, naming the device */

@@ -14,8 +14,10 @@
  *     submit whatever the host writes afterwards; outputs of one graph readable after another
  *     graph's steps on the same devices.
  */
+#define _GNU_SOURCE
 #include "harness.h"
 
+#include <sched.h>
 #include <time.h>
 
 static loom_dataset *train;
@@ -711,13 +713,25 @@ TEST(devices_of_several_cores_fail_as_devices_of_one) {
     ASSERT_EQ(st, LOOM_EINTERNAL);
     ASSERT_STR_CONTAINS(msg, "device 1, step 3: fault injected by LOOM_FAULT=1:3");
     ASSERT_EQ(after, LOOM_EABORTED);
-    for (int cores = -1; cores <= 65; cores += 66) {
+    for (int cores = -2; cores <= 65; cores += 67) {
         ASSERT(loom_devices_new(&(loom_devices_config){.count = 1, .cores = cores}) == NULL);
-        ASSERT_STR_CONTAINS(loom_last_error(), "cores a device (expected 1 to 64)");
+        ASSERT_STR_CONTAINS(loom_last_error(), "cores a device (expected 1 to 64, or ");
     }
     loom_devices *d = loom_devices_new(&(loom_devices_config){.count = 1, .cores = 3});
     ASSERT(d != NULL);
     ASSERT_EQ(loom_devices_cores(d), 3);
+    loom_devices_free(d);
+    /* LOOM_CORES_AUTO: this process's CPUs over the devices */
+    cpu_set_t set;
+    ASSERT(sched_getaffinity(0, sizeof set, &set) == 0);
+    int cpus = CPU_COUNT(&set) < 64 ? CPU_COUNT(&set) : 64;
+    d = loom_devices_new(&(loom_devices_config){.count = 1, .cores = LOOM_CORES_AUTO});
+    ASSERT(d != NULL);
+    ASSERT_EQ(loom_devices_cores(d), cpus);
+    loom_devices_free(d);
+    d = loom_devices_new(&(loom_devices_config){.cores = LOOM_CORES_AUTO});
+    ASSERT(d != NULL);
+    ASSERT_EQ(loom_devices_count(d), 1);
     loom_devices_free(d);
 }
 

@@ -623,12 +623,12 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
         loom__error(LOOM_EINVAL, "loom_devices_new: %d devices (expected 1 to 256)", cfg.count);
         return NULL;
     }
-    if (cfg.cores < 0 || cfg.cores > 64) {
-        loom__error(LOOM_EINVAL, "loom_devices_new: %d cores a device (expected 1 to 64)",
+    if (cfg.cores < LOOM_CORES_AUTO || cfg.cores > 64) {
+        loom__error(LOOM_EINVAL,
+                    "loom_devices_new: %d cores a device (expected 1 to 64, or LOOM_CORES_AUTO)",
                     cfg.cores);
         return NULL;
     }
-    int C = cfg.cores = cfg.cores ? cfg.cores : 1;
     loom_devices *D = loom__calloc(1, sizeof *D);
     if (!D)
         return NULL;
@@ -647,7 +647,12 @@ loom_devices *loom_devices_new(const loom_devices_config *c) {
         loom_devices_free(D);
         return NULL;
     }
-    int part = ncpu / node_size / C > 0 ? ncpu / node_size / C : 1;
+    /* the cores a device spans: given, or this process's CPUs over its devices (all of them for
+     * one device when neither is given) */
+    int share = ncpu / node_size > 0 ? ncpu / node_size : 1;
+    int C = cfg.cores == LOOM_CORES_AUTO ? share / (cfg.count ? cfg.count : 1) : cfg.cores;
+    C = D->c.cores = C < 1 ? 1 : C > 64 ? 64 : C;
+    int part = share / C > 0 ? share / C : 1;
     D->n = D->c.count = cfg.count ? cfg.count : ncpu > 0 ? part : 1;
     D->spare_cpu = ncpu > D->n * C * node_size;
     D->group = loom_group_local_new(D->n, cfg.timeout_s);

@@ -168,6 +168,8 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
         o->devices = 0;
     else if (!strcmp(f, "--devices"))
         ok = cli_int(f, v, 1, 256, &o->devices);
+    else if (!strcmp(f, "--cores-per-device") && v && !strcmp(v, "auto"))
+        o->cores = LOOM_CORES_AUTO;
     else if (!strcmp(f, "--cores-per-device"))
         ok = cli_int(f, v, 1, 64, &o->cores);
     else if (!strcmp(f, "--dist")) {

@@ -26,7 +26,8 @@ typedef struct {
     int64_t
         accumulate;  /* --accumulate N: micro-batches of --batch per optimizer step (0, 1: one) */
     int64_t devices; /* 0: one per --cores-per-device cores */
-    int64_t cores;   /* --cores-per-device N: the cores each device spans (0, 1: one) */
+    int64_t cores;   /* --cores-per-device N|auto: the cores each device spans (0, 1: one;
+                      * LOOM_CORES_AUTO) */
     int64_t limit_eval; /* --limit-eval N: evaluate on the first N test samples (0: all) */
     double timeout;     /* seconds, 0: the library's default */
     bool detect_anomaly;

@@ -109,6 +109,8 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
         }
         if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
             known = ok = true, o->devices = 0;
+        if (!strcmp(f, "--cores-per-device") && v && !strcmp(v, "auto"))
+            known = ok = true, o->cores = LOOM_CORES_AUTO;
         for (size_t k = 0; !known && k < sizeof ints / sizeof *ints; k++)
             if ((known = !strcmp(f, ints[k].flag))) {
                 ok = cli_int(f, v, ints[k].min, ints[k].max, ints[k].dst);
