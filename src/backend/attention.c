@@ -14,8 +14,9 @@
  * writing dq, dk and dv into their places of the (B, T, 3, H, D) gradient.
  *
  * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
- * L1) and the rows on 16 lanes where the CPU has AVX-512, plain loops otherwise, for float64 and
- * under LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
+ * L1) and the rows on 16 lanes where the CPU has AVX-512; on 8-lane AVX2 FMA tiles (4 rows x up
+ * to 16 columns) where it has AVX2 and FMA only; plain loops otherwise, for float64 and under
+ * LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
  * summed in a fixed order: runs repeat bitwise.
  */
 #include "internal.h"
@@ -125,6 +126,54 @@ __attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, 
     }
 }
 #    undef TILE
+
+/* The same tiles on 8 lanes for CPUs with AVX2 and FMA but no AVX-512: MR rows x NV vectors of 8
+ * columns (the last one's lanes `last`), 16 columns a strip (12 accumulators at most of the 16
+ * registers). Each element a chain of FMAs over k, as tile512's. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+tile256(int MR, int NV, __m256i last, int64_t k, const float *a, int64_t ars, int64_t acs,
+        const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    __m256 cc[4][2];
+    __m256i all = _mm256_set1_epi32(-1);
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++)
+            cc[r][v] = acc ? _mm256_maskload_ps(c + r * ldc + 8 * v, v == NV - 1 ? last : all)
+                           : _mm256_setzero_ps();
+    for (int64_t p = 0; p < k; p++) {
+        __m256 bb[2];
+        for (int v = 0; v < NV; v++)
+            bb[v] = _mm256_maskload_ps(b + p * ldb + 8 * v, v == NV - 1 ? last : all);
+        for (int r = 0; r < MR; r++) {
+            __m256 x = _mm256_set1_ps(a[r * ars + p * acs]);
+            for (int v = 0; v < NV; v++)
+                cc[r][v] = _mm256_fmadd_ps(x, bb[v], cc[r][v]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++)
+            _mm256_maskstore_ps(c + r * ldc + 8 * v, v == NV - 1 ? last : all, cc[r][v]);
+}
+#    define TILE(MR, NV) \
+        tile256(MR, NV, last, k, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc)
+__attribute__((target("avx2,fma"))) static void mm_f32_256(int64_t m, int64_t n, int64_t k,
+                                                           const void *av, int64_t ars, int64_t acs,
+                                                           const void *bv, int64_t ldb, void *cv,
+                                                           int64_t ldc, bool acc) {
+    const float *a = av, *b = bv;
+    float *c = cv;
+    for (int64_t j = 0; j < n; j += 16) {
+        int64_t w = n - j < 16 ? n - j : 16;
+        int nv = w > 8 ? 2 : 1, tail = (int)(w - 8 * (nv - 1));
+        __m256i last =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        int64_t i = 0;
+        for (; i + 4 <= m; i += 4)
+            nv == 1 ? TILE(4, 1) : TILE(4, 2);
+        for (; i < m; i++)
+            nv == 1 ? TILE(1, 1) : TILE(1, 2);
+    }
+}
+#    undef TILE
 #    undef TILES
 #endif
 
@@ -176,29 +225,29 @@ bool loom__attention_keeps(const loom__program *p, int32_t id) {
 
 /* A row of scores (lim of n in play: the rest masked) scaled and softmaxed in place: max,
  * exp(s - max), their sum, each divided by it, as the SOFTMAX op's rows; 0 where masked. */
-#define ATTN_SOFTMAX_ROW(NAME, TYPE, EXP)                            \
-    static void NAME(TYPE *pr, int64_t lim, int64_t n, TYPE scale) { \
-        TYPE mx, sum;                                                \
-        for (int64_t j = 0; j < lim; j++)                            \
-            pr[j] *= scale;                                          \
-        LOOM_LANE_REDUCE(TYPE, -INFINITY, ATTN_MAX, pr, lim, mx);    \
-        for (int64_t j = 0; j < lim; j++)                            \
-            pr[j] = EXP(pr[j] - mx);                                 \
-        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, pr, lim, sum);      \
-        for (int64_t j = 0; j < lim; j++)                            \
-            pr[j] /= sum;                                            \
-        for (int64_t j = lim; j < n; j++)                            \
-            pr[j] = 0;                                               \
+#define ATTN_SOFTMAX_ROW(NAME, TYPE, EXP, ATTR)                           \
+    ATTR static void NAME(TYPE *pr, int64_t lim, int64_t n, TYPE scale) { \
+        TYPE mx, sum;                                                     \
+        for (int64_t j = 0; j < lim; j++)                                 \
+            pr[j] *= scale;                                               \
+        LOOM_LANE_REDUCE(TYPE, -INFINITY, ATTN_MAX, pr, lim, mx);         \
+        for (int64_t j = 0; j < lim; j++)                                 \
+            pr[j] = EXP(pr[j] - mx);                                      \
+        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, pr, lim, sum);           \
+        for (int64_t j = 0; j < lim; j++)                                 \
+            pr[j] /= sum;                                                 \
+        for (int64_t j = lim; j < n; j++)                                 \
+            pr[j] = 0;                                                    \
     }
 /* A row of dP (n) into dS in place, from its probabilities pr: P (dP - sum P dP) scale. */
-#define ATTN_GRAD_ROW(NAME, TYPE)                                       \
-    static void NAME(const TYPE *pr, TYPE *sr, int64_t n, TYPE scale) { \
-        TYPE dot;                                                       \
-        for (int64_t j = 0; j < n; j++)                                 \
-            sr[j] *= pr[j];                                             \
-        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, sr, n, dot);           \
-        for (int64_t j = 0; j < n; j++)                                 \
-            sr[j] = (sr[j] - pr[j] * dot) * scale;                      \
+#define ATTN_GRAD_ROW(NAME, TYPE, ATTR)                                      \
+    ATTR static void NAME(const TYPE *pr, TYPE *sr, int64_t n, TYPE scale) { \
+        TYPE dot;                                                            \
+        for (int64_t j = 0; j < n; j++)                                      \
+            sr[j] *= pr[j];                                                  \
+        LOOM_LANE_REDUCE(TYPE, 0, LOOM_LANE_ADD, sr, n, dot);                \
+        for (int64_t j = 0; j < n; j++)                                      \
+            sr[j] = (sr[j] - pr[j] * dot) * scale;                           \
     }
 /* x (T x D, rows rs apart) transposed into xt (D x T, contiguous). */
 #define ATTN_TRANSPOSE(NAME, TYPE)                                                \
@@ -209,10 +258,14 @@ bool loom__attention_keeps(const loom__program *p, int32_t id) {
     }
 ATTN_TRANSPOSE(transpose_f64, double)
 ATTN_TRANSPOSE(transpose_f32, float)
-ATTN_SOFTMAX_ROW(softmax_row_f64, double, exp)
-ATTN_SOFTMAX_ROW(softmax_row_f32, float, loom_expf_sp)
-ATTN_GRAD_ROW(grad_row_f64, double)
-ATTN_GRAD_ROW(grad_row_f32, float)
+ATTN_SOFTMAX_ROW(softmax_row_f64, double, exp, )
+ATTN_SOFTMAX_ROW(softmax_row_f32, float, loom_expf_sp, )
+ATTN_GRAD_ROW(grad_row_f64, double, )
+ATTN_GRAD_ROW(grad_row_f32, float, )
+#if defined(__x86_64__) && defined(__GNUC__) /* (built for AVX2: the same operations, 8 lanes) */
+ATTN_SOFTMAX_ROW(softmax_row_f32a, float, loom_expf_sp, __attribute__((target("avx2,fma"))))
+ATTN_GRAD_ROW(grad_row_f32a, float, __attribute__((target("avx2,fma"))))
+#endif
 
 #if ATTN_WIDE
 /* loom_expf_sp (graph/opmath.h) on 16 lanes: the same operations, so the same values. */
@@ -405,11 +458,24 @@ ATTN_KERNELS(f32, float, , mm_f32, softmax_row_f32, grad_row_f32, transpose_f32)
 #if ATTN_WIDE
 ATTN_KERNELS(f32w, float, __attribute__((target("avx512f"))), mm_f32_512, softmax_row_f32w,
              grad_row_f32w, transpose_f32w)
+ATTN_KERNELS(f32a, float, __attribute__((target("avx2,fma"))), mm_f32_256, softmax_row_f32a,
+             grad_row_f32a, transpose_f32)
 #endif
 
 size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id) {
     const loom__pnode *x = &p->nodes[p->nodes[id].src[0]]; /* qkv (B, T, 3, H, D) */
     return loom__dtype_size((loom_dtype)x->dtype) * (size_t)ATTN_BUF(x->shape[1], x->shape[4]);
+}
+
+/* Whether the 8-lane tiles run: AVX2 and FMA without AVX-512 (where loom's AVX-512 products are
+ * off by LOOM_MATMUL=blas, the plain loops, as before). */
+static bool attn_avx2(void) {
+#if ATTN_WIDE
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           !__builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
 }
 
 typedef struct {
@@ -418,7 +484,7 @@ typedef struct {
     attn_shape s;
     const void *xs, *gs;
     void *o;
-    bool grad;
+    bool grad, avx2;
 } attn_job;
 
 /* Heads [lo, hi) (of batch row lo / H, head lo % H on) of an attention or its gradient, in worker
@@ -435,6 +501,9 @@ static void attention_heads(void *ctx, int64_t lo, int64_t hi, int w) {
     else if (loom__use_own_gemm()) /* (loom's AVX-512 products, not LOOM_MATMUL=blas) */
         grad ? backward_f32w(s, j->xs, j->gs, j->o, buf, lo, hi)
              : forward_f32w(s, j->xs, j->o, buf, lo, hi);
+    else if (j->avx2) /* (no AVX-512: the 8-lane tiles) */
+        grad ? backward_f32a(s, j->xs, j->gs, j->o, buf, lo, hi)
+             : forward_f32a(s, j->xs, j->o, buf, lo, hi);
 #endif
     else
         grad ? backward_f32(s, j->xs, j->gs, j->o, buf, lo, hi)
@@ -457,7 +526,8 @@ static loom_status attention(const loom__program *p, const loom__bind *b, int32_
                   .xs = loom__addr(p, b, t->src[0]),
                   .gs = grad ? loom__addr(p, b, t->src[1]) : NULL,
                   .o = loom__addr(p, b, id),
-                  .grad = grad};
+                  .grad = grad,
+                  .avx2 = attn_avx2()};
     int32_t fwd = grad ? t->src[2] : id; /* whose buffer keeps the probabilities, if it does */
     if (loom__attention_keeps(p, fwd))
         j.s.kept = (char *)loom__addr(p, b, fwd) + loom__attention_kept_at(&p->nodes[fwd]);
