@@ -52,13 +52,14 @@ test-asan: deps
 # ThreadSanitizer over the tests with threads: the data-parallel layer (collectives, devices and
 # their cores) and the loader (which assembles batches ahead). The model matrix runs three of its
 # models there (an MLP, the CNN, overlapping pooling): the devices' threads and collectives are
-# the same for every model, and ASan runs them all.
+# the same for every model, and ASan runs them all. Two tests at a time, as the other stages
+# (its five ran one after another: 76 -> 41 s; test_dp's watchdog bounds held in 3 runs).
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_SANITIZE=thread $(WERROR) $(DATA_CACHE)
 	cmake --build $(TSAN_BUILD)
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	    LOOM_TEST_QUICK=1 LOOM_TEST_MODELS=fmnist-mlp,fmnist-cnn,cnn-pool3s2 \
-	    ctest --output-on-failure -L "dist|threads"
+	    ctest --output-on-failure -j2 -L "dist|threads"
 
 # The libFuzzer targets (tests/fuzz) under ASan+UBSan, built with clang: each replays its committed
 # corpus and fuzzes for 8 s (scripts/fuzz.sh runs long campaigns).
