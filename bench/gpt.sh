@@ -7,7 +7,9 @@
 # evaluation; PyTorch: steps 21-120), then the whole 2000-step run of each on 2 cores with its
 # final validation loss (both exact: the whole split in non-overlapping windows) and peak RSS.
 # REPEAT=N (default 1) times each step time N times, loom and PyTorch alternating, and reports
-# the medians with every run (this machine's speed moves 10-30% between runs). Not a test.
+# the medians with every run (this machine's speed moves 10-30% between runs). LARGE=1 times the
+# step of nanoGPT's GPU recipe with a CPU's batch (6 layers, 6 heads, width 384, context 256,
+# batch 8; loom: the mean of steps 21-40) and skips the whole runs. Not a test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -18,10 +20,15 @@ echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'); CPU: $
 loom_ms() { # DEVICES, or 1x2: one device of 2 cores
     local opts="--devices $1"
     [ "$1" = 1x2 ] && opts="--devices 1 --cores-per-device 2"
+    local last=220 run="--steps 220 --eval-interval 110"
+    [ -n "${LARGE:-}" ] && last=40 run="--steps 40 --eval-interval 20 --warmup-steps 10 --layers 6 --heads 6 --width 384 --context 256 --batch 8"
     # shellcheck disable=SC2086
-    build/loom train shakespeare-gpt --steps 220 --eval-interval 110 $opts |
-    sed -n 's/^step 220: .*, \([0-9.]*\) ms a step$/\1/p'; }
-torch_ms() { "$py" bench/torch_gpt.py 120 "$1" --no-eval | sed -n 's/^ms\/step //p'; }
+    build/loom train shakespeare-gpt $run $opts |
+        sed -n "s/^step $last: .*, \([0-9.]*\) ms a step$/\1/p"; }
+torch_ms() {
+    local shape=64,4,4,128,12 steps=120
+    [ -n "${LARGE:-}" ] && shape=256,6,6,384,8 steps=40
+    GPT_SHAPE=$shape "$py" bench/torch_gpt.py $steps "$1" --no-eval | sed -n 's/^ms\/step //p'; }
 printf '%-10s %10s %10s %8s\n' devices loom_ms torch_ms speedup
 for n in 1 2 1x2; do
     ls=() ts=()
@@ -31,6 +38,7 @@ for n in 1 2 1x2; do
     [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[*]}; PyTorch ${ts[*]})"
     printf '%-10s %10s %10s %7.2fx%s\n' "$n" "$l" "$t" "$(echo "$t / $l" | bc -l)" "$runs"
 done
+[ -z "${LARGE:-}" ] || exit 0
 /usr/bin/time -f "peak RSS %M KB" build/loom train shakespeare-gpt --devices 2 >/tmp/loom-gpt.$$ 2>&1
 echo "loom, 2000 steps on 2 devices: $(grep '^val loss' /tmp/loom-gpt.$$); $(grep ' steps in ' /tmp/loom-gpt.$$); $(grep 'peak RSS' /tmp/loom-gpt.$$)"
 /usr/bin/time -f "peak RSS %M KB" "$py" bench/torch_gpt.py 2000 2 >/tmp/torch-gpt.$$ 2>&1

@@ -8,7 +8,8 @@ as `loom train shakespeare-gpt` computes it) unless --no-eval, the whole run's t
 
     $(bash bench/torch-venv.sh) bench/torch_gpt.py STEPS THREADS [--no-eval] [--compile]
 
-SEED in the environment seeds it (default 1337, nanoGPT's)."""
+SEED in the environment seeds it (default 1337, nanoGPT's); GPT_SHAPE=CONTEXT,LAYERS,HEADS,WIDTH,BATCH
+another size (bench/gpt.sh LARGE=1: 256,6,6,384,8)."""
 import gzip
 import os
 import resource
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_gpt_model import GPT, adamw, val_loss  # noqa: E402
 from torch_recipes import get_lr  # noqa: E402
 
-V_CTX, L, H, C, B = 64, 4, 4, 128, 12
+V_CTX, L, H, C, B = (int(v) for v in os.environ.get("GPT_SHAPE", "64,4,4,128,12").split(","))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
