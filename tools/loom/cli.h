@@ -75,7 +75,7 @@ typedef struct {
     unsigned given; /* which of --layers, --heads, --width, --context (bits 0 to 3) were given */
     int64_t steps, batch, warmup, decay, eval_interval, devices, tokens, top_k, num_samples;
     int64_t accumulate; /* --accumulate N: micro-batches of --batch per optimizer step */
-    int64_t cores;      /* --cores-per-device N (0, 1: one) */
+    int64_t cores;      /* --cores-per-device N|auto (0, 1: one; LOOM_CORES_AUTO) */
     double lr, min_lr, weight_decay, clip, beta2, dropout, temperature, timeout;
     uint64_t seed;
     bool no_shuffle;

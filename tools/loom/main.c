@@ -86,9 +86,8 @@ static const char gpt_options[] =
     "  --lr X (1e-3)   --warmup-steps N (100)\n"
     "  --decay-steps N (--steps)   --min-lr X (1e-4)   --weight-decay X (0.1, matrices only)\n"
     "  --clip-norm X (1.0; 0: none)   --beta2 X (0.99)   --dropout X (0)   --eval-interval N\n"
-    "  (250)   --seed N   --no-shuffle   --devices N|auto   --cores-per-device N|auto   --timeout "
-    "S\n"
-    "  --init FILE   --quiet\n"
+    "  (250)   --seed N   --no-shuffle   --devices N|auto   --cores-per-device N|auto\n"
+    "  --timeout S   --init FILE   --quiet\n"
     "  --save FILE   --log-dir DIR (metrics.csv and a TensorBoard event file)   --log-errors\n"
     "  stop|warn\n" CHECKPOINT_OPTIONS
     "  sample: --tokens N (500)  --temperature X (0.8)  --top-k N (200)  --start TEXT (newline)\n";
