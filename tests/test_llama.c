@@ -230,6 +230,16 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+/* The file at path, NUL-terminated, into text (at most size - 1 bytes); false if unread. */
+static bool read_text(const char *path, char *text, size_t size) {
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, size - 1, f) : 0;
+    if (f)
+        fclose(f);
+    text[n] = 0;
+    return n > 0;
+}
+
 static const char config[] =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": 11,\n"
     " \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2,\n"
@@ -281,11 +291,9 @@ TEST(folders_open_save_and_refuse) {
         loom_model_free(m2);
     }
     { /* the copy's config: the same, but for torch_dtype */
+        char text[4096];
         snprintf(path, sizeof path, "%s/config.json", out);
-        FILE *f = fopen(path, "r");
-        char text[4096] = {0};
-        ASSERT(f && fread(text, 1, sizeof text - 1, f) > 0);
-        fclose(f);
+        ASSERT(read_text(path, text, sizeof text));
         ASSERT_STR_CONTAINS(text, "\"torch_dtype\": \"float32\"");
         ASSERT_STR_CONTAINS(text, "\"rope_theta\": 100.0");
     }
@@ -302,11 +310,9 @@ TEST(folders_open_save_and_refuse) {
         ASSERT_EQ(loom_hf_open(bad, m2, &h), LOOM_OK);
         snprintf(path2, sizeof path2, "%s-saved", bad);
         ASSERT_EQ(loom_hf_save(h, path2), LOOM_OK);
+        char text[4096];
         snprintf(path, sizeof path, "%s/config.json", path2);
-        FILE *f = fopen(path, "r");
-        char text[4096] = {0};
-        ASSERT(f && fread(text, 1, sizeof text - 1, f) > 0);
-        fclose(f);
+        ASSERT(read_text(path, text, sizeof text));
         ASSERT_STR_CONTAINS(text, "\"rope_scaling\": null,\n  \"torch_dtype\": \"float32\"\n}");
         loom_hf_free(h);
         loom_model_free(m2);

@@ -204,8 +204,6 @@ static void blas_part(void *ctx, int64_t lo, int64_t hi, int w) {
         }
         return;
     }
-    if (j->split == SPLIT_NONE)
-        lo = 0, hi = j->batch;
     int64_t idx[MAXD] = {0}, oa = 0, ob = 0, r = lo;
     for (int d = nd - 3; d >= 0; d--) { /* batch index lo's operands */
         idx[d] = r % j->t->shape[d], r /= j->t->shape[d];
@@ -295,10 +293,11 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
      * whatever the cores. */
     bool big = (double)j.batch * (double)(j.m * j.n) * (double)j.k >= 2 * LOOM_SPLIT_MIN;
     j.split = !big ? SPLIT_NONE : j.batch > 1 ? SPLIT_BATCH : j.m >= j.n ? SPLIT_ROWS : SPLIT_COLS;
+    bool cut = j.split == SPLIT_ROWS || j.split == SPLIT_COLS;
     int64_t extent = j.split == SPLIT_ROWS ? j.m : j.split == SPLIT_COLS ? j.n : j.batch;
-    j.block = (extent + BLAS_BLOCKS * 16 - 1) / (BLAS_BLOCKS * 16) * 16;
-    j.block = j.split == SPLIT_BATCH || j.split == SPLIT_NONE ? 1 : j.block < 64 ? 64 : j.block;
-    loom__team_for(j.split == SPLIT_NONE ? NULL : b->team,
-                   j.split == SPLIT_NONE ? 1 : (extent + j.block - 1) / j.block, 1, blas_part, &j);
+    int64_t block = (extent + BLAS_BLOCKS * 16 - 1) / (BLAS_BLOCKS * 16) * 16;
+    j.block = !cut ? 1 : block < 64 ? 64 : block;
+    loom__team_for(j.split == SPLIT_NONE ? NULL : b->team, (extent + j.block - 1) / j.block, 1,
+                   blas_part, &j);
     return LOOM_OK;
 }
