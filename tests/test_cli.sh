@@ -160,9 +160,28 @@ else
     echo "FAIL: --cores-per-device 2: $(head -3 "$tmp/out")"; fails=$((fails + 1))
 fi
 
-# --devices auto respects the CPU affinity; a failing device stops the run with one line.
-if taskset -c 0 "$loom" train fmnist-mlp --steps 2 >"$tmp/out" 2>&1 && grep -q "on 1 device," "$tmp/out"; then
-    echo "ok   --devices auto under taskset -c 0 uses 1 device"
+# --devices auto times each split of the cores on the run's first steps, names the one it took,
+# and trains as that split given by hand does, bit for bit.
+if [ "$(nproc)" -ge 2 ]; then
+    if "$loom" train fmnist-cnn --steps 3 --devices auto --limit-eval 64 --save "$tmp/ca.st" >"$tmp/out" 2>&1 &&
+       split=$(sed -n 's/^loom: --devices auto: .*; \(--devices [0-9]* --cores-per-device [0-9]*\) repeats this run)$/\1/p' "$tmp/out") &&
+       grep -q "^loom: --devices auto: .*1 device of $(nproc) cores [0-9.]* ms" "$tmp/out" &&
+       # shellcheck disable=SC2086
+       "$loom" train fmnist-cnn --steps 3 $split --limit-eval 64 --save "$tmp/cs.st" >/dev/null 2>&1 &&
+       cmp -s "$tmp/ca.st" "$tmp/cs.st"; then
+        echo "ok   --devices auto chose '$split' and trained the CNN to that split's weights"
+    else
+        echo "FAIL: --devices auto: $(head -3 "$tmp/out")"; fails=$((fails + 1))
+    fi
+fi
+# a trial that fails is the run's one line, not one line per split
+expect_fail "Fashion-MNIST not found in" train fmnist-mlp --devices auto --steps 2 --data "$tmp/no-such-dir"
+# the default and --devices auto respect the CPU affinity; a failing device stops the run with
+# one line.
+if taskset -c 0 "$loom" train fmnist-mlp --steps 2 >"$tmp/out" 2>&1 && grep -q "on 1 device," "$tmp/out" &&
+   taskset -c 0 "$loom" train fmnist-mlp --steps 2 --devices auto >"$tmp/out" 2>&1 &&
+   grep -q "on 1 device," "$tmp/out" && ! grep -q "devices auto:" "$tmp/out"; then
+    echo "ok   the default and --devices auto under taskset -c 0 use 1 device"
 else
     echo "FAIL: --devices auto under taskset: $(head -3 "$tmp/out")"; fails=$((fails + 1))
 fi

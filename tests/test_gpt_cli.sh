@@ -37,6 +37,25 @@ if cmp -s "$tmp/w1.st" "$tmp/w1x2.st"; then
 else
     fail "1 device of 2 cores differs from 1 device of 1 core"
 fi
+# --devices auto times each split on the first steps, says which it took, and trains as that
+# split given by hand does, bit for bit
+if "$loom" train shakespeare-gpt --data "$text" $small --devices auto --save "$tmp/wauto.st" \
+    >"$tmp/auto.out" 2>"$tmp/auto.err"; then
+    split=$(sed -n 's/^loom: --devices auto: .*; \(--devices [0-9]* --cores-per-device [0-9]*\) repeats this run)$/\1/p' "$tmp/auto.out")
+    # shellcheck disable=SC2086
+    if [ "$(nproc)" -lt 2 ]; then
+        echo "skip --devices auto: one CPU, nothing to choose"
+    elif [ -z "$split" ]; then
+        fail "--devices auto: no choice line: $(head -3 "$tmp/auto.out")"
+    elif "$loom" train shakespeare-gpt --data "$text" $small $split --save "$tmp/wsplit.st" >/dev/null 2>&1 &&
+        cmp -s "$tmp/wauto.st" "$tmp/wsplit.st"; then
+        echo "ok   --devices auto chose '$split' and trained to that split's weights"
+    else
+        fail "--devices auto ($split) differs from the split given by hand"
+    fi
+else
+    fail "--devices auto: $(cat "$tmp/auto.err")"
+fi
 grep -q '^step 15: train loss [0-9.]*, val loss [0-9.]*' "$tmp/train1.out" ||
     fail "no evaluation line at step 15: $(cat "$tmp/train1.out")"
 grep -q '^val loss: [0-9]\.[0-9]\{4\}$' "$tmp/train1.out" || fail "no final 'val loss: X' line"

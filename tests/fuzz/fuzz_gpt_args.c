@@ -44,8 +44,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         product(o.tokens + (int64_t)strlen(o.start) + 1, 4, INT64_MAX);
         /* (with --init, heads dividing width is checked once the file's shape is merged) */
         bool whole = !o.init || o.given == 15;
-        if (o.devices < 0 || o.devices > 256 || !(o.timeout >= 0 && o.timeout <= 1e6) ||
-            o.min_lr > o.lr || (whole && o.shape.width % o.shape.heads != 0) || o.decay <= o.warmup)
+        if (o.devices < CLI_DEVICES_AUTO || o.devices > 256 ||
+            !(o.timeout >= 0 && o.timeout <= 1e6) || o.min_lr > o.lr ||
+            (whole && o.shape.width % o.shape.heads != 0) || o.decay <= o.warmup)
             abort();
     }
     free(buf);

@@ -165,7 +165,7 @@ static bool parse_opt(int argc, char **argv, int *i, train_opts *o) {
     else if (!strcmp(f, "--limit-eval"))
         ok = cli_int(f, v, 1, CLI_MAX_COUNT, &o->limit_eval);
     else if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
-        o->devices = 0;
+        o->devices = CLI_DEVICES_AUTO;
     else if (!strcmp(f, "--devices"))
         ok = cli_int(f, v, 1, 256, &o->devices);
     else if (!strcmp(f, "--cores-per-device") && v && !strcmp(v, "auto"))

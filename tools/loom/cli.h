@@ -11,6 +11,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* --devices auto (split.c): the split of this process's CPUs into devices x cores a device that
+ * runs the command's own steps fastest. trial(ctx, D, C, dt) runs the command's first training
+ * steps on D devices of C cores while cli_trial_more(dt, steps ended) says so (nothing printed
+ * or written: stdout is on /dev/null meanwhile), each step's seconds into dt[step] (room for
+ * CLI_TRIAL_MAX): 0, or a code after one line on stderr. cli_choose_split times every split (the
+ * median step after CLI_TRIAL_WARM; ties go to more devices), prints the one chosen with every
+ * time and sets *devices and *cores to it; with --cores-per-device given, under an MPI launcher
+ * (the processes would have to agree) or on one CPU nothing is timed: *devices 0, one device per
+ * --cores-per-device cores. 0, or the trial's code. */
+#define CLI_DEVICES_AUTO (-1)
+#define CLI_TRIAL_WARM   2
+#define CLI_TRIAL_MAX    64
+typedef int (*cli_trial_fn)(void *ctx, int D, int C, double *dt);
+int cli_choose_split(cli_trial_fn trial, void *ctx, int64_t *devices, int64_t *cores);
+/* Whether a trial runs another step after n: until 8 steps and 0.25 s of them after the warm-up
+ * ones, at most CLI_TRIAL_MAX. */
+bool cli_trial_more(const double *dt, int64_t n);
+
 /* The checkpoint options of every training command (tools/loom/ckpt.c). */
 typedef struct {
     const char *dir;    /* --checkpoint-dir: where checkpoints go (NULL: none) */
@@ -25,7 +43,7 @@ typedef struct {
     int64_t epochs, steps, batch;
     int64_t
         accumulate;  /* --accumulate N: micro-batches of --batch per optimizer step (0, 1: one) */
-    int64_t devices; /* 0: one per --cores-per-device cores */
+    int64_t devices; /* 0: one per --cores-per-device cores; CLI_DEVICES_AUTO: timed */
     int64_t cores;   /* --cores-per-device N|auto: the cores each device spans (0, 1: one;
                       * LOOM_CORES_AUTO) */
     int64_t limit_eval; /* --limit-eval N: evaluate on the first N test samples (0: all) */
@@ -40,6 +58,8 @@ typedef struct {
     bool eval_only;        /* `loom eval`: test accuracy of --init weights */
     bool log_warn;         /* --log-errors warn: a log that cannot be written warns, trains on */
     bool quiet;            /* --quiet: no progress (bar or lines) */
+    double *trial;         /* --devices auto's timing (cli_choose_split): the steps' seconds into
+                            * trial while cli_trial_more, no evaluation, nothing written */
     const char *optimizer; /* "sgd" or "adamw" */
     uint64_t seed;
     const char *data, *init, *save, *log_dir;

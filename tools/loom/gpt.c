@@ -108,7 +108,7 @@ int cli_gpt_parse(int argc, char **argv, gpt_opts *o) {
             continue;
         }
         if (!strcmp(f, "--devices") && v && !strcmp(v, "auto"))
-            known = ok = true, o->devices = 0;
+            known = ok = true, o->devices = CLI_DEVICES_AUTO;
         if (!strcmp(f, "--cores-per-device") && v && !strcmp(v, "auto"))
             known = ok = true, o->cores = LOOM_CORES_AUTO;
         for (size_t k = 0; !known && k < sizeof ints / sizeof *ints; k++)
@@ -575,10 +575,31 @@ static int train_step(gpt_opts *o, gpt_run *r, gpt_train *t, int64_t s, double *
     return 0;
 }
 
+/* --devices auto's trial (cli_choose_split): the run's first steps on D devices of C cores. */
+static int trial(void *ctx, int D, int C, double *dt) {
+    gpt_opts o = *(const gpt_opts *)ctx;
+    o.devices = D, o.cores = C;
+    o.quiet = true, o.save = NULL, o.log_dir = NULL, o.ck = (ckpt_opts){0};
+    gpt_run r = {0};
+    gpt_train t = {.ckpt_step = -1, .last_val = NAN, .best = NAN};
+    int rc = train_setup(&o, &r, &t);
+    for (int64_t s = 0; !rc && cli_trial_more(dt, s); s++) {
+        double ts = now(), loss;
+        rc = train_step(&o, &r, &t, s, &loss);
+        dt[s] = now() - ts;
+    }
+    loom_graph_free(t.g);
+    loom_optim_free(t.opt);
+    run_free(&r);
+    return rc;
+}
+
 static int train(gpt_opts *o) {
     gpt_run r = {0};
     gpt_train t = {.ckpt_step = -1, .last_val = NAN, .best = NAN};
-    int rc = train_setup(o, &r, &t);
+    int rc = cli_choose_split(trial, o, &o->devices, &o->cores);
+    if (!rc)
+        rc = train_setup(o, &r, &t);
     int64_t T = o->shape.context, every = o->ck.every;
     cli_catch_stop();
     cli_stop_agree(rc ? NULL : r.d);
@@ -827,5 +848,7 @@ int cli_gpt(int argc, char **argv) {
     cli_quiet_others(false);
     if (rc)
         return rc;
+    if ((o.sample || o.eval) && o.devices == CLI_DEVICES_AUTO)
+        o.devices = 0; /* (evaluation: one device a core) */
     return o.sample ? sample(&o) : o.eval ? eval(&o) : train(&o);
 }

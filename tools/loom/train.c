@@ -128,6 +128,8 @@ static int step_ended(run_state *r, epoch_state *e, int64_t n, double loss, doub
     r->at_epoch = e->epoch, r->at_batch = e->i;
     if (r->step > WARMUP_STEPS)
         r->warm_seconds += dt, r->warm_samples += n;
+    if (o->trial && r->step <= CLI_TRIAL_MAX)
+        o->trial[r->step - 1] = dt;
     if (r->step == 1) {
         r->first_step_at = now() - r->started;
         loom_metrics sm; /* every step runs the same graph */
@@ -270,7 +272,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         if (last) /* the optimizer step this micro-batch ends: its samples and micro-batches */
             done_samples = rec_samples, done_micro = k + 1;
         run_w = w, run_last = last;
-        *done = last && o->steps && ++submitted >= o->steps;
+        *done = last && ((o->steps && ++submitted >= o->steps) ||
+                         (o->trial && !cli_trial_more(o->trial, r->step + 1)));
     }
     if (run_w > 0) {
         double value;
@@ -280,7 +283,8 @@ static int train_epoch(run_state *r, int64_t epoch, bool *done) {
         if (run_last && step_ended(r, &e, done_samples, run_loss, now() - ended_at, done_micro))
             return 1; /* (its checkpoint follows the evaluation, with the monitored value) */
     }
-    if (cli_stop_signal()) /* the step that ran has ended and is logged: no evaluation */
+    if (cli_stop_signal() || o->trial) /* the step that ran has ended and is logged, or a trial's:
+                                        * no evaluation */
         return 0;
     double last = e.last;
     double acc = 0, loss = NAN;
@@ -436,7 +440,23 @@ static double process_start(void) {
     return ok && hz > 0 ? now() - (up - (double)start / (double)hz) : now();
 }
 
-int cli_train(const train_opts *o) {
+/* --devices auto's trial (cli_choose_split): the run's first steps on D devices of C cores. */
+static int trial(void *ctx, int D, int C, double *dt) {
+    train_opts t = *(const train_opts *)ctx;
+    t.devices = D, t.cores = C, t.trial = dt;
+    t.steps = CLI_TRIAL_MAX, t.epochs = CLI_MAX_COUNT; /* (as many epochs as those take) */
+    t.quiet = true, t.save = NULL, t.log_dir = NULL, t.ck = (ckpt_opts){0};
+    return cli_train(&t);
+}
+
+int cli_train(const train_opts *given) {
+    train_opts split = *given;
+    const train_opts *o = &split;
+    if (given->eval_only && split.devices == CLI_DEVICES_AUTO)
+        split.devices = 0; /* (evaluation: one device a core) */
+    int timed = cli_choose_split(trial, &split, &split.devices, &split.cores);
+    if (timed)
+        return timed;
     run_state r = {
         .o = o, .started = process_start(), .best = NAN, .last_loss = NAN, .ckpt_step = -1};
     cli_catch_stop();
