@@ -12,7 +12,8 @@ head, float32 and bfloat16, and plain heads with a tied head). Then:
     float32 and float64:
     loom's parameters within 8x the float32 run's distance from the float64 run;
   - `loom eval hf` gives the validation loss transformers gives; a resumed run ends bitwise as
-    the run never stopped;
+    the run never stopped, and so does the run under mpirun (2 processes of a device each;
+    MPIEXEC, where loom is built with MPI);
   - the folder loom saves loads in transformers (no missing or unexpected keys), and greedy
     generation there gives the text `loom sample hf --temperature 0` gives;
   - bad folders (another model type, a missing shard, a tensor of another shape, a truncated
@@ -258,6 +259,23 @@ def resumed(name):
         ok = sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
     check(ok, f"{name}: a run resumed from its checkpoint ends with bitwise the parameters of "
           "the run never stopped")
+    # the same run under mpirun, two processes of one device each: bitwise the 2 devices' run
+    mpirun = os.environ.get("MPIEXEC")  # (CMake's, where loom is built with MPI)
+    if not mpirun or r1.returncode:
+        print("skip mpirun: loom built without MPI")
+        return
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    mp = [x if x != "2" or base[i - 1] != "--devices" else "1" for i, x in enumerate(base)]
+    r4 = subprocess.run([mpirun, "-np", "2", LOOM, *mp, "--steps", "4", "--save",
+                         os.path.join(d, "mpi")], capture_output=True, text=True, env=env,
+                        timeout=240)
+    ok = r4.returncode == 0
+    if ok:
+        b = load_file(os.path.join(d, "mpi", "model.safetensors"))
+        ok = sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
+    check(ok, f"{name}: mpirun -np 2 (a device each) trains bitwise as 2 devices of one process: "
+          + r4.stderr.strip()[-300:])
 
 
 def evaluation(tok, name, kind):
