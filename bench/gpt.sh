@@ -3,9 +3,10 @@
 # (bench/torch_gpt.py: nanoGPT's model and recipe, eager; PyTorch's current release from PyPI,
 # bench/torch-venv.sh; PEER_PYTHON overrides), all in this one run: ms a step on 1 device against
 # 1 thread, and on 2 devices and on 1 device of 2 cores (1x2) against 2 threads (loom: the mean of
-# steps 111-220, after an
-# evaluation; PyTorch: steps 21-120), then the whole 2000-step run of each on 2 cores with its
-# final validation loss (both exact: the whole split in non-overlapping windows) and peak RSS.
+# steps 111-220, after an evaluation; PyTorch: steps 21-120), then the whole 2000-step run of
+# each on 2 cores for three seeds, PyTorch from loom's initial weights on loom's batches, with
+# the final validation losses (both exact: the whole split in non-overlapping windows), their
+# difference, the run's time and peak RSS.
 # REPEAT=N (default 1) times each step time N times, loom and PyTorch alternating, and reports
 # the medians with every run (this machine's speed moves 10-30% between runs). LARGE=1 times the
 # step of nanoGPT's GPU recipe with a CPU's batch (6 layers, 6 heads, width 384, context 256,
@@ -39,8 +40,21 @@ for n in 1 2 1x2; do
     printf '%-10s %10s %10s %7.2fx%s\n' "$n" "$l" "$t" "$(echo "$t / $l" | bc -l)" "$runs"
 done
 [ -z "${LARGE:-}" ] || exit 0
-/usr/bin/time -f "peak RSS %M KB" build/loom train shakespeare-gpt --devices 2 >/tmp/loom-gpt.$$ 2>&1
-echo "loom, 2000 steps on 2 devices: $(grep '^val loss' /tmp/loom-gpt.$$); $(grep ' steps in ' /tmp/loom-gpt.$$); $(grep 'peak RSS' /tmp/loom-gpt.$$)"
-/usr/bin/time -f "peak RSS %M KB" "$py" bench/torch_gpt.py 2000 2 >/tmp/torch-gpt.$$ 2>&1
-echo "PyTorch, 2000 steps on 2 threads: $(grep '^val loss' /tmp/torch-gpt.$$); run $(sed -n 's/^run s //p' /tmp/torch-gpt.$$) s; $(grep 'peak RSS' /tmp/torch-gpt.$$)"
-rm -f /tmp/loom-gpt.$$ /tmp/torch-gpt.$$
+# The whole default run (2000 steps) on 2 cores for each of SEEDS (default 0 1 2): loom on 2
+# devices, and PyTorch on 2 threads from loom's initial weights on loom's batches (INIT and
+# LOOM_SEED, bench/torch_gpt.py), so that the two differ only in their arithmetic.
+init=/tmp/loom-gpt-init.$$.safetensors
+printf '%-5s %9s %9s %11s %7s %8s %12s %12s\n' seed loom_val torch_val difference loom_s torch_s loom_rss_MB torch_rss_MB
+for seed in ${SEEDS:-0 1 2}; do
+    build/loom train shakespeare-gpt --seed "$seed" --steps 1 --lr 1e-30 --min-lr 1e-30 \
+        --eval-interval 1000000 --save "$init" >/dev/null # the initial weights: 1e-30 moves none
+    /usr/bin/time -f "peak RSS %M KB" build/loom train shakespeare-gpt --devices 2 --seed "$seed" >/tmp/loom-gpt.$$ 2>&1
+    INIT=$init LOOM_SEED=$seed /usr/bin/time -f "peak RSS %M KB" "$py" bench/torch_gpt.py 2000 2 >/tmp/torch-gpt.$$ 2>&1
+    lv=$(sed -n 's/^val loss: //p' /tmp/loom-gpt.$$) tv=$(sed -n 's/^val loss //p' /tmp/torch-gpt.$$)
+    printf '%-5s %9s %9s %+11.4f %7s %8s %12d %12d\n' "$seed" "$lv" "$tv" "$(echo "$lv - $tv" | bc -l)" \
+        "$(sed -n 's/^[0-9]* steps in \([0-9.]*\) s.*/\1/p' /tmp/loom-gpt.$$)" \
+        "$(sed -n 's/^run s //p' /tmp/torch-gpt.$$)" \
+        "$(($(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/loom-gpt.$$) / 1024))" \
+        "$(($(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/torch-gpt.$$) / 1024))"
+done
+rm -f /tmp/loom-gpt.$$ /tmp/torch-gpt.$$ "$init"

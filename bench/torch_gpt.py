@@ -9,7 +9,10 @@ as `loom train shakespeare-gpt` computes it) unless --no-eval, the whole run's t
     $(bash bench/torch-venv.sh) bench/torch_gpt.py STEPS THREADS [--no-eval] [--compile]
 
 SEED in the environment seeds it (default 1337, nanoGPT's); GPT_SHAPE=CONTEXT,LAYERS,HEADS,WIDTH,BATCH
-another size (bench/gpt.sh LARGE=1: 256,6,6,384,8)."""
+another size (bench/gpt.sh LARGE=1: 256,6,6,384,8). LOOM_SEED=S draws the batches that
+`loom train shakespeare-gpt --seed S` draws (Philox stream (3, step), as src/data/text.c) instead
+of torch.randint's, and INIT=FILE starts from the weights of a safetensors file (loom's --save),
+so that loom and PyTorch differ only in their arithmetic."""
 import gzip
 import os
 import resource
@@ -25,6 +28,27 @@ from torch_recipes import get_lr  # noqa: E402
 
 V_CTX, L, H, C, B = (int(v) for v in os.environ.get("GPT_SHAPE", "64,4,4,128,12").split(","))
 HERE = os.path.dirname(os.path.abspath(__file__))
+M32 = 0xFFFFFFFF
+
+
+def philox(seed, stream, counter):
+    """Philox-4x32-10 as src/core/rng.c: key = seed, counter = (counter, stream) in 32-bit words."""
+    c = [counter & M32, counter >> 32, stream & M32, stream >> 32]
+    k0, k1 = seed & M32, seed >> 32
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & M32, (p0 >> 32) ^ c[3] ^ k1, p0 & M32]
+        k0, k1 = (k0 + 0x9E3779B9) & M32, (k1 + 0xBB67AE85) & M32
+    return c
+
+
+def loom_starts(seed, step, batch, span):
+    """The windows' starts of step `step` of `loom train shakespeare-gpt --seed seed`."""
+    starts = []
+    for r in range(batch):
+        w = philox(seed, (3 << 32) | step, r)
+        starts.append(((w[0] << 32) | w[1]) % span)
+    return torch.tensor(starts)
 
 
 def main():
@@ -38,6 +62,10 @@ def main():
     n = int(len(data) * 0.9)
     train, val = data[:n], data[n:]
     net = GPT(len(chars), V_CTX, L, H, C)
+    if "INIT" in os.environ:
+        from safetensors.torch import load_file
+        net.load_state_dict(load_file(os.environ["INIT"]), strict=True)
+    loom_seed = int(os.environ["LOOM_SEED"]) if "LOOM_SEED" in os.environ else None
     opt, params = adamw(net, 1e-3)
     model = torch.compile(net) if "--compile" in sys.argv else net
 
@@ -52,7 +80,10 @@ def main():
             s0 = s
         for g in opt.param_groups:
             g["lr"] = lr_at(s)
-        ix = torch.randint(len(train) - V_CTX, (B,))
+        if loom_seed is None:
+            ix = torch.randint(len(train) - V_CTX, (B,))
+        else:
+            ix = loom_starts(loom_seed, s, B, len(train) - V_CTX)
         x = torch.stack([train[i:i + V_CTX] for i in ix])
         y = torch.stack([train[i + 1:i + 1 + V_CTX] for i in ix])
         loss = F.cross_entropy(model(x).view(-1, len(chars)), y.view(-1))
