@@ -4,8 +4,9 @@
 # PEER_PYTHON overrides), all in this one run, on 2 cores: GPT-2 small's configuration (12
 # layers, width 768, vocabulary 50257) and a Llama of ~125M parameters (12 layers, width 768, 12
 # heads sharing 4 key and value heads, MLP 2048, vocabulary 32000, untied head), random weights,
-# batches of 4 x 128 tokens. ms a step (loom: the mean of steps 4-6, after an evaluation;
-# PyTorch: of steps 3-8 on 2 threads) and peak RSS. REPEAT=N (default 1) runs each N times,
+# batches of 4 x 128 tokens; loom on 2 devices and on 1 device of 2 cores (SPLITS="2 1x2").
+# ms a step (loom: the mean of steps 4-6, after an evaluation; PyTorch: of steps 3-8 on 2
+# threads) and peak RSS. REPEAT=N (default 1) runs each N times,
 # loom and PyTorch alternating, and reports the medians with every run. The folders are made
 # once in bench/.hf. Not a test.
 set -euo pipefail
@@ -20,23 +21,34 @@ mkdir -p bench/.hf
 text=bench/.hf/text.txt
 [ -f "$text" ] || gzip -dc data/tinyshakespeare.txt.gz | head -c 30000 >"$text"
 echo "peer: PyTorch $("$py" -c 'import torch; print(torch.__version__)'), transformers $("$py" -c 'import transformers; print(transformers.__version__)'); CPU: $(lscpu | sed -n 's/^Model name: *//p')"
-printf '%-8s %10s %10s %8s %14s %14s\n' model loom_ms torch_ms speedup loom_rss_MB torch_rss_MB
+printf '%-8s %-6s %10s %10s %8s %14s %14s\n' model loom loom_ms torch_ms speedup loom_rss_MB torch_rss_MB
 for kind in gpt2 llama; do
     dir=bench/.hf/$kind
     [ -f "$dir/config.json" ] || "$py" bench/torch_hf.py make "$dir" "$kind" "$text" >&2
-    ls=() ts=() runs=""
+    ts=() tr=0
+    declare -A ls=() lr=()
     for _ in $(seq "${REPEAT:-1}"); do
-        /usr/bin/time -f "peak RSS %M KB" build/loom train hf --init "$dir" --data "$text" \
-            --steps 6 --eval-interval 3 --batch 4 --context 128 --devices 2 --quiet >/tmp/loom-hf.$$ 2>&1
-        ls+=("$(sed -n 's/^step 6: .*, \([0-9.]*\) ms a step$/\1/p' /tmp/loom-hf.$$)")
-        lr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/loom-hf.$$)
+        for split in ${SPLITS:-2 1x2}; do # 2 devices, or 1x2: 1 device of 2 cores
+            opts="--devices $split"
+            [ "$split" = 1x2 ] && opts="--devices 1 --cores-per-device 2"
+            # shellcheck disable=SC2086
+            /usr/bin/time -f "peak RSS %M KB" build/loom train hf --init "$dir" --data "$text" \
+                --steps 6 --eval-interval 3 --batch 4 --context 128 $opts --quiet >/tmp/loom-hf.$$ 2>&1
+            ls[$split]+="$(sed -n 's/^step 6: .*, \([0-9.]*\) ms a step$/\1/p' /tmp/loom-hf.$$) "
+            lr[$split]=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/loom-hf.$$)
+        done
         "$py" bench/torch_hf.py run "$dir" 8 2 >/tmp/torch-hf.$$ 2>&1
         ts+=("$(sed -n 's/^ms\/step //p' /tmp/torch-hf.$$)")
         tr=$(sed -n 's/^peak RSS \([0-9]*\) KB$/\1/p' /tmp/torch-hf.$$)
     done
-    l=$(median "${ls[@]}") t=$(median "${ts[@]}")
-    [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[*]}; PyTorch ${ts[*]})"
-    printf '%-8s %10s %10s %7.2fx %14d %14d%s\n' "$kind" "$l" "$t" "$(echo "$t / $l" | bc -l)" \
-        "$((lr / 1024))" "$((tr / 1024))" "$runs"
+    t=$(median "${ts[@]}")
+    for split in ${SPLITS:-2 1x2}; do
+        # shellcheck disable=SC2086
+        l=$(median ${ls[$split]}) runs=""
+        [ "${REPEAT:-1}" -gt 1 ] && runs="   (loom ${ls[$split]% }; PyTorch ${ts[*]})"
+        printf '%-8s %-6s %10s %10s %7.2fx %14d %14d%s\n' "$kind" "$split" "$l" "$t" \
+            "$(echo "$t / $l" | bc -l)" "$((lr[$split] / 1024))" "$((tr / 1024))" "$runs"
+    done
+    unset ls lr
 done
 rm -f /tmp/loom-hf.$$ /tmp/torch-hf.$$
