@@ -355,13 +355,15 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                           * relu bit 7 where the ReLU of the maximum passes (its backward's mask) \
                           */                                                                      \
                     uint8_t *cp = codes ? codes + (n * C + c) * OH * OW : NULL;                   \
-                    bool fast = !grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp, relu);    \
-                    if (!fast && !grad && cp && !relu && loom__pool2x2(w, xst[3])) {              \
+                    bool fast = false;                                                            \
+                    if (!grad && cp && !relu && loom__pool2x2(w, xst[3])) {                       \
                         for (int64_t oy = 0; oy < OH; oy++) /* 2x2 rows keeping codes */          \
                             pool2_row_codes_##T(xp + 2 * oy * xst[2], xp + (2 * oy + 1) * xst[2], \
                                                 OW, op + oy * OW, cp + oy * OW);                  \
                         fast = true;                                                              \
                     }                                                                             \
+                    fast =                                                                        \
+                        fast || (!grad && pool_any_##T(xp, xst, H, W, w, OH, OW, op, cp, relu));  \
                     if (grad && cp) { /* the scatter from the codes, a tight loop */              \
                         int keep = w->kh * w->kw <= 128 ? 0x7f : 0xff; /* (bit 7: a mask) */      \
                         for (int64_t oy = 0; oy < OH; oy++) {                                     \
