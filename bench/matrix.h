@@ -1,5 +1,5 @@
 /*
- * matrix.h - the model matrix: the two recipes and eleven more models built through the public API
+ * matrix.h - the model matrix: the two recipes and twelve more models built through the public API
  * (loom_sequential), each with the batch it runs at. bench/matrix.c times them against PyTorch
  * (bench/torch_matrix.py builds the same models from `bench_matrix --list`), and
  * tests/test_matrix.c trains each one against the interpreter and on 2 devices against 1. The
@@ -69,6 +69,11 @@ static const matrix_model matrix[] = {
      false,
      {CONV(1, 32, 3, 1, 1), LOOM_MAXPOOL2D_STRIDED(3, 2, 1), CONV(32, 64, 3, 1, 1),
       LOOM_MAXPOOL2D_STRIDED(3, 2, 1), LOOM_FLATTEN, LOOM_LINEAR(3136, 10), LOOM_END}},
+    {"cnn-1x1", /* bottlenecks: 1x1 convolutions between 3x3 ones (ResNet's and MobileNet's) */
+     128,
+     false,
+     {CONV(1, 32, 3, 1, 1), CONV(32, 32, 1, 1, 0), LOOM_MAXPOOL2D(2), CONV(32, 64, 3, 1, 1),
+      LOOM_MAXPOOL2D(2), CONV(64, 64, 1, 1, 0), LOOM_FLATTEN, LOOM_LINEAR(3136, 10), LOOM_END}},
     {"fmnist-cnn-b32",
      32,
      false,

@@ -153,6 +153,21 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
         (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
         return fail_shapes(g, "loom_conv2d: input", x, "and weight", w,
                            "(N,C,H,W) and (O,C,KH,KW) with the same C, bias (O)");
+    int64_t o = w->shape[0];
+    if (w->shape[2] == 1 && w->shape[3] == 1 && stride == 1 && padding == 0) {
+        /* 1x1: W (O,C) times x seen as (C, N H W), which the unfold of a 1x1 window only
+         * permutes: no columns (a view where x is the permuted output of a product, as a
+         * convolution's is) and no fold in the backward */
+        static const int cn[4] = {1, 0, 2, 3};
+        int64_t n = x->shape[0], h = x->shape[2], wd = x->shape[3];
+        int64_t xs[2] = {x->shape[1], n * h * wd}, ws[2] = {o, x->shape[1]}, bs[2] = {o, 1},
+                ys[4] = {o, n, h, wd};
+        loom_tensor *y = loom_matmul(g, loom_reshape(g, w, 2, ws),
+                                     loom_reshape(g, loom_permute(g, x, cn), 2, xs));
+        if (b)
+            y = loom_add(g, y, loom_reshape(g, b, 2, bs));
+        return loom_permute(g, loom_reshape(g, y, 4, ys), cn);
+    }
     /* padding as its own zero-padded copy of x: the unfold of the copy has none, and loom's
      * matmul reads such an unfold in place (no im2col buffer, KH KW times the image) */
     if (padding > 0)
@@ -162,7 +177,7 @@ loom_tensor *loom_conv2d(loom_graph *g, loom_tensor *x, loom_tensor *w, loom_ten
     loom_tensor *cols = loom_unfold(g, x, win); /* (C,KH,KW,N,OH,OW) */
     if (!cols)
         return NULL;
-    int64_t o = w->shape[0], ckk = cols->shape[0] * cols->shape[1] * cols->shape[2];
+    int64_t ckk = cols->shape[0] * cols->shape[1] * cols->shape[2];
     int64_t n = cols->shape[3], oh = cols->shape[4], ow = cols->shape[5];
     int64_t s2[2] = {ckk, n * oh * ow}, ws[2] = {o, ckk}, bs[2] = {o, 1}, s4[4] = {o, n, oh, ow};
     loom_tensor *y = loom_matmul(g, loom_reshape(g, w, 2, ws), loom_reshape(g, cols, 2, s2));
