@@ -233,8 +233,72 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
 }
 #endif
 
+#ifdef HAVE_POOL512
+/* The 2x2 stride-2 rows keeping codes in AVX2, 8 windows at a time (the last ones masked): the
+ * two input rows are loaded 16 floats each and split into even and odd columns (a, b above, c,
+ * d below), and the scalar rule in its order picks the first maximum (a NaN wins) and its place:
+ * the scalar rows' maxima and codes. For CPUs with AVX2 but not AVX-512, where the scalar rows
+ * branch on every comparison (about a misprediction a window on real data). */
+__attribute__((target("avx2"))) static inline void pool2_split8(const float *r, int n, __m256 *even,
+                                                                __m256 *odd) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane); /* floats 0-7 */
+    __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+    __m256 lo = _mm256_maskload_ps(r, m0), hi = _mm256_maskload_ps(r + 8, m1);
+    const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    lo = _mm256_permutevar8x32_ps(lo, ev), hi = _mm256_permutevar8x32_ps(hi, ev);
+    *even = _mm256_permute2f128_ps(lo, hi, 0x20), *odd = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
+__attribute__((target("avx2"))) static void pool2_codes_avx2(const float *r0, const float *r1,
+                                                             int64_t ow, float *o, uint8_t *cr) {
+    for (int64_t x0 = 0; x0 < ow; x0 += 8) {
+        int n = (int)(ow - x0 < 8 ? ow - x0 : 8);
+        __m256 a, b, c, d;
+        pool2_split8(r0 + 2 * x0, n, &a, &b);
+        pool2_split8(r1 + 2 * x0, n, &c, &d);
+        __m256 q1 =
+            _mm256_or_ps(_mm256_cmp_ps(b, a, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+        __m256 m = _mm256_blendv_ps(a, b, q1);
+        __m256 q2 =
+            _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        m = _mm256_blendv_ps(m, c, q2);
+        __m256 q3 =
+            _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+        m = _mm256_blendv_ps(m, d, q3);
+        __m256i code = _mm256_and_si256(_mm256_castps_si256(q1), _mm256_set1_epi32(1));
+        code = _mm256_blendv_epi8(code, _mm256_set1_epi32(2), _mm256_castps_si256(q2));
+        code = _mm256_blendv_epi8(code, _mm256_set1_epi32(3), _mm256_castps_si256(q3));
+        int32_t c8[8];
+        _mm256_storeu_si256((__m256i *)(void *)c8, code);
+        if (n == 8)
+            _mm256_storeu_ps(o + x0, m);
+        else
+            _mm256_maskstore_ps(
+                o + x0,
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                m);
+        for (int k = 0; k < n; k++)
+            cr[x0 + k] = (uint8_t)c8[k];
+    }
+}
+#endif
+static void pool2_row_codes_float(const float *restrict r0, const float *restrict r1, int64_t ow,
+                                  float *restrict o, uint8_t *restrict cr);
+/* pool2_row_codes_float, in AVX2 where the CPU has it */
+static void pool2_codes_float(const float *r0, const float *r1, int64_t ow, float *o, uint8_t *cr) {
+#ifdef HAVE_POOL512
+    if (__builtin_cpu_supports("avx2")) {
+        pool2_codes_avx2(r0, r1, ow, o, cr);
+        return;
+    }
+#endif
+    pool2_row_codes_float(r0, r1, ow, o, cr);
+}
+
 #define PLANE_float  loom__pool2_grad_plane_float
 #define PLANE_double pool2_grad_plane_double
+#define CODES_float  pool2_codes_float
+#define CODES_double pool2_row_codes_double
 #define POOL_KERNELS(T, U)                                                                        \
     /* The window's maximum to *best and its place in the window (i kw + j, row-major), the       \
      * argmax code; padded places never win (the padding is at most half a window, so every       \
@@ -358,8 +422,8 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                     bool fast = false;                                                            \
                     if (!grad && cp && !relu && loom__pool2x2(w, xst[3])) {                       \
                         for (int64_t oy = 0; oy < OH; oy++) /* 2x2 rows keeping codes */          \
-                            pool2_row_codes_##T(xp + 2 * oy * xst[2], xp + (2 * oy + 1) * xst[2], \
-                                                OW, op + oy * OW, cp + oy * OW);                  \
+                            CODES_##T(xp + 2 * oy * xst[2], xp + (2 * oy + 1) * xst[2], OW,       \
+                                      op + oy * OW, cp + oy * OW);                                \
                         fast = true;                                                              \
                     }                                                                             \
                     fast =                                                                        \
