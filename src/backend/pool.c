@@ -507,7 +507,98 @@ bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride) {
             NAME##_at(r, step, n, m, at, k);                                                \
     }
 POOL_PASS(pool_pass, )
-POOL_PASS(pool_pass_avx2, __attribute__((target("avx2"))))
+
+#ifdef HAVE_POOL512
+/* pool_any_plane512 in AVX2, 8 windows of a row at a time: each window place (i, j) a vector of
+ * the 8 windows' inputs (a masked load for unit strides, two masked loads of the even columns
+ * split for stride 2 over unit columns, a gather otherwise; places in the padding masked off),
+ * taken where no place has been yet, where it is greater or where it is a NaN: the scalar rule
+ * in the scalar order, so the same maxima and codes (or NULL). */
+__attribute__((target("avx2"))) static void pool_any_plane256(const float *x, int64_t rs,
+                                                              int64_t cs, int64_t H, int64_t W,
+                                                              const loom_window *w, int64_t OH,
+                                                              int64_t OW, float *o, uint8_t *codes,
+                                                              bool relu) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const __m256i even = _mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0);
+    enum {
+        LOAD,
+        SPLIT,
+        GATHER
+    } how = cs != 1      ? GATHER
+            : w->sw == 1 ? LOAD
+            : w->sw == 2 ? SPLIT
+                         : GATHER;
+    __m256i ok[256], lo[256], hi[256], off[256]; /* per window column j: the lanes it reads,
+                                                  * as floats 0-7 and 8-15 of a split, the
+                                                  * offsets of a gather */
+    for (int64_t x0 = 0; x0 < OW; x0 += 8) {
+        int n = (int)(OW - x0 < 8 ? OW - x0 : 8);
+        __m256i mn = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+        __m256i cx =
+            _mm256_sub_epi32(/* each lane's window's first column */
+                             _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32((int)x0)),
+                                                _mm256_set1_epi32(w->sw)),
+                             _mm256_set1_epi32(w->pw));
+        for (int j = 0; j < w->kw; j++) {
+            __m256i ix = _mm256_add_epi32(cx, _mm256_set1_epi32(j));
+            ok[j] = _mm256_and_si256(
+                mn, _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), ix),
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), ix)));
+            /* float 2k of the split reads lane k: lanes 0-3 in floats 0-7, 4-7 in 8-15 */
+            __m256i l =
+                _mm256_permutevar8x32_epi32(ok[j], _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            __m256i h =
+                _mm256_permutevar8x32_epi32(ok[j], _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+            lo[j] = _mm256_and_si256(l, even), hi[j] = _mm256_and_si256(h, even);
+            off[j] = _mm256_mullo_epi32(ix, _mm256_set1_epi32((int)cs));
+        }
+        for (int64_t oy = 0; oy < OH; oy++) {
+            __m256 have = _mm256_setzero_ps(), acc = _mm256_setzero_ps();
+            __m256i code = _mm256_setzero_si256();
+            for (int i = 0; i < w->kh; i++) {
+                int64_t iy = oy * w->sh - w->ph + i;
+                if (iy < 0 || iy >= H)
+                    continue;
+                const float *row = x + iy * rs;
+                for (int j = 0; j < w->kw; j++) {
+                    __m256 a, okf = _mm256_castsi256_ps(ok[j]);
+                    if (how == LOAD)
+                        a = _mm256_maskload_ps(row + x0 - w->pw + j, ok[j]);
+                    else if (how == SPLIT) {
+                        const float *r = row + 2 * x0 - w->pw + j; /* lane 0's column */
+                        __m256 l8 = _mm256_permutevar8x32_ps(_mm256_maskload_ps(r, lo[j]), ev);
+                        __m256 h8 = _mm256_permutevar8x32_ps(_mm256_maskload_ps(r + 8, hi[j]), ev);
+                        a = _mm256_permute2f128_ps(l8, h8, 0x20);
+                    } else
+                        a = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), row, off[j], okf, 4);
+                    __m256 take = _mm256_and_ps(
+                        okf, _mm256_or_ps(_mm256_andnot_ps(have, okf),
+                                          _mm256_or_ps(_mm256_cmp_ps(a, acc, _CMP_GT_OQ),
+                                                       _mm256_cmp_ps(a, a, _CMP_UNORD_Q))));
+                    acc = _mm256_blendv_ps(acc, a, take);
+                    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(i * w->kw + j),
+                                              _mm256_castps_si256(take));
+                    have = _mm256_or_ps(have, okf);
+                }
+            }
+            if (relu) { /* the ReLU (a NaN stays), bit 7 of the code where it passes */
+                __m256 pass = _mm256_cmp_ps(acc, _mm256_setzero_ps(), _CMP_GT_OQ);
+                acc = _mm256_blendv_ps(acc, _mm256_setzero_ps(),
+                                       _mm256_cmp_ps(acc, _mm256_setzero_ps(), _CMP_LE_OQ));
+                code = _mm256_or_si256(
+                    code, _mm256_and_si256(_mm256_castps_si256(pass), _mm256_set1_epi32(0x80)));
+            }
+            _mm256_maskstore_ps(o + oy * OW + x0, mn, acc);
+            int32_t c8[8];
+            _mm256_storeu_si256((__m256i *)(void *)c8, code);
+            for (int k = 0; codes && k < n; k++)
+                codes[oy * OW + x0 + k] = (uint8_t)c8[k];
+        }
+    }
+}
+#endif
 
 static void pool_any_plane(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
                            const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes,
@@ -517,7 +608,6 @@ static void pool_any_plane(const float *x, int64_t rs, int64_t cs, int64_t H, in
     hi = hi < OW - 1 ? hi : OW - 1;
     int32_t at[4096];
     int64_t n = hi - lo + 1, step = w->sw * cs;
-    bool avx2 = __builtin_cpu_supports("avx2");
     for (int64_t oy = 0; oy < OH; oy++) {
         float *orow = o + oy * OW;
         int64_t iy0 = oy * w->sh - w->ph;
@@ -527,7 +617,7 @@ static void pool_any_plane(const float *x, int64_t rs, int64_t cs, int64_t H, in
         for (int i = i0; i < i1 && n > 0; i++)
             for (int j = i == i0 ? 1 : 0; j < w->kw; j++) {
                 const float *r = x + (iy0 + i) * rs + (lo * w->sw + j - w->pw) * cs;
-                (avx2 ? pool_pass_avx2 : pool_pass)(r, step, n, orow + lo, at + lo, i * w->kw + j);
+                pool_pass(r, step, n, orow + lo, at + lo, i * w->kw + j);
             }
         for (int64_t ox = lo; ox <= hi; ox++) {
             int code = at[ox];
@@ -570,6 +660,13 @@ static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_
 #ifdef HAVE_POOL512
     if (loom__pool512() && w->kw <= 256 && W <= INT32_MAX / 4 && xst[3] * W <= INT32_MAX / 4) {
         pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
+        return true;
+    }
+#endif
+#ifdef HAVE_POOL512
+    if (__builtin_cpu_supports("avx2") && w->kw <= 256 && W <= INT32_MAX / 4 &&
+        xst[3] * W <= INT32_MAX / 4) {
+        pool_any_plane256(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
         return true;
     }
 #endif
