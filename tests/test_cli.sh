@@ -163,13 +163,13 @@ fi
 # --devices auto times each split of the cores on the run's first steps, names the one it took,
 # and trains as that split given by hand does, bit for bit.
 if [ "$(nproc)" -ge 2 ]; then
-    if "$loom" train fmnist-cnn --steps 3 --devices auto --limit-eval 64 --save "$tmp/ca.st" >"$tmp/out" 2>&1 &&
+    if "$loom" train fmnist-mlp --steps 3 --devices auto --limit-eval 64 --save "$tmp/ca.st" >"$tmp/out" 2>&1 &&
        split=$(sed -n 's/^loom: --devices auto: .*; \(--devices [0-9]* --cores-per-device [0-9]*\) repeats this run)$/\1/p' "$tmp/out") &&
        grep -q "^loom: --devices auto: .*1 device of $(nproc) cores [0-9.]* ms" "$tmp/out" &&
        # shellcheck disable=SC2086
-       "$loom" train fmnist-cnn --steps 3 $split --limit-eval 64 --save "$tmp/cs.st" >/dev/null 2>&1 &&
+       "$loom" train fmnist-mlp --steps 3 $split --limit-eval 64 --save "$tmp/cs.st" >/dev/null 2>&1 &&
        cmp -s "$tmp/ca.st" "$tmp/cs.st"; then
-        echo "ok   --devices auto chose '$split' and trained the CNN to that split's weights"
+        echo "ok   --devices auto chose '$split' and trained the MLP to that split's weights"
     else
         echo "FAIL: --devices auto: $(head -3 "$tmp/out")"; fails=$((fails + 1))
     fi
