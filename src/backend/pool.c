@@ -156,6 +156,13 @@ static inline __mmask16 spread8(unsigned b) {
     return (__mmask16)((b | b << 1) & 0x5555);
 }
 
+/* How the any-window forms read a window place's inputs for a vector of windows: one load for
+ * unit strides, two split into even and odd columns for stride 2 over unit columns, a gather. */
+typedef enum { POOL_LOAD, POOL_SPLIT, POOL_GATHER } pool_load;
+static inline pool_load pool_load_of(int64_t cs, const loom_window *w) {
+    return cs != 1 ? POOL_GATHER : w->sw == 1 ? POOL_LOAD : w->sw == 2 ? POOL_SPLIT : POOL_GATHER;
+}
+
 /* Max pooling of any window over a plane (rows rs apart, columns cs apart), 16 windows of an
  * output row at a time: each window place (i, j) is a vector of the 16 windows' inputs (a masked
  * load for unit strides, two loads split into even and odd columns for stride 2 over unit
@@ -169,14 +176,7 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                                                                  uint8_t *codes, bool relu) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i ie = _mm512_loadu_si512(loom__pool_even);
-    enum {
-        LOAD,
-        SPLIT,
-        GATHER
-    } how = cs != 1      ? GATHER
-            : w->sw == 1 ? LOAD
-            : w->sw == 2 ? SPLIT
-                         : GATHER;
+    pool_load how = pool_load_of(cs, w);
     __mmask16 ok[256], lo[256], hi[256]; /* per window column j: the lanes it reads */
     __m512i off[256];                    /* ... and their offsets in a row, for a gather */
     for (int64_t x0 = 0; x0 < OW; x0 += 16) {
@@ -206,8 +206,8 @@ __attribute__((target("avx512f"))) static void pool_any_plane512(const float *x,
                 for (int j = 0; j < w->kw; j++) {
                     const float *r = row + x0 * w->sw - w->pw + j; /* lane 0's column */
                     __m512 a =
-                        how == LOAD ? _mm512_maskz_loadu_ps(ok[j], r)
-                        : how == SPLIT
+                        how == POOL_LOAD ? _mm512_maskz_loadu_ps(ok[j], r)
+                        : how == POOL_SPLIT
                             ? _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo[j], r), ie,
                                                      _mm512_maskz_loadu_ps(hi[j], r + 16))
                             : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok[j], off[j], row, 4);
@@ -522,14 +522,7 @@ __attribute__((target("avx2"))) static void pool_any_plane256(const float *x, in
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     const __m256i even = _mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0);
-    enum {
-        LOAD,
-        SPLIT,
-        GATHER
-    } how = cs != 1      ? GATHER
-            : w->sw == 1 ? LOAD
-            : w->sw == 2 ? SPLIT
-                         : GATHER;
+    pool_load how = pool_load_of(cs, w);
     __m256i ok[256], lo[256], hi[256], off[256]; /* per window column j: the lanes it reads,
                                                   * as floats 0-7 and 8-15 of a split, the
                                                   * offsets of a gather */
@@ -564,9 +557,9 @@ __attribute__((target("avx2"))) static void pool_any_plane256(const float *x, in
                 const float *row = x + iy * rs;
                 for (int j = 0; j < w->kw; j++) {
                     __m256 a, okf = _mm256_castsi256_ps(ok[j]);
-                    if (how == LOAD)
+                    if (how == POOL_LOAD)
                         a = _mm256_maskload_ps(row + x0 - w->pw + j, ok[j]);
-                    else if (how == SPLIT) {
+                    else if (how == POOL_SPLIT) {
                         const float *r = row + 2 * x0 - w->pw + j; /* lane 0's column */
                         __m256 l8 = _mm256_permutevar8x32_ps(_mm256_maskload_ps(r, lo[j]), ev);
                         __m256 h8 = _mm256_permutevar8x32_ps(_mm256_maskload_ps(r + 8, hi[j]), ev);
