@@ -2,15 +2,14 @@
  * split.c - `--devices auto`: the split of this process's cores into devices of several cores
  * (devices x cores a device = its CPUs) that runs the command's own steps fastest.
  *
- * Each split is timed on the run itself: the command's first steps (8, and more while they
- * take under 0.25 s), from the same initial weights on the same batches, with nothing printed
- * or written, then thrown away;
- * the real run then starts from the beginning on the split that won. Timing replaces a rule of
- * thumb because the answer depends on the model: two devices of one core win where kernels are
- * many and small (the CNNs), one device of two cores where the weights are large or a device's
- * batch small (the MLPs). The split changes the bits (a gradient is summed over another number
- * of shards) but not what the run computes, so the choice is printed, and giving it as
- * --devices D --cores-per-device C repeats the run bit for bit.
+ * Each split is timed on the run itself: the command's first steps (8, and more while they take
+ * under 0.25 s), from the same initial weights on the same batches, with nothing printed or
+ * written, then thrown away; the real run then starts from the beginning on the split that won.
+ * Timing replaces a rule of thumb because the answer depends on the model: two devices of one
+ * core win where kernels are many and small (the CNNs), one device of two cores where the
+ * weights are large or a device's batch small (the MLPs). The split changes the bits (a gradient
+ * is summed over another number of shards) but not what the run computes, so the choice is
+ * printed, and giving it as --devices D --cores-per-device C repeats the run bit for bit.
  */
 #define _GNU_SOURCE
 #include "cli.h"
@@ -79,7 +78,7 @@ int cli_choose_split(cli_trial_fn trial, void *ctx, int64_t *devices, int64_t *c
     if (*cores != 0 || loom_mpi_launcher() || n < 2)
         return 0;
     char times[512] = "", name[64];
-    int best_d = n, best_c = 1;
+    int best_d = 0, best_c = 0;
     double best = 0;
     for (int C = 1; C <= n && C <= 64; C++) {
         int D = n / C;
@@ -89,12 +88,14 @@ int cli_choose_split(cli_trial_fn trial, void *ctx, int64_t *devices, int64_t *c
         int rc = timed(trial, ctx, D, C, &s);
         if (rc)
             return rc;
-        if (C == 1 || s < best)
+        if (best_d == 0 || s < best)
             best = s, best_d = D, best_c = C;
         name_split(name, sizeof name, D, C);
         size_t at = strlen(times);
         snprintf(times + at, sizeof times - at, "%s%s %.1f ms", at ? ", " : "", name, 1e3 * s);
     }
+    if (best_d == 0) /* (no split of at most 256 devices of at most 64 cores) */
+        return 0;
     name_split(name, sizeof name, best_d, best_c);
     printf("loom: --devices auto: %s (a step: %s; --devices %d --cores-per-device %d repeats "
            "this run)\n",
