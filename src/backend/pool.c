@@ -480,34 +480,6 @@ bool loom__pool_codes_ok(const loom_window *w, int64_t row_stride, loom_dtype dt
 bool loom__pool_relu_ok(const loom_window *w, int64_t row_stride) {
     return loom__pool2x2(w, row_stride) ? loom__pool512() : w->kh * w->kw <= 128; /* (bit 7 free) */
 }
-/* Max pooling of any window over a plane without AVX-512: a row of windows at a time, each
- * window place (i, j) one pass over the row's windows, taken where it is greater or where it is a
- * NaN (the scalar rule in the scalar order: the same maxima and codes), branch-free so that the
- * pass vectorizes; the windows whose columns reach into the padding one at a time. Places in the
- * padding are skipped, not compared. OW <= 4096. */
-/* One window place over n windows, `step` apart in r: the pass of pool_any_plane. The stride a
- * constant where it is 1 or 2, so that the loads vectorize. */
-#define POOL_PASS(NAME, ATTR)                                                               \
-    ATTR static inline void NAME##_at(const float *restrict r, int64_t step, int64_t n,     \
-                                      float *restrict m, int32_t *restrict at, int32_t k) { \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            float a = r[i * step];                                                          \
-            int q = (a > m[i]) | (a != a);                                                  \
-            m[i] = q ? a : m[i];                                                            \
-            at[i] = q ? k : at[i];                                                          \
-        }                                                                                   \
-    }                                                                                       \
-    ATTR static void NAME(const float *r, int64_t step, int64_t n, float *m, int32_t *at,   \
-                          int32_t k) {                                                      \
-        if (step == 2)                                                                      \
-            NAME##_at(r, 2, n, m, at, k);                                                   \
-        else if (step == 1)                                                                 \
-            NAME##_at(r, 1, n, m, at, k);                                                   \
-        else                                                                                \
-            NAME##_at(r, step, n, m, at, k);                                                \
-    }
-POOL_PASS(pool_pass, )
-
 #ifdef HAVE_POOL512
 /* pool_any_plane512 in AVX2, 8 windows of a row at a time: each window place (i, j) a vector of
  * the 8 windows' inputs (a masked load for unit strides, two masked loads of the even columns
@@ -593,60 +565,8 @@ __attribute__((target("avx2"))) static void pool_any_plane256(const float *x, in
 }
 #endif
 
-static void pool_any_plane(const float *x, int64_t rs, int64_t cs, int64_t H, int64_t W,
-                           const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes,
-                           bool relu) {
-    int64_t lo = (w->pw + w->sw - 1) / w->sw; /* the first window inside the row, the last */
-    int64_t hi = W + w->pw >= w->kw ? (W + w->pw - w->kw) / w->sw : -1;
-    hi = hi < OW - 1 ? hi : OW - 1;
-    int32_t at[4096];
-    int64_t n = hi - lo + 1, step = w->sw * cs;
-    for (int64_t oy = 0; oy < OH; oy++) {
-        float *orow = o + oy * OW;
-        int64_t iy0 = oy * w->sh - w->ph;
-        int i0 = iy0 < 0 ? (int)-iy0 : 0, i1 = iy0 + w->kh > H ? (int)(H - iy0) : w->kh;
-        for (int64_t ox = lo; ox <= hi; ox++) /* the first place of each: (i0, 0) */
-            orow[ox] = x[(iy0 + i0) * rs + (ox * w->sw - w->pw) * cs], at[ox] = i0 * w->kw;
-        for (int i = i0; i < i1 && n > 0; i++)
-            for (int j = i == i0 ? 1 : 0; j < w->kw; j++) {
-                const float *r = x + (iy0 + i) * rs + (lo * w->sw + j - w->pw) * cs;
-                pool_pass(r, step, n, orow + lo, at + lo, i * w->kw + j);
-            }
-        for (int64_t ox = lo; ox <= hi; ox++) {
-            int code = at[ox];
-            if (relu)
-                code |= orow[ox] > 0 ? 0x80 : 0, orow[ox] = orow[ox] <= 0 ? 0.0f : orow[ox];
-            if (codes)
-                codes[oy * OW + ox] = (uint8_t)code;
-        }
-        for (int64_t ox = 0; ox < OW; ox++) { /* the windows that reach into the padding */
-            if (ox == lo && hi >= lo)
-                ox = hi + 1;
-            if (ox >= OW)
-                break;
-            int64_t ix0 = ox * w->sw - w->pw;
-            int j0 = ix0 < 0 ? (int)-ix0 : 0, j1 = ix0 + w->kw > W ? (int)(W - ix0) : w->kw;
-            const float *p = x + iy0 * rs + ix0 * cs;
-            float best = p[i0 * rs + j0 * cs];
-            int code = i0 * w->kw + j0;
-            for (int i = i0; i < i1; i++)
-                for (int j = i == i0 ? j0 + 1 : j0; j < j1; j++) {
-                    float a = p[i * rs + j * cs];
-                    int q = (a > best) | (a != a);
-                    best = q ? a : best;
-                    code = q ? i * w->kw + j : code;
-                }
-            if (relu)
-                code |= best > 0 ? 0x80 : 0, best = best <= 0 ? 0.0f : best;
-            if (codes)
-                codes[oy * OW + ox] = (uint8_t)code;
-            orow[ox] = best;
-        }
-    }
-}
-
-/* A plane of max pooling over any window by pool_any_plane512 (AVX-512) or pool_any_plane
- * (float, kh kw <= 256 places, OW <= 4096); false: by the scalar loops. */
+/* A plane of max pooling over any window by pool_any_plane512 (AVX-512) or pool_any_plane256
+ * (AVX2); false: by the scalar loops. */
 static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_t W,
                            const loom_window *w, int64_t OH, int64_t OW, float *o, uint8_t *codes,
                            bool relu) {
@@ -655,18 +575,15 @@ static bool pool_any_float(const float *x, const int64_t *xst, int64_t H, int64_
         pool_any_plane512(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
         return true;
     }
-#endif
-#ifdef HAVE_POOL512
     if (__builtin_cpu_supports("avx2") && w->kw <= 256 && W <= INT32_MAX / 4 &&
         xst[3] * W <= INT32_MAX / 4) {
         pool_any_plane256(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
         return true;
     }
 #endif
-    if (w->kh * w->kw > 256 || OW > 4096)
-        return false;
-    pool_any_plane(x, xst[2], xst[3], H, W, w, OH, OW, o, codes, relu);
-    return true;
+    (void)x, (void)xst, (void)H, (void)W, (void)w, (void)OH, (void)OW, (void)o, (void)codes;
+    (void)relu;
+    return false;
 }
 static bool pool_any_double(const double *x, const int64_t *xst, int64_t H, int64_t W,
                             const loom_window *w, int64_t OH, int64_t OW, double *o, uint8_t *codes,
