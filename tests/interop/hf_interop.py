@@ -240,41 +240,43 @@ def same_steps(text, tok, name, kind):
     return save
 
 
-def resumed(name):
-    """Four steps straight, and two then two more from the checkpoint: the same parameters."""
+def same_weights(a, b):
+    """Whether two saved folders hold bitwise the same tensors."""
     from safetensors.numpy import load_file
+    x = load_file(os.path.join(a, "model.safetensors"))
+    y = load_file(os.path.join(b, "model.safetensors"))
+    return sorted(x) == sorted(y) and all((x[k] == y[k]).all() for k in x)
+
+
+def resumed(name):
+    """Four steps straight, and two then two more from the checkpoint: the same parameters; and
+    the same four steps under mpirun (two processes of one device each, where loom has MPI)."""
     base = ["train", "hf", "--init", os.path.join(OUT, name), "--data",
             os.path.join(OUT, "small.txt"), "--batch", "4", "--context", "32", "--eval-interval",
-            "2", "--quiet", "--devices", "2"]
+            "2", "--quiet"]
+    two = base + ["--devices", "2"]
     d = os.path.join(TMP, "hf-resume")
     shutil.rmtree(d, ignore_errors=True)
-    r1 = run(base + ["--steps", "4", "--save", os.path.join(d, "straight")])
-    r2 = run(base + ["--steps", "2", "--checkpoint-dir", os.path.join(d, "ck")])
-    r3 = run(base + ["--steps", "4", "--checkpoint-dir", os.path.join(d, "ck"), "--resume",
-                     os.path.join(d, "ck"), "--save", os.path.join(d, "resumed")])
+    straight = os.path.join(d, "straight")
+    r1 = run(two + ["--steps", "4", "--save", straight])
+    r2 = run(two + ["--steps", "2", "--checkpoint-dir", os.path.join(d, "ck")])
+    r3 = run(two + ["--steps", "4", "--checkpoint-dir", os.path.join(d, "ck"), "--resume",
+                    os.path.join(d, "ck"), "--save", os.path.join(d, "resumed")])
     ok = not (r1.returncode or r2.returncode or r3.returncode)
-    if ok:
-        a = load_file(os.path.join(d, "straight", "model.safetensors"))
-        b = load_file(os.path.join(d, "resumed", "model.safetensors"))
-        ok = sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
-    check(ok, f"{name}: a run resumed from its checkpoint ends with bitwise the parameters of "
-          "the run never stopped")
-    # the same run under mpirun, two processes of one device each: bitwise the 2 devices' run
+    check(ok and same_weights(straight, os.path.join(d, "resumed")),
+          f"{name}: a run resumed from its checkpoint ends with bitwise the parameters of the run "
+          "never stopped")
     mpirun = os.environ.get("MPIEXEC")  # (CMake's, where loom is built with MPI)
     if not mpirun or r1.returncode:
         print("skip mpirun: loom built without MPI")
         return
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
-    mp = [x if x != "2" or base[i - 1] != "--devices" else "1" for i, x in enumerate(base)]
-    r4 = subprocess.run([mpirun, "-np", "2", LOOM, *mp, "--steps", "4", "--save",
-                         os.path.join(d, "mpi")], capture_output=True, text=True, env=env,
-                        timeout=240)
-    ok = r4.returncode == 0
-    if ok:
-        b = load_file(os.path.join(d, "mpi", "model.safetensors"))
-        ok = sorted(a) == sorted(b) and all((a[k] == b[k]).all() for k in a)
-    check(ok, f"{name}: mpirun -np 2 (a device each) trains bitwise as 2 devices of one process: "
+    r4 = subprocess.run([mpirun, "-np", "2", LOOM, *base, "--devices", "1", "--steps", "4",
+                         "--save", os.path.join(d, "mpi")], capture_output=True, text=True,
+                        env=env, timeout=240)
+    check(r4.returncode == 0 and same_weights(straight, os.path.join(d, "mpi")),
+          f"{name}: mpirun -np 2 (a device each) trains bitwise as 2 devices of one process: "
           + r4.stderr.strip()[-300:])
 
 
