@@ -76,6 +76,11 @@ static void run_blas(const shape *s, const float *a, const float *b, float *c, v
 }
 
 static void run_loom(const shape *s, const float *a, const float *b, float *c, void *scratch) {
+    if (!loom__gemm_available()) { /* AVX2's */
+        loom__sgemm256(s->ta, s->tb, s->m, s->n, s->k, a, s->ta ? s->m : s->k, b,
+                       s->tb ? s->k : s->n, c, s->n, scratch);
+        return;
+    }
     loom__sgemm(s->m, s->n, s->k, a, s->ta ? 1 : s->k, s->ta ? s->m : 1, b, s->tb ? 1 : s->n,
                 s->tb ? s->k : 1, c, s->n, scratch);
 }
@@ -146,8 +151,9 @@ static void conv_views(void *scratch) {
 
 int main(void) {
     loom__blas_init();
-    bool own = loom__gemm_available();
-    void *scratch = malloc(loom__gemm_scratch_bytes());
+    bool own = loom__gemm_available(), own256 = !own && loom__gemm256_available();
+    size_t bytes = loom__gemm_scratch_bytes(), b256 = loom__gemm256_scratch_bytes();
+    void *scratch = malloc(bytes > b256 ? bytes : b256);
     printf("%-24s %6s %6s %6s %10s %10s %9s %9s %9s %9s\n", "shape", "M", "N", "K", "openblas",
            "loom", "packed", "transp", "dot", "dot-rows");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
@@ -162,9 +168,9 @@ int main(void) {
         double flop = 2.0 * (double)s->m * (double)s->n * (double)s->k;
         int reps = flop > 1e9 ? 5 : 20;
         double tb = best_of(reps, run_blas, s, a, b, c, scratch);
-        double tl = own ? best_of(reps, run_loom, s, a, b, c, scratch) : 0;
+        double tl = own || own256 ? best_of(reps, run_loom, s, a, b, c, scratch) : 0;
         printf("%-24s %6lld %6lld %6lld %10.1f %10.1f", s->what, (long long)s->m, (long long)s->n,
-               (long long)s->k, flop / tb * 1e-9, own ? flop / tl * 1e-9 : 0.0);
+               (long long)s->k, flop / tb * 1e-9, own || own256 ? flop / tl * 1e-9 : 0.0);
         loom__gmat ga, gb; /* every form that can run it; * the one loom__gemm_choose takes */
         operands(s, a, b, &ga, &gb);
         for (int f = 0; own && f < LOOM_GEMM_FORMS; f++) {

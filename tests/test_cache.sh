@@ -59,7 +59,7 @@ for damage in truncate empty random; do
     fi
 done
 
-if "$loom" info | grep -q "matmul: loom's"; then
+if "$loom" info | grep -q "matmul: loom's AVX-512"; then
     LOOM_DUMP="$tmp/dump-cnn" XDG_CACHE_HOME="$tmp/cache" "$loom" train fmnist-cnn --steps 2 --limit-eval 250 \
         --devices 1 >"$tmp/e" 2>&1 || fail "cnn: $(tail -2 "$tmp/e")"
     train=$(grep -l "POOLGRAD" "$tmp"/dump-cnn/*.schedule)

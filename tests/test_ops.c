@@ -562,6 +562,63 @@ TEST(matmul_columns_do_not_depend_on_their_panels) {
         }
 }
 
+/* On a CPU with AVX2 and FMA but not AVX-512, float32 products run through gemm256.c, which sums
+ * each element in one documented order: K in equal blocks of at most 256, a chain of FMAs over
+ * each block from zero, the blocks' sums added in order. A naive loop in that order gives the same
+ * bits for every shape, layout and path (6 x 16 tiles and ragged ones, A read in place or packed,
+ * column blocks of 1024, row blocks of 144, a narrow C computed as its transpose): so its results
+ * cannot depend on how a device's cores split the product. */
+TEST(matmul_avx2_sums_in_its_documented_order) {
+    const char *mm = getenv("LOOM_MATMUL");
+    if ((mm && !strcmp(mm, "blas")) || __builtin_cpu_supports("avx512f") ||
+        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        fprintf(stderr, "skip %s: a property of loom's AVX2 sgemm\n", harness_current);
+        return;
+    }
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},      {5, 7, 3},      {6, 16, 256}, {7, 17, 257}, {13, 10, 300}, {37, 33, 513},
+        {150, 40, 100}, {20, 1030, 64}, {64, 5, 700}, {3, 20, 50},  {8, 20, 1024}, {290, 3, 9}};
+    for (size_t q = 0; q < sizeof shapes / sizeof *shapes; q++)
+        for (int t = 0; t < 4; t++) {
+            int64_t m = shapes[q][0], n = shapes[q][1], k = shapes[q][2];
+            bool ta = t & 1, tb = t & 2;
+            float *a = malloc(sizeof(float) * (size_t)(m * k)),
+                  *b = malloc(sizeof(float) * (size_t)(k * n));
+            for (int64_t i = 0; i < m * k; i++)
+                a[i] = (float)test_rand(11, (uint64_t)i, -1, 1);
+            for (int64_t i = 0; i < k * n; i++)
+                b[i] = (float)test_rand(12, (uint64_t)i, -1, 1);
+            loom_graph *g = loom_graph_new(NULL);
+            int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n};
+            loom_tensor *x = loom_input(g, LOOM_F32, 2, sa, a),
+                        *w = loom_input(g, LOOM_F32, 2, sb, b);
+            loom_tensor *y =
+                loom_matmul(g, ta ? loom_transpose(g, x) : x, tb ? loom_transpose(g, w) : w);
+            loom_output(y);
+            ASSERT(loom_graph_run(g) == LOOM_OK);
+            const float *out = loom_tensor_data(y);
+            int64_t blocks = (k + 255) / 256, step = (k + blocks - 1) / blocks, differ = 0;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    float sum = 0;
+                    for (int64_t p0 = 0; p0 < k; p0 += step) {
+                        float acc = 0;
+                        for (int64_t p = p0; p < k && p < p0 + step; p++)
+                            acc = fmaf(ta ? a[p * m + i] : a[i * k + p],
+                                       tb ? b[j * k + p] : b[p * n + j], acc);
+                        sum = p0 == 0 ? acc : sum + acc;
+                    }
+                    differ += memcmp(&sum, &out[i * n + j], sizeof sum) != 0;
+                }
+            if (differ)
+                FAILF("%lld x %lld x %lld (A %s, B %s): %lld of %lld elements differ", (long long)m,
+                      (long long)n, (long long)k, ta ? "transposed" : "plain",
+                      tb ? "transposed" : "plain", (long long)differ, (long long)(m * n));
+            loom_graph_free(g);
+            free(a), free(b);
+        }
+}
+
 /* A convolution of window K, stride S, padding P against naive loops in double: the largest
  * difference. */
 static double conv_error(int K, int S, int P) {
@@ -1518,6 +1575,7 @@ int main(void) {
     RUN(matmul_of_a_strided_view_matches_naive_loop);
     RUN(batched_matmul_of_permuted_views_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);
+    RUN(matmul_avx2_sums_in_its_documented_order);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);
     RUN(conv2d_of_random_shapes_matches_naive_loops);

@@ -533,6 +533,15 @@ void loom__gemm_t_cols(int64_t M, int64_t K, const loom__gmat *a, const loom__gm
  * AVX-512 unless LOOM_MATMUL=blas (BLAS then, and always for float64 and on other CPUs; attention's
  * plain loops). The one place this choice is made. */
 bool loom__use_own_gemm(void);
+/* gemm256.c: C = A B (float32, row-major, each operand read as stored or transposed as
+ * cblas_sgemm takes them) on CPUs with AVX2 and FMA; scratch holds loom__gemm256_scratch_bytes().
+ * Each element is summed in an order that depends on K alone. loom__use_gemm256: whether the
+ * products BLAS would run go there instead (no AVX-512 sgemm, and not LOOM_MATMUL=blas). */
+bool loom__gemm256_available(void);
+size_t loom__gemm256_scratch_bytes(void);
+void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch);
+bool loom__use_gemm256(void);
 /* Rows a pool gradient with sinks keeps at a time (its SINKS form): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit
  * a 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */

@@ -1,5 +1,6 @@
 /*
- * product.c - products (MATMUL): loom's sgemm (gemm.c) where the CPU has AVX-512, BLAS otherwise,
+ * product.c - products (MATMUL): loom's sgemm (gemm.c) where the CPU has AVX-512, else float32
+ * products by gemm256.c where it has AVX2 and FMA (through the BLAS path's blocks), BLAS otherwise,
  * with the epilogues a product or a pool gradient runs on each block of its output while in cache.
  */
 #include "kernels.h"
@@ -46,6 +47,11 @@ const char *loom__blas_name(void) {
 bool loom__use_own_gemm(void) {
     const char *m = loom__getenv()->matmul;
     return loom__gemm_available() && !(m && strcmp(m, "blas") == 0);
+}
+
+bool loom__use_gemm256(void) {
+    const char *m = loom__getenv()->matmul;
+    return !loom__gemm_available() && loom__gemm256_available() && !(m && strcmp(m, "blas") == 0);
 }
 
 /* ---- epilogues: a generated kernel run on each block of a library kernel's output ------------
@@ -153,9 +159,11 @@ static void next_batch(int nb, const int64_t *shape, const int64_t *sa, const in
 #define BLAS_BLOCKS 4
 typedef enum { SPLIT_NONE, SPLIT_BATCH, SPLIT_ROWS, SPLIT_COLS } blas_split;
 typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
     const loom__pnode *t, *A, *B;
     int64_t m, n, k, lda, ldb, batch, block;
-    bool ta, tb;
+    bool ta, tb, own; /* own: float32 by loom__sgemm256 */
     size_t es;
     unsigned char *o;
     const unsigned char *pa, *pb;
@@ -163,9 +171,9 @@ typedef struct {
 } blas_job;
 
 /* One product: rows [i0, i0 + m) and columns [j0, j0 + n) of the output at po (n_all columns a
- * row), from the operands at pa, pb (their first elements). */
+ * row), from the operands at pa, pb (their first elements), by worker w. */
 static void blas_one(const blas_job *j, unsigned char *po, const unsigned char *pa,
-                     const unsigned char *pb, int64_t i0, int64_t m, int64_t j0, int64_t n) {
+                     const unsigned char *pb, int64_t i0, int64_t m, int64_t j0, int64_t n, int w) {
     size_t es = j->es;
     int64_t ldc = j->n > 1 ? j->n : 1;
     po += (size_t)(i0 * j->n + j0) * es;
@@ -176,6 +184,9 @@ static void blas_one(const blas_job *j, unsigned char *po, const unsigned char *
     if (j->k == 0) {
         for (int64_t i = 0; i < m; i++)
             memset(po + (size_t)(i * j->n) * es, 0, (size_t)n * es);
+    } else if (j->own) {
+        loom__sgemm256(j->ta, j->tb, m, n, j->k, (const float *)pa, j->lda, (const float *)pb,
+                       j->ldb, (float *)po, ldc, loom__scratch_of(j->p, j->b, w));
     } else if (j->t->dtype == LOOM_F64) {
         cblas_dgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans,
                     j->tb ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)j->k, 1.0,
@@ -192,7 +203,6 @@ static void blas_one(const blas_job *j, unsigned char *po, const unsigned char *
 /* Blocks [lo, hi): products of the batch, or blocks of rows or columns of the one product. */
 static void blas_part(void *ctx, int64_t lo, int64_t hi, int w) {
     const blas_job *j = ctx;
-    (void)w;
     int nd = j->t->ndim;
     if (j->split == SPLIT_ROWS || j->split == SPLIT_COLS) {
         bool rows = j->split == SPLIT_ROWS;
@@ -200,7 +210,7 @@ static void blas_part(void *ctx, int64_t lo, int64_t hi, int w) {
             int64_t at = q * j->block, len = (rows ? j->m : j->n) - at;
             len = len < j->block ? len : j->block;
             blas_one(j, j->o, j->pa, j->pb, rows ? at : 0, rows ? len : j->m, rows ? 0 : at,
-                     rows ? j->n : len);
+                     rows ? j->n : len, w);
         }
         return;
     }
@@ -211,7 +221,7 @@ static void blas_part(void *ctx, int64_t lo, int64_t hi, int w) {
     }
     for (r = lo; r < hi; r++) {
         blas_one(j, j->o + (size_t)(r * j->m * j->n) * j->es, j->pa + (size_t)oa * j->es,
-                 j->pb + (size_t)ob * j->es, 0, j->m, 0, j->n);
+                 j->pb + (size_t)ob * j->es, 0, j->m, 0, j->n, w);
         next_batch(nd - 2, j->t->shape, j->A->lay.stride, j->B->lay.stride, idx, &oa, &ob);
     }
 }
@@ -271,7 +281,10 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
         }
         return LOOM_OK;
     }
-    blas_job j = {.t = t,
+    blas_job j = {.p = p,
+                  .b = b,
+                  .own = t->dtype == LOOM_F32 && loom__use_gemm256(),
+                  .t = t,
                   .A = A,
                   .B = B,
                   .m = t->shape[nd - 2],
@@ -290,13 +303,18 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
      * most BLAS_BLOCKS blocks of a multiple of 16 (at least 64), or the products of its batch;
      * the device's cores take blocks. The blocks depend on the shape alone: BLAS may round an
      * element otherwise in another block of another size, so that its values stay the same
-     * whatever the cores. */
+     * whatever the cores. loom__sgemm256's elements do not depend on the blocks: one block a
+     * core, in multiples of 16. */
     bool big = (double)j.batch * (double)(j.m * j.n) * (double)j.k >= 2 * LOOM_SPLIT_MIN;
     j.split = !big ? SPLIT_NONE : j.batch > 1 ? SPLIT_BATCH : j.m >= j.n ? SPLIT_ROWS : SPLIT_COLS;
     bool cut = j.split == SPLIT_ROWS || j.split == SPLIT_COLS;
     int64_t extent = j.split == SPLIT_ROWS ? j.m : j.split == SPLIT_COLS ? j.n : j.batch;
     int64_t block = (extent + BLAS_BLOCKS * 16 - 1) / (BLAS_BLOCKS * 16) * 16;
     j.block = !cut ? 1 : block < 64 ? 64 : block;
+    if (cut && j.own) {
+        int64_t parts = 16 * loom__team_size(b->team);
+        j.block = (extent + parts - 1) / parts * 16;
+    }
     loom__team_for(j.split == SPLIT_NONE ? NULL : b->team, (extent + j.block - 1) / j.block, 1,
                    blas_part, &j);
     return LOOM_OK;

@@ -455,6 +455,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
         uint8_t op = p->nodes[i].op;
         size_t need = !live[i]                                       ? 0
                       : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
+                      : op == LOOM_OP_MATMUL && loom__use_gemm256()  ? loom__gemm256_scratch_bytes()
                       : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
                           ? loom__attention_scratch_bytes(p, (int32_t)i)
                       : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD

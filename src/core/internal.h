@@ -70,7 +70,7 @@ typedef struct {
     const char *data;       /* LOOM_DATA, or NULL */
     const char *backend;    /* LOOM_BACKEND (interp or cpu), or NULL */
     const char *dump;       /* LOOM_DUMP: where to write generated sources and schedules */
-    const char *matmul;     /* LOOM_MATMUL: "blas" selects OpenBLAS over loom's AVX-512 sgemm */
+    const char *matmul;     /* LOOM_MATMUL: "blas" selects OpenBLAS over loom's sgemm */
     const char *data_cache; /* LOOM_DATA_CACHE: where decompressed datasets go, "off": nowhere */
     int64_t fault_write;    /* LOOM_FAULT_WRITE=K: the K-th atomic write is killed halfway (0) */
 } loom__env;

@@ -33,9 +33,10 @@ void loom_info(char *buf, size_t size) {
              : cc    ? "cpu"
                      : "interp",
              loom__executor_default()->name,
-             loom__use_own_gemm()     ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
-             : loom__gemm_available() ? "BLAS (LOOM_MATMUL=blas)"
-                                      : "BLAS (no AVX-512)",
+             loom__use_own_gemm()  ? "loom's AVX-512 sgemm (float32), BLAS (float64)"
+             : loom__use_gemm256() ? "loom's AVX2 sgemm (float32), BLAS (float64)"
+             : loom__gemm_available() || loom__gemm256_available() ? "BLAS (LOOM_MATMUL=blas)"
+                                                                   : "BLAS (no AVX2)",
              loom__blas_name(), devices,
              loom__mpi_version() ? loom__mpi_version()
                                  : "not built in (install libopenmpi-dev, rebuild)",

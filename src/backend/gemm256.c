@@ -1,0 +1,265 @@
+/*
+ * gemm256.c - loom's float32 product for CPUs with AVX2 and FMA but not AVX-512 (gemm.c's kernels
+ * need AVX-512): C = A B for row-major operands, each read as stored or transposed (as
+ * cblas_sgemm takes them). BLIS-style, at 8 lanes: B in panels of KC x 16 columns (a block of NC
+ * columns at a time), A in panels of 6 rows, and a 6 x 16 register-blocked microkernel (12
+ * accumulators, two loads and six broadcasts per k) does the arithmetic with FMA. An operand laid
+ * out as the kernel reads it is not packed: A contiguous along k (not transposed) has its rows
+ * broadcast where they lie, and B stored (k x n) has its panels' rows read where they lie, 16
+ * floats a row; only A stored transposed and B stored transposed are packed (B through 8 x 8
+ * register transposes), and ragged edges, padded with zeros.
+ *
+ * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
+ * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
+ * it. The order depends on K alone,
+ * not on M, N, the blocks or which part of C a call computes: a product split by rows or columns
+ * across a device's cores has the whole product's bits, and so does a row computed in a ragged
+ * tile.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+#define MR 6
+#define NR 16
+#define KC 256 /* a 16-wide B micro-panel of KC rows (16 KB) and a 6-row A panel fit the L1 */
+#define MC 144 /* an A block of MC x KC (147 KB) stays in the L2 */
+#define NC 1024
+
+size_t loom__gemm256_scratch_bytes(void) {
+    return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + NR) + MR * NR) + 64;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#    include <immintrin.h>
+
+bool loom__gemm256_available(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* A 6 x 16 tile of C (rows ldc apart) = (or += with accumulate) A's 6 rows x B's 16 columns over
+ * kc: A(r, k) at pa[r AS + k AK] (a packed panel: AS 1, AK 6; in place: AS lda, AK 1), B(k, j)
+ * at pb[k pbs + j]. C's rows are prefetched while the chains run. The accumulators are named
+ * one by one (FMA2): gcc keeps an array of them in memory, storing after every FMA. */
+#    define FMA2(R, AS, AK)                                   \
+        av = _mm256_broadcast_ss(pa + (R) * (AS) + k * (AK)); \
+        c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
+#    define MICRO(SUF, AS, AK)                                                                    \
+        __attribute__((target("avx2,fma"))) static void micro##SUF(                               \
+            int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t pbs, float *c,     \
+            int64_t ldc, bool accumulate) {                                                       \
+            (void)lda;                                                                            \
+            for (int r = 0; r < MR; r++) {                                                        \
+                _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);                           \
+                _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);                  \
+            }                                                                                     \
+            __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, \
+                   c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;                          \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += pbs) {                 \
+                __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8), av;                \
+                FMA2(0, AS, AK);                                                                  \
+                FMA2(1, AS, AK);                                                                  \
+                FMA2(2, AS, AK);                                                                  \
+                FMA2(3, AS, AK);                                                                  \
+                FMA2(4, AS, AK);                                                                  \
+                FMA2(5, AS, AK);                                                                  \
+            }                                                                                     \
+            __m256 acc[MR * 2] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};    \
+            for (int r = 0; r < MR; r++)                                                          \
+                for (int v = 0; v < 2; v++) {                                                     \
+                    float *d = c + r * ldc + 8 * v;                                               \
+                    __m256 x = acc[2 * r + v];                                                    \
+                    _mm256_storeu_ps(d, accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), x) : x);   \
+                }                                                                                 \
+        }
+MICRO(_p, 1, MR)
+MICRO(_d, lda, 1)
+
+/* The 8 x 8 transpose of r's rows, in registers. */
+__attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* Six floats at p: the low four of v, then its fifth and sixth. */
+__attribute__((target("avx2,fma"))) static inline void store6(float *p, __m256 v) {
+    _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+    _mm_store_sd((double *)(p + 4), _mm_castps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+/* Rows [0, m) (m <= MR, padded with zero rows) x k [0, kc) of A (A(i, k) at a[i ars + k aks])
+ * as a panel: A(r, k) at pa[k MR + r]. Whole panels: six floats a k where A is stored
+ * transposed (ars 1), 8 x 8 register transposes of its six rows where A's rows are contiguous. */
+__attribute__((target("avx2,fma"))) static void pack_a(const float *a, int64_t ars, int64_t aks,
+                                                       int64_t m, int64_t kc, float *pa) {
+    int64_t k = 0;
+    if (m == MR && ars == 1)
+        for (; k < kc; k++)
+            _mm_storeu_ps(pa + k * MR, _mm_loadu_ps(a + k * aks)),
+                _mm_store_sd((double *)(pa + k * MR + 4),
+                             _mm_load_sd((const double *)(a + k * aks + 4)));
+    if (m == MR && aks == 1)
+        for (; k + 8 <= kc; k += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i < MR ? _mm256_loadu_ps(a + i * ars + k) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int q = 0; q < 8; q++)
+                store6(pa + (k + q) * MR, r[q]);
+        }
+    for (; k < kc; k++) {
+        int64_t r = 0;
+        for (; r < m; r++)
+            pa[k * MR + r] = a[r * ars + k * aks];
+        for (; r < MR; r++)
+            pa[k * MR + r] = 0;
+    }
+}
+
+/* Columns [0, n) (n <= NR, padded with zero columns) x k [0, kc) of B (B(k, j) at
+ * b[k bks + j bjs]) as a panel: B(k, j) at pb[k NR + j]. A whole panel of B stored transposed
+ * (bks 1) goes 8 x 8 through registers. */
+__attribute__((target("avx2,fma"))) static void pack_b(const float *b, int64_t bks, int64_t bjs,
+                                                       int64_t n, int64_t kc, float *pb) {
+    int64_t k = 0;
+    if (bks == 1 && n == NR)
+        for (; k + 8 <= kc; k += 8)
+            for (int h = 0; h < 2; h++) {
+                __m256 r[8];
+                for (int j = 0; j < 8; j++)
+                    r[j] = _mm256_loadu_ps(b + (8 * h + j) * bjs + k);
+                transpose8(r);
+                for (int q = 0; q < 8; q++)
+                    _mm256_storeu_ps(pb + (k + q) * NR + 8 * h, r[q]);
+            }
+    for (; k < kc; k++) {
+        int64_t j = 0;
+        for (; j < n; j++)
+            pb[k * NR + j] = b[k * bks + j * bjs];
+        for (; j < NR; j++)
+            pb[k * NR + j] = 0;
+    }
+}
+
+/* Columns [0, nc) x k [0, kc) of B stored (k x n) (B(k, j) at b[k ldb + j]) as panels of NR
+ * (panel q's B(k, j) at pb[q NR kc + k NR + j]): a row of B at a time, so that B is read in order
+ * (a panel at a time, each k would be a new page the prefetchers do not reach). */
+__attribute__((target("avx2,fma"))) static void pack_b_rows(const float *b, int64_t ldb, int64_t nc,
+                                                            int64_t kc, float *pb) {
+    int64_t full = nc / NR * NR;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *row = b + k * ldb;
+        float *d = pb + k * NR;
+        for (int64_t j = 0; j < full; j += NR, d += NR * kc)
+            _mm256_storeu_ps(d, _mm256_loadu_ps(row + j)),
+                _mm256_storeu_ps(d + 8, _mm256_loadu_ps(row + j + 8));
+    }
+    if (full < nc) /* the ragged last panel, padded */
+        pack_b(b + full, ldb, 1, nc - full, kc, pb + full * kc);
+}
+
+typedef struct {
+    int64_t ars, aks, bks, bjs, crs, ccs; /* A(i, k) at a[i ars + k aks]; B's, C's likewise */
+} strides;
+
+/* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb, A in
+ * place or packed into pa. A tile that C's layout does not take whole (ragged, or C stored
+ * transposed) goes through tile and is then added or copied element by element. */
+static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const strides *s,
+                  const float *pb, float *pa, float *tile, float *c, bool accumulate) {
+    /* in place unless transposed, or its rows a multiple of 4 KB apart: the same lines of six
+     * rows would then share an L1 set with the B panel's (8 ways), and evict each other */
+    bool a_in_place = s->aks == 1 && s->ars % 1024 != 0;
+    int64_t full = mc / MR * MR;
+    if (!a_in_place)
+        for (int64_t ir = 0; ir < mc; ir += MR)
+            pack_a(a + ir * s->ars, s->ars, s->aks, mc - ir < MR ? mc - ir : MR, kc, pa + ir * kc);
+    else if (full < mc) /* the ragged last rows, padded */
+        pack_a(a + full * s->ars, s->ars, 1, mc - full, kc, pa + full * kc);
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        int64_t n = nc - jr < NR ? nc - jr : NR;
+        const float *bp = pb + jr * kc;
+        for (int64_t ir = 0; ir < mc; ir += MR) {
+            int64_t m = mc - ir < MR ? mc - ir : MR;
+            float *cp = c + ir * s->crs + jr * s->ccs;
+            bool direct = a_in_place && m == MR;
+            const float *ap = direct ? a + ir * s->ars : pa + ir * kc;
+            if (m == MR && n == NR && s->ccs == 1) {
+                if (direct)
+                    micro_d(kc, ap, s->ars, bp, NR, cp, s->crs, accumulate);
+                else
+                    micro_p(kc, ap, 0, bp, NR, cp, s->crs, accumulate);
+                continue;
+            }
+            if (direct)
+                micro_d(kc, ap, s->ars, bp, NR, tile, NR, false);
+            else
+                micro_p(kc, ap, 0, bp, NR, tile, NR, false);
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t j = 0; j < n; j++) {
+                    float *d = cp + r * s->crs + j * s->ccs;
+                    *d = accumulate ? *d + tile[r * NR + j] : tile[r * NR + j];
+                }
+        }
+    }
+}
+
+void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {
+    float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *pb = pa + (size_t)(MC + MR) * KC, *tile = pb + (size_t)KC * (NC + NR);
+    strides s = {ta ? 1 : lda, ta ? lda : 1, tb ? 1 : ldb, tb ? ldb : 1, ldc, 1};
+    if (K == 0) {
+        for (int64_t i = 0; i < M; i++)
+            memset(c + i * ldc, 0, sizeof(float) * (size_t)N);
+        return;
+    }
+    if (N < NR && M > N) { /* narrower than a panel on more rows: C^T = B^T A^T fills the panels
+                            * (each element the same chain: a product's factors commute) */
+        const float *t = a;
+        int64_t m = M;
+        s = (strides){s.bjs, s.bks, s.aks, s.ars, 1, ldc};
+        a = b, b = t, M = N, N = m;
+    }
+    int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb; /* equal blocks: 288 = 144 + 144 */
+    for (int64_t jc = 0; jc < N; jc += NC) {
+        int64_t nc = N - jc < NC ? N - jc : NC;
+        for (int64_t pc = 0; pc < K; pc += kstep) {
+            int64_t kc = K - pc < kstep ? K - pc : kstep;
+            const float *bb = b + pc * s.bks + jc * s.bjs;
+            if (s.bjs == 1)
+                pack_b_rows(bb, s.bks, nc, kc, pb);
+            else
+                for (int64_t jr = 0; jr < nc; jr += NR)
+                    pack_b(bb + jr * s.bjs, s.bks, s.bjs, nc - jr < NR ? nc - jr : NR, kc,
+                           pb + jr * kc);
+            for (int64_t ic = 0; ic < M; ic += MC)
+                block(M - ic < MC ? M - ic : MC, nc, kc, a + ic * s.ars + pc * s.aks, &s, pb, pa,
+                      tile, c + ic * s.crs + jc * s.ccs, pc > 0);
+        }
+    }
+}
+#else
+bool loom__gemm256_available(void) {
+    return false;
+}
+void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)a, (void)lda, (void)b, (void)ldb;
+    (void)c, (void)ldc, (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm256 without AVX2");
+}
+#endif
