@@ -94,10 +94,11 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     }
 }
 
-/* Six floats at p: the low four of v, then its fifth and sixth. */
+/* Six floats at p: the low four of v, then its fifth and sixth (as 64 bits: p need not be
+ * aligned to a double, so not _mm_store_sd). */
 __attribute__((target("avx2,fma"))) static inline void store6(float *p, __m256 v) {
     _mm_storeu_ps(p, _mm256_castps256_ps128(v));
-    _mm_store_sd((double *)(p + 4), _mm_castps_pd(_mm256_extractf128_ps(v, 1)));
+    _mm_storel_epi64((__m128i_u *)(p + 4), _mm_castps_si128(_mm256_extractf128_ps(v, 1)));
 }
 
 /* Rows [0, m) (m <= MR, padded with zero rows) x k [0, kc) of A (A(i, k) at a[i ars + k aks])
@@ -109,8 +110,8 @@ __attribute__((target("avx2,fma"))) static void pack_a(const float *a, int64_t a
     if (m == MR && ars == 1)
         for (; k < kc; k++)
             _mm_storeu_ps(pa + k * MR, _mm_loadu_ps(a + k * aks)),
-                _mm_store_sd((double *)(pa + k * MR + 4),
-                             _mm_load_sd((const double *)(a + k * aks + 4)));
+                _mm_storel_epi64((__m128i_u *)(pa + k * MR + 4),
+                                 _mm_loadl_epi64((const __m128i_u *)(a + k * aks + 4)));
     if (m == MR && aks == 1)
         for (; k + 8 <= kc; k += 8) {
             __m256 r[8];
