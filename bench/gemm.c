@@ -33,6 +33,8 @@ static const shape shapes[] = {
     {"cnn conv2 weight grad", 64, 288, 15488, false, true},
     {"cnn conv2 input grad", 288, 15488, 64, true, false},
     {"cnn conv1 forward", 32, 86528, 9, false, false},
+    {"cnn3 conv2 weight grad", 32, 144, 100352, false, true},
+    {"cnn3 conv3 weight grad", 64, 288, 25088, false, true},
     {"cnn conv1 weight grad", 32, 9, 86528, false, true},
     {"gpt qkv forward", 768, 384, 128, false, true},
     {"gpt proj forward", 768, 128, 128, false, true},

@@ -181,9 +181,10 @@ typedef struct {
  * transposed) goes through tile and is then added or copied element by element. */
 static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const strides *s,
                   const float *pb, float *pa, float *tile, float *c, bool accumulate) {
-    /* in place unless transposed, or its rows a multiple of 4 KB apart: the same lines of six
-     * rows would then share an L1 set with the B panel's (8 ways), and evict each other */
-    bool a_in_place = s->aks == 1 && s->ars % 1024 != 0;
+    /* in place unless transposed, or its rows a multiple of 4 KB apart and read for more than
+     * two panels of B: the same lines of six rows would then share an L1 set with the B panel's
+     * (8 ways), and evict each other before the next panel reads them */
+    bool a_in_place = s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
     int64_t full = mc / MR * MR;
     if (!a_in_place)
         for (int64_t ir = 0; ir < mc; ir += MR)
@@ -228,8 +229,12 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
             memset(c + i * ldc, 0, sizeof(float) * (size_t)N);
         return;
     }
-    if (N < NR && M > N) { /* narrower than a panel on more rows: C^T = B^T A^T fills the panels
-                            * (each element the same chain: a product's factors commute) */
+    /* C^T = B^T A^T (each element the same chain: a product's factors commute) where C is
+     * narrower than a panel on more rows (the transpose fills the panels), or where both operands
+     * are contiguous along k and A has few rows (a convolution's weight gradient, K every place
+     * of the batch): B would be packed, transposing, for a few rows of C; B^T is read in place
+     * and the few rows of A packed instead, and C (small) is stored through the tile */
+    if ((N < NR && M > N) || (!ta && tb && M <= 64 && N > M && M * N <= 65536)) {
         const float *t = a;
         int64_t m = M;
         s = (strides){s.bjs, s.bks, s.aks, s.ars, 1, ldc};
