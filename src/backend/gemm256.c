@@ -232,10 +232,12 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
     /* C^T = B^T A^T (each element the same chain: a product's factors commute) where C is
      * narrower than a panel on more rows (the transpose fills the panels), or where both operands
      * are contiguous along k, A has few rows and K is long (a convolution's weight gradient, K
-     * every place of the batch): B would be packed, transposing, for a few rows of C; B^T is
-     * read in place and the few rows of A packed instead, and C (small) is stored through the
-     * tile. (A dense layer's forward on 64 rows, K 1024, ran at half the speed so.) */
-    if ((N < NR && M > N) || (!ta && tb && M <= 64 && N > M && M * N <= 65536 && K >= 4096)) {
+     * every place of the batch) or C is small (at most 64 KB: a dense layer's forward on 32
+     * rows): B would be packed, transposing, for a few rows of C; B^T is read in place and the
+     * few rows of A packed instead, and C is stored through the tile. (A dense layer's forward
+     * of 64 x 1024 ran at half the speed so, 32 x 1024 at 0.8.) */
+    if ((N < NR && M > N) ||
+        (!ta && tb && M <= 64 && N > M && M * N <= 65536 && (K >= 4096 || M * N <= 16384))) {
         const float *t = a;
         int64_t m = M;
         s = (strides){s.bjs, s.bks, s.aks, s.ars, 1, ldc};
