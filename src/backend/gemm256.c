@@ -3,18 +3,18 @@
  * need AVX-512): C = A B for row-major operands, each read as stored or transposed (as
  * cblas_sgemm takes them). BLIS-style, at 8 lanes: B in panels of KC x 16 columns (a block of NC
  * columns at a time), A in panels of 6 rows, and a 6 x 16 register-blocked microkernel (12
- * accumulators, two loads and six broadcasts per k) does the arithmetic with FMA. An operand laid
- * out as the kernel reads it is not packed: A contiguous along k (not transposed) has its rows
- * broadcast where they lie, and B stored (k x n) has its panels' rows read where they lie, 16
- * floats a row; only A stored transposed and B stored transposed are packed (B through 8 x 8
- * register transposes), and ragged edges, padded with zeros.
+ * accumulators, two loads and six broadcasts per k) does the arithmetic with FMA. A contiguous
+ * along k has its rows broadcast where they lie (unless they alias in L1); A stored transposed is
+ * packed. B is always packed: row by row in memory order where stored (k x n), through 8 x 8
+ * register transposes where stored transposed. Ragged edges are padded with zeros. Where C is
+ * narrow, or A has few rows and B would be packed transposing (loom__sgemm256), C^T = B^T A^T is
+ * computed instead.
  *
  * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
  * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
- * it. The order depends on K alone,
- * not on M, N, the blocks or which part of C a call computes: a product split by rows or columns
- * across a device's cores has the whole product's bits, and so does a row computed in a ragged
- * tile.
+ * it. The order depends on K alone, not on M, N, the blocks, the transposition or which part of C
+ * a call computes: a product split by rows or columns across a device's cores has the whole
+ * product's bits, and so does a row computed in a ragged tile.
  */
 #include "internal.h"
 
