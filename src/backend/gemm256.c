@@ -94,6 +94,19 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     }
 }
 
+/* k [k0, kc) of a panel w lanes wide, one element at a time: lane r's element k (r < lanes) from
+ * x[r ls + k ks] to dst[k w + r], the lanes past `lanes` zeros (a pack's edges and rests). */
+static void pack_rest(const float *x, int64_t ls, int64_t ks, int64_t lanes, int64_t w, int64_t k0,
+                      int64_t kc, float *dst) {
+    for (int64_t k = k0; k < kc; k++) {
+        int64_t r = 0;
+        for (; r < lanes; r++)
+            dst[k * w + r] = x[r * ls + k * ks];
+        for (; r < w; r++)
+            dst[k * w + r] = 0;
+    }
+}
+
 /* Six floats at p: the low four of v, then its fifth and sixth (as 64 bits: p need not be
  * aligned to a double, so not _mm_store_sd). */
 __attribute__((target("avx2,fma"))) static inline void store6(float *p, __m256 v) {
@@ -121,13 +134,7 @@ __attribute__((target("avx2,fma"))) static void pack_a(const float *a, int64_t a
             for (int q = 0; q < 8; q++)
                 store6(pa + (k + q) * MR, r[q]);
         }
-    for (; k < kc; k++) {
-        int64_t r = 0;
-        for (; r < m; r++)
-            pa[k * MR + r] = a[r * ars + k * aks];
-        for (; r < MR; r++)
-            pa[k * MR + r] = 0;
-    }
+    pack_rest(a, ars, aks, m, MR, k, kc, pa);
 }
 
 /* Columns [0, n) (n <= NR, padded with zero columns) x k [0, kc) of B (B(k, j) at
@@ -146,13 +153,7 @@ __attribute__((target("avx2,fma"))) static void pack_b(const float *b, int64_t b
                 for (int q = 0; q < 8; q++)
                     _mm256_storeu_ps(pb + (k + q) * NR + 8 * h, r[q]);
             }
-    for (; k < kc; k++) {
-        int64_t j = 0;
-        for (; j < n; j++)
-            pb[k * NR + j] = b[k * bks + j * bjs];
-        for (; j < NR; j++)
-            pb[k * NR + j] = 0;
-    }
+    pack_rest(b, bjs, bks, n, NR, k, kc, pb);
 }
 
 /* Columns [0, nc) x k [0, kc) of B stored (k x n) (B(k, j) at b[k ldb + j]) as panels of NR
