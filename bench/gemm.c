@@ -1,6 +1,7 @@
 /*
  * gemm.c - sgemm microbenchmark at the recipes' and the GPT's shapes: OpenBLAS (as configured by
- * the environment) against loom's own kernel, GFLOP/s of one thread, best of several runs; then
+ * the environment) against loom's own kernel (gemm.c's with AVX-512, else gemm256.c's with AVX2),
+ * GFLOP/s of one thread, best of several runs; then
  * loom's kernel in each form that can run the shape (packed, transposed, dot, dot rows: '-'
  * where it cannot), the one loom__gemm_choose takes marked '*' (the data a cost model needs).
  * Transposed operands are passed with the strides the training step uses. Built as
