@@ -39,15 +39,15 @@ bool loom__gemm256_available(void) {
 
 /* A 6 x 16 tile of C (rows ldc apart) = (or += with accumulate) A's 6 rows x B's 16 columns over
  * kc: A(r, k) at pa[r AS + k AK] (a packed panel: AS 1, AK 6; in place: AS lda, AK 1), B(k, j)
- * at pb[k pbs + j]. C's rows are prefetched while the chains run. The accumulators are named
+ * packed at pb[k NR + j]. C's rows are prefetched while the chains run. The accumulators are named
  * one by one (FMA2): gcc keeps an array of them in memory, storing after every FMA. */
 #    define FMA2(R, AS, AK)                                   \
         av = _mm256_broadcast_ss(pa + (R) * (AS) + k * (AK)); \
         c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
 #    define MICRO(SUF, AS, AK)                                                                    \
         __attribute__((target("avx2,fma"))) static void micro##SUF(                               \
-            int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t pbs, float *c,     \
-            int64_t ldc, bool accumulate) {                                                       \
+            int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,     \
+            bool accumulate) {                                                                    \
             (void)lda;                                                                            \
             for (int r = 0; r < MR; r++) {                                                        \
                 _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);                           \
@@ -55,7 +55,7 @@ bool loom__gemm256_available(void) {
             }                                                                                     \
             __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, \
                    c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;                          \
-            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += pbs) {                 \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += NR) {                  \
                 __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8), av;                \
                 FMA2(0, AS, AK);                                                                  \
                 FMA2(1, AS, AK);                                                                  \
@@ -200,18 +200,10 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const stri
             float *cp = c + ir * s->crs + jr * s->ccs;
             bool direct = a_in_place && m == MR;
             const float *ap = direct ? a + ir * s->ars : pa + ir * kc;
-            if (m == MR && n == NR && s->ccs == 1) {
-                if (direct)
-                    micro_d(kc, ap, s->ars, bp, NR, cp, s->crs, accumulate);
-                else
-                    micro_p(kc, ap, 0, bp, NR, cp, s->crs, accumulate);
-                continue;
-            }
-            if (direct)
-                micro_d(kc, ap, s->ars, bp, NR, tile, NR, false);
-            else
-                micro_p(kc, ap, 0, bp, NR, tile, NR, false);
-            for (int64_t r = 0; r < m; r++)
+            bool whole = m == MR && n == NR && s->ccs == 1; /* else through the tile */
+            (direct ? micro_d : micro_p)(kc, ap, s->ars, bp, whole ? cp : tile, whole ? s->crs : NR,
+                                         whole && accumulate);
+            for (int64_t r = 0; !whole && r < m; r++)
                 for (int64_t j = 0; j < n; j++) {
                     float *d = cp + r * s->crs + j * s->ccs;
                     *d = accumulate ? *d + tile[r * NR + j] : tile[r * NR + j];

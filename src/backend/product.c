@@ -44,14 +44,18 @@ const char *loom__blas_name(void) {
     return openblas_get_config();
 }
 
-bool loom__use_own_gemm(void) {
+/* LOOM_MATMUL=blas: OpenBLAS for every product. */
+static bool blas_asked(void) {
     const char *m = loom__getenv()->matmul;
-    return loom__gemm_available() && !(m && strcmp(m, "blas") == 0);
+    return m && strcmp(m, "blas") == 0;
+}
+
+bool loom__use_own_gemm(void) {
+    return loom__gemm_available() && !blas_asked();
 }
 
 bool loom__use_gemm256(void) {
-    const char *m = loom__getenv()->matmul;
-    return !loom__gemm_available() && loom__gemm256_available() && !(m && strcmp(m, "blas") == 0);
+    return !loom__gemm_available() && loom__gemm256_available() && !blas_asked();
 }
 
 /* ---- epilogues: a generated kernel run on each block of a library kernel's output ------------
@@ -309,12 +313,9 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
     j.split = !big ? SPLIT_NONE : j.batch > 1 ? SPLIT_BATCH : j.m >= j.n ? SPLIT_ROWS : SPLIT_COLS;
     bool cut = j.split == SPLIT_ROWS || j.split == SPLIT_COLS;
     int64_t extent = j.split == SPLIT_ROWS ? j.m : j.split == SPLIT_COLS ? j.n : j.batch;
-    int64_t block = (extent + BLAS_BLOCKS * 16 - 1) / (BLAS_BLOCKS * 16) * 16;
-    j.block = !cut ? 1 : block < 64 ? 64 : block;
-    if (cut && j.own) {
-        int64_t parts = 16 * loom__team_size(b->team);
-        j.block = (extent + parts - 1) / parts * 16;
-    }
+    int64_t parts = j.own ? loom__team_size(b->team) : BLAS_BLOCKS;
+    int64_t block = (extent + parts * 16 - 1) / (parts * 16) * 16;
+    j.block = !cut ? 1 : j.own || block >= 64 ? block : 64;
     loom__team_for(j.split == SPLIT_NONE ? NULL : b->team, (extent + j.block - 1) / j.block, 1,
                    blas_part, &j);
     return LOOM_OK;
