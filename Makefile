@@ -9,7 +9,9 @@ TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 GENERATOR  := -G Ninja
 WERROR     := $(if $(filter true 1,$(CI)),-DLOOM_WERROR=ON,)
-DATA_CACHE := -DLOOM_TEST_DATA_CACHE=$(CURDIR)/$(BUILD)/tests/cache/data
+# the sanitizer builds' tests share the Release build's dataset and kernel caches (tests/CMakeLists.txt)
+DATA_CACHE := -DLOOM_TEST_DATA_CACHE=$(CURDIR)/$(BUILD)/tests/cache/data \
+              -DLOOM_TEST_KERNEL_CACHE=$(CURDIR)/$(BUILD)/tests/cache/kernels
 
 .PHONY: all deps build demo test test-asan test-tsan test-fuzz format-check bench install clean
 

@@ -787,9 +787,15 @@ static int count_entries(const char *dir, const char *suffix, char *last, size_t
 }
 
 TEST(disk_cache_is_reused_and_repaired) {
-    char dir[600], entry[1200];
-    snprintf(dir, sizeof dir, "%s/loom",
-             getenv("XDG_CACHE_HOME") ? getenv("XDG_CACHE_HOME") : "/tmp");
+    /* a fresh cache of its own: it damages every entry there, which other tests' processes
+     * sharing the suite's cache could be loading */
+    char cache[512], dir[600], entry[1200];
+    const char *shared = getenv("XDG_CACHE_HOME");
+    char *was = shared ? strdup(shared) : NULL;
+    test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
+    ASSERT(mkdtemp(cache) != NULL);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    snprintf(dir, sizeof dir, "%s/loom", cache);
     size_t n;
     loom_metrics m;
     free(run_op("DIV", LOOM_F32, LOOM_BACKEND_CPU, &n, &m)); /* built or found */
@@ -813,6 +819,11 @@ TEST(disk_cache_is_reused_and_repaired) {
     ASSERT(rebuilt && !memcmp(rebuilt, first, n));
     ASSERT(!memcmp(again, first, n));
     free(first), free(again), free(rebuilt);
+    if (was)
+        setenv("XDG_CACHE_HOME", was, 1);
+    else
+        unsetenv("XDG_CACHE_HOME");
+    free(was);
 }
 
 /* w := 2 * w^T + 1 written in place: the transposed read must not see elements already written. */
@@ -1331,11 +1342,6 @@ TEST(an_executor_is_planned_only_the_kernel_forms_it_runs) {
 }
 
 int main(void) {
-    char cache[512]; /* a fresh kernel cache: the damaged-entry test must not meet old entries */
-    test_tmp(cache, sizeof cache, "kernel-cache.XXXXXX");
-    if (!mkdtemp(cache))
-        return 1;
-    setenv("XDG_CACHE_HOME", cache, 1);
     RUN(every_elementwise_op_compiles_bitwise);
     RUN(reductions_fuse_bitwise);
     RUN(epilogues_run_inside_library_kernels_bitwise);
