@@ -7,6 +7,7 @@
  * Transposed operands are passed with the strides the training step uses. Built as
  * build/bench_gemm.
  *   build/bench_gemm            every shape
+ *   build/bench_gemm WORD        the shapes whose name has WORD in it ("cnn3", "weight grad")
  */
 #include "../src/backend/internal.h"
 
@@ -34,7 +35,11 @@ static const shape shapes[] = {
     {"cnn conv2 weight grad", 64, 288, 15488, false, true},
     {"cnn conv2 input grad", 288, 15488, 64, true, false},
     {"cnn conv1 forward", 32, 86528, 9, false, false},
+    {"cnn3 conv2 forward", 32, 100352, 144, false, false},
+    {"cnn3 conv2 input grad", 144, 100352, 32, true, false},
     {"cnn3 conv2 weight grad", 32, 144, 100352, false, true},
+    {"cnn3 conv3 forward", 64, 25088, 288, false, false},
+    {"cnn3 conv3 input grad", 288, 25088, 64, true, false},
     {"cnn3 conv3 weight grad", 64, 288, 25088, false, true},
     {"cnn conv1 weight grad", 32, 9, 86528, false, true},
     {"gpt qkv forward", 768, 384, 128, false, true},
@@ -152,7 +157,8 @@ static void conv_views(void *scratch) {
     free(x), free(w), free(dy), free(out), free(y);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL;
     loom__blas_init();
     bool own = loom__gemm_available(), own256 = !own && loom__gemm256_available();
     size_t bytes = loom__gemm_scratch_bytes(), b256 = loom__gemm256_scratch_bytes();
@@ -161,6 +167,8 @@ int main(void) {
            "loom", "packed", "transp", "dot", "dot-rows");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const shape *s = &shapes[i];
+        if (only && !strstr(s->what, only))
+            continue;
         float *a = malloc(sizeof(float) * (size_t)(s->m * s->k));
         float *b = malloc(sizeof(float) * (size_t)(s->k * s->n));
         float *c = malloc(sizeof(float) * (size_t)(s->m * s->n));
@@ -189,7 +197,7 @@ int main(void) {
         printf("\n");
         free(a), free(b), free(c);
     }
-    if (own)
+    if (own && !only)
         conv_views(scratch);
     free(scratch);
     return 0;
