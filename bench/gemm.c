@@ -1,7 +1,8 @@
 /*
  * gemm.c - sgemm microbenchmark at the recipes' and the GPT's shapes: OpenBLAS (as configured by
  * the environment) against loom's own kernel (gemm.c's with AVX-512, else gemm256.c's with AVX2),
- * GFLOP/s of one thread, best of several runs; then
+ * GFLOP/s of one thread, best of several runs, and loom's as a share of the core's FMA peak
+ * (loom_fma_peak_gflops, measured once before the shapes); then
  * loom's kernel in each form that can run the shape (packed, transposed, dot, dot rows: '-'
  * where it cannot), the one loom__gemm_choose takes marked '*' (the data a cost model needs).
  * Transposed operands are passed with the strides the training step uses. Built as
@@ -163,8 +164,9 @@ int main(int argc, char **argv) {
     bool own = loom__gemm_available(), own256 = !own && loom__gemm256_available();
     size_t bytes = loom__gemm_scratch_bytes(), b256 = loom__gemm256_scratch_bytes();
     void *scratch = malloc(bytes > b256 ? bytes : b256);
-    printf("%-24s %6s %6s %6s %10s %10s %9s %9s %9s %9s\n", "shape", "M", "N", "K", "openblas",
-           "loom", "packed", "transp", "dot", "dot-rows");
+    double peak = loom_fma_peak_gflops();
+    printf("%-24s %6s %6s %6s %10s %10s %7s %9s %9s %9s %9s\n", "shape", "M", "N", "K", "openblas",
+           "loom", "of peak", "packed", "transp", "dot", "dot-rows");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const shape *s = &shapes[i];
         if (only && !strstr(s->what, only))
@@ -180,8 +182,10 @@ int main(int argc, char **argv) {
         int reps = flop > 1e9 ? 5 : 20;
         double tb = best_of(reps, run_blas, s, a, b, c, scratch);
         double tl = own || own256 ? best_of(reps, run_loom, s, a, b, c, scratch) : 0;
-        printf("%-24s %6lld %6lld %6lld %10.1f %10.1f", s->what, (long long)s->m, (long long)s->n,
-               (long long)s->k, flop / tb * 1e-9, own || own256 ? flop / tl * 1e-9 : 0.0);
+        double gl = own || own256 ? flop / tl * 1e-9 : 0.0;
+        printf("%-24s %6lld %6lld %6lld %10.1f %10.1f %6.1f%%", s->what, (long long)s->m,
+               (long long)s->n, (long long)s->k, flop / tb * 1e-9, gl,
+               peak > 0 ? 100 * gl / peak : 0.0);
         loom__gmat ga, gb; /* every form that can run it; * the one loom__gemm_choose takes */
         operands(s, a, b, &ga, &gb);
         for (int f = 0; own && f < LOOM_GEMM_FORMS; f++) {
@@ -199,6 +203,7 @@ int main(int argc, char **argv) {
     }
     if (own && !only)
         conv_views(scratch);
+    printf("FMA peak %.1f GFLOP/s a core (the shares' base)\n", peak);
     free(scratch);
     return 0;
 }
