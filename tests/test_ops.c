@@ -620,6 +620,118 @@ TEST(matmul_avx2_sums_in_its_documented_order) {
         }
 }
 
+/* A float sum in loom's AVX2 sgemm's order over k in [0, K): equal blocks of at most 256, an FMA
+ * chain over each from zero, the blocks added in order; term(k, ctx) gives the two factors. */
+static float documented_sum(int64_t K, void (*term)(int64_t, const void *, float *, float *),
+                            const void *ctx) {
+    int64_t blocks = (K + 255) / 256, step = (K + blocks - 1) / blocks;
+    float sum = 0;
+    for (int64_t p0 = 0; p0 < K; p0 += step) {
+        float acc = 0, u, v;
+        for (int64_t p = p0; p < K && p < p0 + step; p++)
+            term(p, ctx, &u, &v), acc = fmaf(u, v, acc);
+        sum = p0 == 0 ? acc : sum + acc;
+    }
+    return sum;
+}
+
+typedef struct {
+    int N, C, H, W, O, KK, P, OH, OW, n, o, c, kh, kw, oh, ow;
+    const float *x, *w, *r;
+} conv_at;
+
+/* x at (n, c, y, z) of the image padded by P (0 outside) */
+static float conv_x(const conv_at *q, int n, int c, int y, int z) {
+    y -= q->P, z -= q->P;
+    return y < 0 || z < 0 || y >= q->H || z >= q->W ? 0.0f
+                                                    : q->x[((n * q->C + c) * q->H + y) * q->W + z];
+}
+
+/* the forward's terms: k over (c, kh, kw) */
+static void conv_fwd_term(int64_t k, const void *ctx, float *u, float *v) {
+    const conv_at *q = ctx;
+    int c = (int)(k / (q->KK * q->KK)), kh = (int)(k / q->KK % q->KK), kw = (int)(k % q->KK);
+    *u = q->w[((q->o * q->C + c) * q->KK + kh) * q->KK + kw];
+    *v = conv_x(q, q->n, c, q->oh + kh, q->ow + kw);
+}
+
+/* the weight gradient's terms: k over the batch's places (n, oh, ow) */
+static void conv_wgrad_term(int64_t k, const void *ctx, float *u, float *v) {
+    const conv_at *q = ctx;
+    int n = (int)(k / (q->OH * q->OW)), oh = (int)(k / q->OW % q->OH), ow = (int)(k % q->OW);
+    *u = q->r[((n * q->O + q->o) * q->OH + oh) * q->OW + ow];
+    *v = conv_x(q, n, q->c, oh + q->kh, ow + q->kw);
+}
+
+/* On a CPU with AVX2 and no AVX-512, a convolution's products read the unfold of its (padded)
+ * image in place (memplan's unfold view; loom__sgemm256_gb packs the forward's B from it and reads
+ * the weight gradient's A^T through it): each output and each weight gradient element is the sum
+ * of its terms in the products' documented order, bit for bit (as the copied unfold gave). */
+TEST(conv2d_on_avx2_reads_the_unfold_in_the_documented_order) {
+    const char *mm = getenv("LOOM_MATMUL");
+    if ((mm && !strcmp(mm, "blas")) || __builtin_cpu_supports("avx512f") ||
+        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        fprintf(stderr, "skip %s: a property of loom's AVX2 sgemm\n", harness_current);
+        return;
+    }
+    static const int shapes[][7] = {
+        /* N, C, H, W, O, K, P */
+        {2, 3, 9, 11, 5, 3, 0},   /* rows of 9: runs cut at the panels, a ragged tile */
+        {4, 32, 13, 13, 7, 3, 0}, /* K = 288: two k blocks of 144; places 484 */
+        {3, 2, 30, 30, 6, 3, 1},  /* padded: the padded copy read in place; 2700 places */
+        {2, 4, 12, 20, 13, 5, 2}, /* a 5 x 5 window, 13 output rows of C */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const int *s = shapes[i];
+        conv_at q = {.N = s[0], .C = s[1], .H = s[2], .W = s[3], .O = s[4], .KK = s[5], .P = s[6]};
+        q.OH = q.H + 2 * q.P - q.KK + 1, q.OW = q.W + 2 * q.P - q.KK + 1;
+        int64_t nx = (int64_t)q.N * q.C * q.H * q.W, nw = (int64_t)q.O * q.C * q.KK * q.KK,
+                ny = (int64_t)q.N * q.O * q.OH * q.OW;
+        float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)nw),
+              *r = malloc(sizeof(float) * (size_t)ny);
+        for (int64_t j = 0; j < nx; j++)
+            x[j] = (float)test_rand(21, (uint64_t)j, -1, 1);
+        for (int64_t j = 0; j < nw; j++)
+            w[j] = (float)test_rand(22, (uint64_t)j, -1, 1);
+        for (int64_t j = 0; j < ny; j++)
+            r[j] = (float)test_rand(23, (uint64_t)j, -1, 1);
+        q.x = x, q.w = w, q.r = r;
+        loom_graph *g = loom_graph_new(NULL);
+        int64_t sx[4] = {q.N, q.C, q.H, q.W}, sw[4] = {q.O, q.C, q.KK, q.KK},
+                sr[4] = {q.N, q.O, q.OH, q.OW};
+        loom_tensor *wt = loom_input(g, LOOM_F32, 4, sw, w);
+        loom_requires_grad(wt);
+        loom_tensor *y = loom_conv2d(g, loom_input(g, LOOM_F32, 4, sx, x), wt, NULL, 1, q.P);
+        /* the loss's gradient with respect to y is r exactly (1 * r) */
+        loom_tensor *loss = loom_sum_all(g, loom_mul(g, y, loom_input(g, LOOM_F32, 4, sr, r)));
+        loom_tensor *dw = loom_grad(g, loss, wt);
+        loom_output(y), loom_output(dw);
+        ASSERT(loom_graph_run(g) == LOOM_OK);
+        const float *yo = loom_tensor_data(y), *dwo = loom_tensor_data(dw);
+        int64_t bad_y = 0, bad_w = 0;
+        for (q.n = 0; q.n < q.N; q.n++)
+            for (q.o = 0; q.o < q.O; q.o++)
+                for (q.oh = 0; q.oh < q.OH; q.oh++)
+                    for (q.ow = 0; q.ow < q.OW; q.ow++) {
+                        float want = documented_sum((int64_t)q.C * q.KK * q.KK, conv_fwd_term, &q);
+                        bad_y += memcmp(&want, yo++, sizeof want) != 0;
+                    }
+        for (q.o = 0; q.o < q.O; q.o++)
+            for (q.c = 0; q.c < q.C; q.c++)
+                for (q.kh = 0; q.kh < q.KK; q.kh++)
+                    for (q.kw = 0; q.kw < q.KK; q.kw++) {
+                        float want =
+                            documented_sum((int64_t)q.N * q.OH * q.OW, conv_wgrad_term, &q);
+                        bad_w += memcmp(&want, dwo++, sizeof want) != 0;
+                    }
+        if (bad_y || bad_w)
+            FAILF("conv shape %zu: %lld of %lld outputs, %lld of %lld weight gradients differ", i,
+                  (long long)bad_y, (long long)ny, (long long)bad_w, (long long)nw);
+        loom_graph_free(g);
+        free(x), free(w), free(r);
+    }
+}
+
 /* A convolution of window K, stride S, padding P against naive loops in double: the largest
  * difference. */
 static double conv_error(int K, int S, int P) {
@@ -1577,6 +1689,7 @@ int main(void) {
     RUN(batched_matmul_of_permuted_views_matches_naive_loop);
     RUN(matmul_columns_do_not_depend_on_their_panels);
     RUN(matmul_avx2_sums_in_its_documented_order);
+    RUN(conv2d_on_avx2_reads_the_unfold_in_the_documented_order);
     RUN(conv2d_and_pool_match_naive_loops);
     RUN(conv2d_views_match_naive_loops);
     RUN(conv2d_of_random_shapes_matches_naive_loops);

@@ -8,7 +8,9 @@
  * packed. B is always packed: row by row in memory order where stored (k x n), through 8 x 8
  * register transposes where stored transposed. Ragged edges are padded with zeros. Where C is
  * narrow, or A has few rows and B would be packed transposing (loom__sgemm256), C^T = B^T A^T is
- * computed instead.
+ * computed instead. loom__sgemm256_view reads B through a compound view (a convolution's unfold):
+ * B's panels packed from its runs along the image's rows, or (its weight gradient, by the
+ * transpose) A's rows read where they lie, by their offsets.
  *
  * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
  * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
@@ -28,6 +30,15 @@
 
 size_t loom__gemm256_scratch_bytes(void) {
     return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + NR) + MR * NR) + 64;
+}
+
+/* loom__sgemm256_view's offsets (int64_t): of a k block, of a column block, the column block's
+ * runs cut at the panels (four numbers each; two while they are found), and of a tile's rows */
+#define VIEW_RUNS  (NC + NC / NR + 1) /* a column block's runs at most */
+#define VIEW_WORDS (KC + NC + 4 * VIEW_RUNS + 2 * VIEW_RUNS + MR)
+
+size_t loom__gemm256_view_bytes(void) {
+    return sizeof(int64_t) * VIEW_WORDS + 64;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -74,6 +85,32 @@ bool loom__gemm256_available(void) {
         }
 MICRO(_p, 1, MR)
 MICRO(_d, lda, 1)
+
+/* micro_d with A's six rows read through a view: A(r, k) at ra[r][ko[k]] (loom__sgemm256_view: a
+ * weight gradient's image windows, rows where they lie and k by their offsets, as gemm.c's
+ * transposed form reads them), C's tile whole (no accumulation: c is the staging tile). */
+#    define FMA2V(R)                         \
+        av = _mm256_broadcast_ss(ra[R] + o); \
+        c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
+__attribute__((target("avx2,fma"))) static void
+micro_v(int64_t kc, const float *const *ra, const int64_t *ko, const float *pb, float *c) {
+    __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z,
+           c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+    _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += NR) {
+        __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8), av;
+        int64_t o = ko[k];
+        FMA2V(0);
+        FMA2V(1);
+        FMA2V(2);
+        FMA2V(3);
+        FMA2V(4);
+        FMA2V(5);
+    }
+    __m256 acc[MR * 2] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 2; v++)
+            _mm256_storeu_ps(c + r * NR + 8 * v, acc[2 * r + v]);
+}
 
 /* The 8 x 8 transpose of r's rows, in registers. */
 __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
@@ -186,20 +223,82 @@ typedef struct {
     int64_t ars, aks, bks, bjs, crs, ccs; /* A(i, k) at a[i ars + k aks]; B's, C's likewise */
 } strides;
 
+/* An operand read through a compound view (loom__sgemm256_view): v(k, j) at p + row(k) + col(j),
+ * B (B(k, j) = v(k, from + j)) or, in the transposed form, A (A(i, k) = v(k, from + i)). The
+ * offsets of the k block being computed (ko), of B's column block (co; its runs cut at the
+ * panels: seg, nseg of them, found through at and len) and of a tile of A's rows (ro). */
+typedef struct {
+    const float *p;
+    loom__gdim row, col;
+    int64_t from;
+    int64_t *ko, *co, *seg, *at, *len, *ro, nseg;
+} vop;
+
+/* The runs of consecutive offsets in off[0, n): run q from index at[q], len[q] long; at most
+ * `cut` long and not across a multiple of `cut`, unless cut is 0. Returns how many. */
+static int64_t runs_of(const int64_t *off, int64_t n, int64_t cut, int64_t *at, int64_t *len) {
+    int64_t q = 0;
+    for (int64_t i = 0, r; i < n; i += r, q++) {
+        for (r = 1; i + r < n && off[i + r] == off[i] + r && (!cut || (i + r) % cut);)
+            r++;
+        at[q] = i, len[q] = r;
+    }
+    return q;
+}
+
+/* r floats from src to dst, 8 at a time and the rest read through a mask (the lanes past it not
+ * read), then written through it, or whole where `spill_ok` (the floats past r are written later:
+ * AMD's masked stores are slow). */
+__attribute__((target("avx2,fma"))) static inline void copy_run(float *dst, const float *src,
+                                                                int64_t r, bool spill_ok) {
+    int64_t x = 0;
+    for (; x + 8 <= r; x += 8)
+        _mm256_storeu_ps(dst + x, _mm256_loadu_ps(src + x));
+    if (x < r) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(r - x)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 t = _mm256_maskload_ps(src + x, m);
+        if (spill_ok)
+            _mm256_storeu_ps(dst + x, t);
+        else
+            _mm256_maskstore_ps(dst + x, m, t);
+    }
+}
+
+/* B's columns [0, nc) x the k block [0, kc) from view v as panels of NR (as pack_b_rows lays
+ * them): a k at a time, its runs of columns (v->seg: panel, column in it, offset, length) copied
+ * whole; the last panel's columns past nc zeros. */
+__attribute__((target("avx2,fma"))) static void pack_b_view(const vop *v, int64_t nc, int64_t kc,
+                                                            float *pb) {
+    int64_t full = nc / NR * NR;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *row = v->p + v->ko[k];
+        for (int64_t q = 0; q < v->nseg; q++) {
+            const int64_t *g = v->seg + 4 * q;
+            copy_run(pb + g[0] * NR * kc + k * NR + g[1], row + g[2], g[3],
+                     g[1] + (g[3] & ~7) + 8 <= NR);
+        }
+        for (int64_t j = nc - full; full < nc && j < NR; j++)
+            pb[full * kc + k * NR + j] = 0;
+    }
+}
+
 /* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb, A in
  * place or packed into pa. A tile that C's layout does not take whole (ragged, or C stored
  * transposed) goes through tile and is then added or copied element by element. */
-static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const strides *s,
-                  const float *pb, float *pa, float *tile, float *c, bool accumulate) {
-    /* in place unless transposed, or its rows a multiple of 4 KB apart and read for more than
-     * two panels of B: the same lines of six rows would then share an L1 set with the B panel's
-     * (8 ways), and evict each other before the next panel reads them */
-    bool a_in_place = s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
+static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop *va, int64_t i0,
+                  const strides *s, const float *pb, float *pa, float *tile, float *c,
+                  bool accumulate) {
+    /* in place unless transposed or a view, or its rows a multiple of 4 KB apart and read for
+     * more than two panels of B: the same lines of six rows would then share an L1 set with the
+     * B panel's (8 ways), and evict each other before the next panel reads them (rows i0 on
+     * of A, where it is a view) */
+    bool a_in_place = !va && s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
     int64_t full = mc / MR * MR;
-    if (!a_in_place)
+    if (!a_in_place && !va)
         for (int64_t ir = 0; ir < mc; ir += MR)
             pack_a(a + ir * s->ars, s->ars, s->aks, mc - ir < MR ? mc - ir : MR, kc, pa + ir * kc);
-    else if (full < mc) /* the ragged last rows, padded */
+    else if (!va && full < mc) /* the ragged last rows, padded */
         pack_a(a + full * s->ars, s->ars, 1, mc - full, kc, pa + full * kc);
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = nc - jr < NR ? nc - jr : NR;
@@ -209,9 +308,16 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const stri
             float *cp = c + ir * s->crs + jr * s->ccs;
             bool direct = a_in_place && m == MR;
             const float *ap = direct ? a + ir * s->ars : pa + ir * kc;
-            bool whole = m == MR && n == NR && s->ccs == 1; /* else through the tile */
-            (direct ? micro_d : micro_p)(kc, ap, s->ars, bp, whole ? cp : tile, whole ? s->crs : NR,
-                                         whole && accumulate);
+            bool whole = !va && m == MR && n == NR && s->ccs == 1; /* else through the tile */
+            if (va) { /* A's rows where they lie (the missing ones of a ragged tile: row 0's) */
+                const float *ra[MR];
+                loom__gd_offsets(&va->col, va->from + i0 + ir, m, va->ro);
+                for (int r = 0; r < MR; r++)
+                    ra[r] = va->p + va->ro[r < m ? r : 0];
+                micro_v(kc, ra, va->ko, bp, tile);
+            } else
+                (direct ? micro_d : micro_p)(kc, ap, s->ars, bp, whole ? cp : tile,
+                                             whole ? s->crs : NR, whole && accumulate);
             for (int64_t r = 0; !whole && r < m; r++)
                 for (int64_t j = 0; j < n; j++) {
                     float *d = cp + r * s->crs + j * s->ccs;
@@ -221,8 +327,11 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const stri
     }
 }
 
-void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
-                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {
+/* loom__sgemm256 (v NULL), or loom__sgemm256_view with B read through view v (by C^T = B^T A^T,
+ * A^T then read through it, where vt). */
+static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch, vop *v,
+                    bool vt) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC, *tile = pb + (size_t)KC * (NC + NR);
     strides s = {ta ? 1 : lda, ta ? lda : 1, tb ? 1 : ldb, tb ? ldb : 1, ldc, 1};
@@ -238,30 +347,65 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
      * rows): B would be packed, transposing, for a few rows of C; B^T is read in place and the
      * few rows of A packed instead, and C is stored through the tile. (A dense layer's forward
      * of 64 x 1024 ran at half the speed so, 32 x 1024 at 0.8.) */
-    if ((N < NR && M > N) ||
-        (!ta && tb && M <= 64 && N > M && M * N <= 65536 && (K >= 4096 || M * N <= 16384))) {
+    if (v ? vt
+          : (N < NR && M > N) || (!ta && tb && M <= 64 && N > M && M * N <= 65536 &&
+                                  (K >= 4096 || M * N <= 16384))) {
         const float *t = a;
         int64_t m = M;
         s = (strides){s.bjs, s.bks, s.aks, s.ars, 1, ldc};
         a = b, b = t, M = N, N = m;
     }
+    vop *va = v && vt ? v : NULL, *vb = v && !vt ? v : NULL;
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb; /* equal blocks: 288 = 144 + 144 */
     for (int64_t jc = 0; jc < N; jc += NC) {
         int64_t nc = N - jc < NC ? N - jc : NC;
+        if (vb) { /* the block's columns, and their runs cut at the panels */
+            loom__gd_offsets(&vb->col, vb->from + jc, nc, vb->co);
+            vb->nseg = runs_of(vb->co, nc, NR, vb->at, vb->len);
+            for (int64_t q = 0; q < vb->nseg; q++) {
+                int64_t *g = vb->seg + 4 * q, j = vb->at[q], r = vb->len[q];
+                g[0] = j / NR, g[1] = j % NR, g[2] = vb->co[j], g[3] = r;
+            }
+        }
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
-            const float *bb = b + pc * s.bks + jc * s.bjs;
-            if (s.bjs == 1)
+            if (v)
+                loom__gd_offsets(&v->row, pc, kc, v->ko);
+            const float *bb = vb ? NULL : b + pc * s.bks + jc * s.bjs;
+            if (vb)
+                pack_b_view(vb, nc, kc, pb);
+            else if (s.bjs == 1)
                 pack_b_rows(bb, s.bks, nc, kc, pb);
             else
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     pack_b(bb + jr * s.bjs, s.bks, s.bjs, nc - jr < NR ? nc - jr : NR, kc,
                            pb + jr * kc);
             for (int64_t ic = 0; ic < M; ic += MC)
-                block(M - ic < MC ? M - ic : MC, nc, kc, a + ic * s.ars + pc * s.aks, &s, pb, pa,
-                      tile, c + ic * s.crs + jc * s.ccs, pc > 0);
+                block(M - ic < MC ? M - ic : MC, nc, kc, va ? NULL : a + ic * s.ars + pc * s.aks,
+                      va, ic, &s, pb, pa, tile, c + ic * s.crs + jc * s.ccs, pc > 0);
         }
     }
+}
+
+void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {
+    gemm256(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, scratch, NULL, false);
+}
+
+void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                         const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch) {
+    int64_t *w =
+        (int64_t *)(((uintptr_t)scratch + loom__gemm256_scratch_bytes() + 63) & ~(uintptr_t)63);
+    vop v = {.p = b->p, .row = b->row, .col = b->col, .from = j0, .ko = w, .co = w + KC};
+    v.seg = v.co + NC, v.at = v.seg + 4 * VIEW_RUNS, v.len = v.at + VIEW_RUNS;
+    v.ro = v.len + VIEW_RUNS;
+    /* C^T = B^T A^T where B's runs are longer along k than along its columns (a convolution's
+     * weight gradient: A^T's rows, the image's windows, read where they lie, micro_v), else B's
+     * panels packed from its runs of columns (a forward, pack_b_view) */
+    int kl = b->row.n - 1, jl = b->col.n - 1;
+    int64_t krun = b->row.stride[kl] == 1 ? b->row.size[kl] : 1,
+            jrun = b->col.stride[jl] == 1 ? b->col.size[jl] : 1;
+    gemm256(ta, false, M, N, K, a, lda, NULL, 0, c, ldc, scratch, &v, krun > jrun);
 }
 #else
 bool loom__gemm256_available(void) {
@@ -272,5 +416,11 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)a, (void)lda, (void)b, (void)ldb;
     (void)c, (void)ldc, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm256 without AVX2");
+}
+void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                         const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch) {
+    (void)ta, (void)M, (void)N, (void)K, (void)a, (void)lda, (void)b, (void)j0, (void)c, (void)ldc;
+    (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm256_view without AVX2");
 }
 #endif

@@ -22,9 +22,7 @@
 #    include <immintrin.h>
 #    define LOOM_GEMM512 1 /* the AVX-512 kernels are built (and run where the CPU has them) */
 
-/* gemm_pack.c: offsets of indices from, from + 1, ... (count of them) of compound dimension d
- * (runs along its innermost sub-dimension, then a carry); an operand packed into panels. */
-void loom__gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t *out);
+/* gemm_pack.c: an operand packed into panels (and loom__gd_offsets, internal.h). */
 /* lanes lanes of kc k each (lane i, k at src + i rs + k ks) packed into panels w lanes wide. */
 void loom__gemm_pack(int64_t lanes, int64_t kc, const float *src, int64_t rs, int64_t ks, int64_t w,
                      float *dst);

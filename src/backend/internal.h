@@ -442,6 +442,10 @@ void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const
 /* The plain case: A(i,k) = a[i*ars + k*acs], B(k,j) = b[k*brs + j*bcs], C row-major (ldc). */
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);
+/* Offsets of indices from, from + 1, ... (count of them) of compound dimension d (runs along
+ * its innermost sub-dimension, then a carry): gemm_pack.c, on x86-64 (gemm.c's and gemm256.c's
+ * packs). */
+void loom__gd_offsets(const loom__gdim *d, int64_t from, int64_t count, int64_t *out);
 /* Rows and columns of a product's operand (the last two dims), compound for a grouped view. */
 static inline void loom__operand_dims(const loom__pnode *s, loom__gdim *row, loom__gdim *col) {
     int nd = s->ndim;
@@ -541,6 +545,13 @@ bool loom__gemm256_available(void);
 size_t loom__gemm256_scratch_bytes(void);
 void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch);
+/* Columns [j0, j0 + N) of C = A B where B is a compound view (an unfold read as a matrix, or its
+ * transpose), c at C's column j0, read where it lies: the same packed panels and sums, so the
+ * same bits, as loom__sgemm256 over B copied out. The scratch holds
+ * loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes(). */
+size_t loom__gemm256_view_bytes(void);
+void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                         const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch);
 bool loom__use_gemm256(void);
 /* Rows a pool gradient with sinks keeps at a time (its SINKS form): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit

@@ -168,6 +168,8 @@ typedef struct {
     const loom__pnode *t, *A, *B;
     int64_t m, n, k, lda, ldb, batch, block;
     bool ta, tb, own; /* own: float32 by loom__sgemm256 */
+    bool view;        /* B a compound view (gb), read by loom__sgemm256_view */
+    loom__gmat gb;
     size_t es;
     unsigned char *o;
     const unsigned char *pa, *pb;
@@ -182,10 +184,13 @@ static void blas_one(const blas_job *j, unsigned char *po, const unsigned char *
     int64_t ldc = j->n > 1 ? j->n : 1;
     po += (size_t)(i0 * j->n + j0) * es;
     pa += (size_t)(i0 * (j->ta ? 1 : j->lda)) * es;
-    pb += (size_t)(j0 * (j->tb ? j->ldb : 1)) * es;
+    pb += j->view ? 0 : (size_t)(j0 * (j->tb ? j->ldb : 1)) * es;
     if (m * n == 0)
         return;
-    if (j->k == 0) {
+    if (j->view) {
+        loom__sgemm256_view(j->ta, m, n, j->k, (const float *)pa, j->lda, &j->gb, j0, (float *)po,
+                            ldc, loom__scratch_of(j->p, j->b, w));
+    } else if (j->k == 0) {
         for (int64_t i = 0; i < m; i++)
             memset(po + (size_t)(i * j->n) * es, 0, (size_t)n * es);
     } else if (j->own) {
@@ -300,8 +305,14 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                   .pb = loom__addr(p, b, t->src[1]),
                   .batch = loom__numel(nd - 2, t->shape)};
     bool ok =
-        loom__blas_layout(j.m, j.k, A->lay.stride[nd - 2], A->lay.stride[nd - 1], &j.ta, &j.lda) &&
-        loom__blas_layout(j.k, j.n, B->lay.stride[nd - 2], B->lay.stride[nd - 1], &j.tb, &j.ldb);
+        loom__blas_layout(j.m, j.k, A->lay.stride[nd - 2], A->lay.stride[nd - 1], &j.ta, &j.lda);
+    /* B a grouped view (an unfold read in place) goes to loom__sgemm256_view */
+    j.view = j.own && B->gndim;
+    if (j.view)
+        loom__operand_dims(B, &j.gb.row, &j.gb.col), j.gb.p = loom__addr(p, b, t->src[1]);
+    else
+        ok = ok && loom__blas_layout(j.k, j.n, B->lay.stride[nd - 2], B->lay.stride[nd - 1], &j.tb,
+                                     &j.ldb);
     LOOM_ASSERT(ok); /* the planner materializes other layouts */
     /* A large product is computed in blocks: one product's rows or columns (the longer), in at
      * most BLAS_BLOCKS blocks of a multiple of 16 (at least 64), or the products of its batch;

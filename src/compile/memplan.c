@@ -63,11 +63,20 @@ static void materialize(loom__program *p, int64_t id) {
     contiguous(t->ndim, t->shape, t->lay.stride);
 }
 
+/* Whether loom's products read grouped views: the AVX-512 sgemm as either operand, the AVX2 one
+ * as B (loom__sgemm256_view). */
+static bool views_read(void) {
+    return loom__use_own_gemm() || loom__use_gemm256();
+}
+
 /* An unfold without padding, read by loom's matmul, is a view: (C,KH,KW,N,OH,OW) strides over
- * its (N,C,H,W) input, windows overlapping. */
+ * its (N,C,H,W) input, windows overlapping. The AVX2 sgemm packs a forward's B from the view's
+ * runs along a row of the image: not for windows 2 or more apart, whose runs are single floats
+ * (cnn-stride2's step 15.7 -> 18.3 ms so). */
 static bool unfold_view(loom__pnode *t, const loom__pnode *s) {
     const loom_window *w = &t->attr.win;
-    if (t->op != LOOM_OP_UNFOLD || w->ph || w->pw || t->dtype != LOOM_F32 || !loom__use_own_gemm())
+    if (t->op != LOOM_OP_UNFOLD || w->ph || w->pw || t->dtype != LOOM_F32 ||
+        !(loom__use_own_gemm() || (loom__use_gemm256() && w->sw == 1)))
         return false;
     const int64_t *x = s->lay.stride;
     int64_t st[6] = {x[1], x[2], x[3], x[0], x[2] * w->sh, x[3] * w->sw};
@@ -80,7 +89,7 @@ static bool unfold_view(loom__pnode *t, const loom__pnode *s) {
 /* A 2-D reshape of a view that strides cannot express becomes a grouped view when its two dims
  * are products of consecutive source dims and loom's matmul can read it. */
 static bool group(loom__pnode *t, const loom__pnode *s) {
-    if (t->ndim != 2 || s->gndim || t->dtype != LOOM_F32 || !loom__use_own_gemm())
+    if (t->ndim != 2 || s->gndim || t->dtype != LOOM_F32 || !views_read())
         return false;
     int64_t rows = 1;
     int q = 0;
@@ -186,7 +195,8 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
             p->nodes[l->index].check = true;
         for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++) {
             loom__pnode *s = &p->nodes[t->src[k]];
-            if (t->ndim != 2 || s->dtype != LOOM_F32 || !loom__use_own_gemm())
+            if (t->ndim != 2 || s->dtype != LOOM_F32 ||
+                !(loom__use_own_gemm() || (loom__use_gemm256() && k == 1)))
                 ungroup(p, t->src[k]);
             if (!s->gndim && !blas_ok(s)) /* BLAS cannot read this view: copy it */
                 materialize(p, t->src[k]);
@@ -453,14 +463,17 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
     size_t scratch = 0; /* the library kernels' scratch, after the buffers: the most any needs */
     for (int64_t i = 0; i < n; i++) {
         uint8_t op = p->nodes[i].op;
-        size_t need = !live[i]                                       ? 0
-                      : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
-                      : op == LOOM_OP_MATMUL && loom__use_gemm256()  ? loom__gemm256_scratch_bytes()
-                      : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
-                          ? loom__attention_scratch_bytes(p, (int32_t)i)
-                      : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD
-                          ? loom__lnorm_scratch_bytes(&p->nodes[i])
-                          : 0;
+        size_t need =
+            !live[i]                                       ? 0
+            : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
+            : op == LOOM_OP_MATMUL && loom__use_gemm256()
+                ? loom__gemm256_scratch_bytes() +
+                      (p->nodes[p->nodes[i].src[1]].gndim ? loom__gemm256_view_bytes() : 0)
+            : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
+                ? loom__attention_scratch_bytes(p, (int32_t)i)
+            : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD
+                ? loom__lnorm_scratch_bytes(&p->nodes[i])
+                : 0;
         scratch = need > scratch ? need : scratch;
     }
     if (scratch > 0) {
