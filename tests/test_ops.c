@@ -562,6 +562,18 @@ TEST(matmul_columns_do_not_depend_on_their_panels) {
         }
 }
 
+/* Whether float32 products run on loom's AVX2 sgemm here (an AVX2 CPU without AVX-512, and not
+ * LOOM_MATMUL=blas); if not, says the test is skipped. */
+static bool avx2_sgemm_runs(void) {
+    const char *mm = getenv("LOOM_MATMUL");
+    if ((mm && !strcmp(mm, "blas")) || __builtin_cpu_supports("avx512f") ||
+        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        fprintf(stderr, "skip %s: a property of loom's AVX2 sgemm\n", harness_current);
+        return false;
+    }
+    return true;
+}
+
 /* On a CPU with AVX2 and FMA but not AVX-512, float32 products run through gemm256.c, which sums
  * each element in one documented order: K in equal blocks of at most 256, a chain of FMAs over
  * each block from zero, the blocks' sums added in order. A naive loop in that order gives the same
@@ -569,12 +581,8 @@ TEST(matmul_columns_do_not_depend_on_their_panels) {
  * column blocks of 1024, row blocks of 144, C computed as its transpose where it is narrow or A
  * has few rows): so its results cannot depend on how a device's cores split the product. */
 TEST(matmul_avx2_sums_in_its_documented_order) {
-    const char *mm = getenv("LOOM_MATMUL");
-    if ((mm && !strcmp(mm, "blas")) || __builtin_cpu_supports("avx512f") ||
-        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-        fprintf(stderr, "skip %s: a property of loom's AVX2 sgemm\n", harness_current);
+    if (!avx2_sgemm_runs())
         return;
-    }
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {5, 7, 3},      {6, 16, 256},   {7, 17, 257}, {13, 10, 300},
         {37, 33, 513}, {150, 40, 100}, {20, 1030, 64}, {64, 5, 700}, {3, 20, 50},
@@ -668,12 +676,8 @@ static void conv_wgrad_term(int64_t k, const void *ctx, float *u, float *v) {
  * the weight gradient's A^T through it): each output and each weight gradient element is the sum
  * of its terms in the products' documented order, bit for bit (as the copied unfold gave). */
 TEST(conv2d_on_avx2_reads_the_unfold_in_the_documented_order) {
-    const char *mm = getenv("LOOM_MATMUL");
-    if ((mm && !strcmp(mm, "blas")) || __builtin_cpu_supports("avx512f") ||
-        !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-        fprintf(stderr, "skip %s: a property of loom's AVX2 sgemm\n", harness_current);
+    if (!avx2_sgemm_runs())
         return;
-    }
     static const int shapes[][7] = {
         /* N, C, H, W, O, K, P */
         {2, 3, 9, 11, 5, 3, 0},   /* rows of 9: runs cut at the panels, a ragged tile */
@@ -689,12 +693,7 @@ TEST(conv2d_on_avx2_reads_the_unfold_in_the_documented_order) {
                 ny = (int64_t)q.N * q.O * q.OH * q.OW;
         float *x = malloc(sizeof(float) * (size_t)nx), *w = malloc(sizeof(float) * (size_t)nw),
               *r = malloc(sizeof(float) * (size_t)ny);
-        for (int64_t j = 0; j < nx; j++)
-            x[j] = (float)test_rand(21, (uint64_t)j, -1, 1);
-        for (int64_t j = 0; j < nw; j++)
-            w[j] = (float)test_rand(22, (uint64_t)j, -1, 1);
-        for (int64_t j = 0; j < ny; j++)
-            r[j] = (float)test_rand(23, (uint64_t)j, -1, 1);
+        test_fill(x, nx, 21, -1, 1), test_fill(w, nw, 22, -1, 1), test_fill(r, ny, 23, -1, 1);
         q.x = x, q.w = w, q.r = r;
         loom_graph *g = loom_graph_new(NULL);
         int64_t sx[4] = {q.N, q.C, q.H, q.W}, sw[4] = {q.O, q.C, q.KK, q.KK},
