@@ -33,9 +33,9 @@ size_t loom__gemm256_scratch_bytes(void) {
 }
 
 /* loom__sgemm256_view's offsets (int64_t): of a k block, of a column block, the column block's
- * runs cut at the panels (four numbers each; two while they are found), and of a tile's rows */
+ * runs cut at the panels (four numbers each; two while they are found), and of a row block */
 #define VIEW_RUNS  (NC + NC / NR + 1) /* a column block's runs at most */
-#define VIEW_WORDS (KC + NC + 4 * VIEW_RUNS + 2 * VIEW_RUNS + MR)
+#define VIEW_WORDS (KC + NC + 4 * VIEW_RUNS + 2 * VIEW_RUNS + MC)
 
 size_t loom__gemm256_view_bytes(void) {
     return sizeof(int64_t) * VIEW_WORDS + 64;
@@ -226,7 +226,7 @@ typedef struct {
 /* An operand read through a compound view (loom__sgemm256_view): v(k, j) at p + row(k) + col(j),
  * B (B(k, j) = v(k, from + j)) or, in the transposed form, A (A(i, k) = v(k, from + i)). The
  * offsets of the k block being computed (ko), of B's column block (co; its runs cut at the
- * panels: seg, nseg of them, found through at and len) and of a tile of A's rows (ro). */
+ * panels: seg, nseg of them, found through at and len) and of A's block of rows (ro). */
 typedef struct {
     const float *p;
     loom__gdim row, col;
@@ -289,12 +289,14 @@ __attribute__((target("avx2,fma"))) static void pack_b_view(const vop *v, int64_
 static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop *va, int64_t i0,
                   const strides *s, const float *pb, float *pa, float *tile, float *c,
                   bool accumulate) {
-    /* in place unless transposed or a view, or its rows a multiple of 4 KB apart and read for
-     * more than two panels of B: the same lines of six rows would then share an L1 set with the
-     * B panel's (8 ways), and evict each other before the next panel reads them (rows i0 on
-     * of A, where it is a view) */
+    /* in place unless transposed, or its rows a multiple of 4 KB apart and read for more than
+     * two panels of B: the same lines of six rows would then share an L1 set with the B panel's
+     * (8 ways), and evict each other before the next panel reads them. Through view va, A's rows
+     * i0 on are read where they lie, by their offsets. */
     bool a_in_place = !va && s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
     int64_t full = mc / MR * MR;
+    if (va)
+        loom__gd_offsets(&va->col, va->from + i0, mc, va->ro);
     if (!a_in_place && !va)
         for (int64_t ir = 0; ir < mc; ir += MR)
             pack_a(a + ir * s->ars, s->ars, s->aks, mc - ir < MR ? mc - ir : MR, kc, pa + ir * kc);
@@ -311,9 +313,8 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
             bool whole = !va && m == MR && n == NR && s->ccs == 1; /* else through the tile */
             if (va) { /* A's rows where they lie (the missing ones of a ragged tile: row 0's) */
                 const float *ra[MR];
-                loom__gd_offsets(&va->col, va->from + i0 + ir, m, va->ro);
                 for (int r = 0; r < MR; r++)
-                    ra[r] = va->p + va->ro[r < m ? r : 0];
+                    ra[r] = va->p + va->ro[ir + (r < m ? r : 0)];
                 micro_v(kc, ra, va->ko, bp, tile);
             } else
                 (direct ? micro_d : micro_p)(kc, ap, s->ars, bp, whole ? cp : tile,

@@ -63,10 +63,10 @@ static void materialize(loom__program *p, int64_t id) {
     contiguous(t->ndim, t->shape, t->lay.stride);
 }
 
-/* Whether loom's products read grouped views: the AVX-512 sgemm as either operand, the AVX2 one
- * as B (loom__sgemm256_view). */
-static bool views_read(void) {
-    return loom__use_own_gemm() || loom__use_gemm256();
+/* Whether loom's products read a grouped view as operand k (0: A, 1: B): the AVX-512 sgemm
+ * either, the AVX2 one B (loom__sgemm256_view). */
+static bool reads_view(int k) {
+    return loom__use_own_gemm() || (loom__use_gemm256() && k == 1);
 }
 
 /* An unfold without padding, read by loom's matmul, is a view: (C,KH,KW,N,OH,OW) strides over
@@ -75,8 +75,8 @@ static bool views_read(void) {
  * (cnn-stride2's step 15.7 -> 18.3 ms so). */
 static bool unfold_view(loom__pnode *t, const loom__pnode *s) {
     const loom_window *w = &t->attr.win;
-    if (t->op != LOOM_OP_UNFOLD || w->ph || w->pw || t->dtype != LOOM_F32 ||
-        !(loom__use_own_gemm() || (loom__use_gemm256() && w->sw == 1)))
+    if (t->op != LOOM_OP_UNFOLD || w->ph || w->pw || t->dtype != LOOM_F32 || !reads_view(1) ||
+        (!loom__use_own_gemm() && w->sw != 1))
         return false;
     const int64_t *x = s->lay.stride;
     int64_t st[6] = {x[1], x[2], x[3], x[0], x[2] * w->sh, x[3] * w->sw};
@@ -89,7 +89,7 @@ static bool unfold_view(loom__pnode *t, const loom__pnode *s) {
 /* A 2-D reshape of a view that strides cannot express becomes a grouped view when its two dims
  * are products of consecutive source dims and loom's matmul can read it. */
 static bool group(loom__pnode *t, const loom__pnode *s) {
-    if (t->ndim != 2 || s->gndim || t->dtype != LOOM_F32 || !views_read())
+    if (t->ndim != 2 || s->gndim || t->dtype != LOOM_F32 || !reads_view(1))
         return false;
     int64_t rows = 1;
     int q = 0;
@@ -195,8 +195,7 @@ void loom__assign_layouts(loom__program *p, const bool *live, const bool *is_out
             p->nodes[l->index].check = true;
         for (int k = 0; k < 2 && t->op == LOOM_OP_MATMUL; k++) {
             loom__pnode *s = &p->nodes[t->src[k]];
-            if (t->ndim != 2 || s->dtype != LOOM_F32 ||
-                !(loom__use_own_gemm() || (loom__use_gemm256() && k == 1)))
+            if (t->ndim != 2 || s->dtype != LOOM_F32 || !reads_view(k))
                 ungroup(p, t->src[k]);
             if (!s->gndim && !blas_ok(s)) /* BLAS cannot read this view: copy it */
                 materialize(p, t->src[k]);
