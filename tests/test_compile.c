@@ -1228,11 +1228,13 @@ static const struct {
 };
 
 /* Whether fusion rule `rule`'s forms run only on loom's own products and pooling rows (AVX-512;
- * an epilogue on a pool gradient runs anywhere, but its case's are products'): on other CPUs it
- * may not fire, and every other rule must. */
+ * an epilogue on a pool gradient runs anywhere, but its case's are products'; fold-product also
+ * on loom's AVX2 products): on other CPUs it may not fire, and every other rule must. */
 static bool own_gemm_rule(const char *rule) {
-    static const char *const own[] = {"epilogue",  "fold-product", "pool-sinks", "pool-conv",
-                                      "conv-back", "pool-quad",    "product-act"};
+    if (!strcmp(rule, "fold-product"))
+        return !loom__use_gemm256();
+    static const char *const own[] = {"epilogue",  "pool-sinks", "pool-conv",
+                                      "conv-back", "pool-quad",  "product-act"};
     for (size_t q = 0; q < sizeof own / sizeof *own; q++)
         if (!strcmp(own[q], rule))
             return true;

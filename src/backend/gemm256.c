@@ -26,7 +26,7 @@
 #define NR 16
 #define KC 256 /* a 16-wide B micro-panel of KC rows (16 KB) and a 6-row A panel fit the L1 */
 #define MC 144 /* an A block of MC x KC (147 KB) stays in the L2 */
-#define NC 1024
+#define NC LOOM_GEMM256_NC
 
 size_t loom__gemm256_scratch_bytes(void) {
     return sizeof(float) * ((size_t)(MC + MR) * KC + (size_t)KC * (NC + NR) + MR * NR) + 64;
@@ -328,17 +328,33 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
     }
 }
 
-/* loom__sgemm256 (v NULL), or loom__sgemm256_view with B read through view v (by C^T = B^T A^T,
- * A^T then read through it, where vt). */
+/* Column blocks handed on as made (loom__sgemm256_blocks): nc columns at a time (at most NC), C's
+ * block written at c (its rows as many apart as it has columns) and then handed to
+ * done(ctx, jc, nc). */
+typedef struct {
+    int64_t nc;
+    void (*done)(void *ctx, int64_t jc, int64_t nc);
+    void *ctx;
+} blocks;
+
+/* loom__sgemm256 (v, bl NULL), or loom__sgemm256_view with B read through view v (by
+ * C^T = B^T A^T, A^T then read through it, where vt), or loom__sgemm256_blocks (bl; never
+ * transposed). */
 static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch, vop *v,
-                    bool vt) {
+                    bool vt, const blocks *bl) {
     float *pa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *pb = pa + (size_t)(MC + MR) * KC, *tile = pb + (size_t)KC * (NC + NR);
     strides s = {ta ? 1 : lda, ta ? lda : 1, tb ? 1 : ldb, tb ? ldb : 1, ldc, 1};
+    int64_t ncb = bl ? bl->nc : NC; /* a block's columns */
     if (K == 0) {
-        for (int64_t i = 0; i < M; i++)
-            memset(c + i * ldc, 0, sizeof(float) * (size_t)N);
+        for (int64_t jc = 0; jc < N; jc += ncb) {
+            int64_t nc = N - jc < ncb ? N - jc : ncb;
+            for (int64_t i = 0; i < M; i++)
+                memset(c + i * (bl ? nc : ldc) + (bl ? 0 : jc), 0, sizeof(float) * (size_t)nc);
+            if (bl)
+                bl->done(bl->ctx, jc, nc);
+        }
         return;
     }
     /* C^T = B^T A^T (each element the same chain: a product's factors commute) where C is
@@ -348,9 +364,9 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
      * rows): B would be packed, transposing, for a few rows of C; B^T is read in place and the
      * few rows of A packed instead, and C is stored through the tile. (A dense layer's forward
      * of 64 x 1024 ran at half the speed so, 32 x 1024 at 0.8.) */
-    if (v ? vt
-          : (N < NR && M > N) || (!ta && tb && M <= 64 && N > M && M * N <= 65536 &&
-                                  (K >= 4096 || M * N <= 16384))) {
+    if (!bl && (v ? vt
+                  : (N < NR && M > N) || (!ta && tb && M <= 64 && N > M && M * N <= 65536 &&
+                                          (K >= 4096 || M * N <= 16384)))) {
         const float *t = a;
         int64_t m = M;
         s = (strides){s.bjs, s.bks, s.aks, s.ars, 1, ldc};
@@ -358,9 +374,10 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
     }
     vop *va = v && vt ? v : NULL, *vb = v && !vt ? v : NULL;
     int64_t kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb; /* equal blocks: 288 = 144 + 144 */
-    for (int64_t jc = 0; jc < N; jc += NC) {
-        int64_t nc = N - jc < NC ? N - jc : NC;
-        if (vb) { /* the block's columns, and their runs cut at the panels */
+    for (int64_t jc = 0; jc < N; jc += ncb) {
+        int64_t nc = N - jc < ncb ? N - jc : ncb;
+        s.crs = bl ? nc : s.crs; /* (a block's rows nc apart) */
+        if (vb) {                /* the block's columns, and their runs cut at the panels */
             loom__gd_offsets(&vb->col, vb->from + jc, nc, vb->co);
             vb->nseg = runs_of(vb->co, nc, NR, vb->at, vb->len);
             for (int64_t q = 0; q < vb->nseg; q++) {
@@ -383,30 +400,73 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
                            pb + jr * kc);
             for (int64_t ic = 0; ic < M; ic += MC)
                 block(M - ic < MC ? M - ic : MC, nc, kc, va ? NULL : a + ic * s.ars + pc * s.aks,
-                      va, ic, &s, pb, pa, tile, c + ic * s.crs + jc * s.ccs, pc > 0);
+                      va, ic, &s, pb, pa, tile, c + ic * s.crs + (bl ? 0 : jc) * s.ccs, pc > 0);
         }
+        if (bl)
+            bl->done(bl->ctx, jc, nc);
     }
 }
 
 void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {
-    gemm256(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, scratch, NULL, false);
+    gemm256(ta, tb, M, N, K, a, lda, b, ldb, c, ldc, scratch, NULL, false, NULL);
 }
 
-void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
-                         const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch) {
+/* Whether a product reads view b by C^T = B^T A^T: where B's runs are longer along k than along
+ * its columns (a convolution's weight gradient: A^T's rows, the image's windows, read where they
+ * lie, micro_v), else B's panels are packed from its runs of columns (a forward, pack_b_view). */
+static bool view_transposed(const loom__gmat *b) {
+    int kl = b->row.n - 1, jl = b->col.n - 1;
+    int64_t krun = b->row.stride[kl] == 1 ? b->row.size[kl] : 1,
+            jrun = b->col.stride[jl] == 1 ? b->col.size[jl] : 1;
+    return krun > jrun;
+}
+
+/* View b from its column j0, its offsets in the scratch after loom__sgemm256's. */
+static vop view_of(const loom__gmat *b, int64_t j0, void *scratch) {
     int64_t *w =
         (int64_t *)(((uintptr_t)scratch + loom__gemm256_scratch_bytes() + 63) & ~(uintptr_t)63);
     vop v = {.p = b->p, .row = b->row, .col = b->col, .from = j0, .ko = w, .co = w + KC};
     v.seg = v.co + NC, v.at = v.seg + 4 * VIEW_RUNS, v.len = v.at + VIEW_RUNS;
     v.ro = v.len + VIEW_RUNS;
-    /* C^T = B^T A^T where B's runs are longer along k than along its columns (a convolution's
-     * weight gradient: A^T's rows, the image's windows, read where they lie, micro_v), else B's
-     * panels packed from its runs of columns (a forward, pack_b_view) */
-    int kl = b->row.n - 1, jl = b->col.n - 1;
-    int64_t krun = b->row.stride[kl] == 1 ? b->row.size[kl] : 1,
-            jrun = b->col.stride[jl] == 1 ? b->col.size[jl] : 1;
-    gemm256(ta, false, M, N, K, a, lda, NULL, 0, c, ldc, scratch, &v, krun > jrun);
+    return v;
+}
+
+void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                         const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch) {
+    vop v = view_of(b, j0, scratch);
+    gemm256(ta, false, M, N, K, a, lda, NULL, 0, c, ldc, scratch, &v, view_transposed(b), NULL);
+}
+
+/* A plain operand's transposition and leading dimension as cblas_sgemm takes them, where it is
+ * one (one sub-dimension each way, one of them of stride 1). */
+static bool plain(const loom__gmat *x, bool *t, int64_t *ld) {
+    if (x->row.n != 1 || x->col.n != 1 || (x->col.stride[0] != 1 && x->row.stride[0] != 1))
+        return false;
+    *t = x->col.stride[0] != 1;
+    *ld = *t ? x->col.stride[0] : x->row.stride[0];
+    return true;
+}
+
+bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t nc) {
+    bool t;
+    int64_t ld;
+    return loom__gemm256_available() && nc >= 1 && nc <= NC && plain(a, &t, &ld) &&
+           (plain(b, &t, &ld) || !view_transposed(b));
+}
+
+void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                           const loom__gmat *b, float *c, int64_t nc,
+                           void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
+                           void *scratch) {
+    bool ta = false, tb = false;
+    int64_t lda = 0, ldb = 0;
+    bool bv = !plain(b, &tb, &ldb), ok = plain(a, &ta, &lda);
+    LOOM_ASSERT(ok && nc <= NC && !(bv && view_transposed(b)));
+    vop v = view_of(b, 0, scratch);
+    blocks bl = {nc, done, ctx};
+    gemm256(ta, tb, M, N, K, a->p, lda, bv ? NULL : b->p, ldb, c, nc, scratch, bv ? &v : NULL,
+            false, &bl);
 }
 #else
 bool loom__gemm256_available(void) {
@@ -423,5 +483,17 @@ void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *
     (void)ta, (void)M, (void)N, (void)K, (void)a, (void)lda, (void)b, (void)j0, (void)c, (void)ldc;
     (void)scratch;
     LOOM_ASSERT(!"loom__sgemm256_view without AVX2");
+}
+bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t nc) {
+    (void)a, (void)b, (void)nc;
+    return false;
+}
+void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                           const loom__gmat *b, float *c, int64_t nc,
+                           void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
+                           void *scratch) {
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)nc, (void)done, (void)ctx;
+    (void)scratch;
+    LOOM_ASSERT(!"loom__sgemm256_blocks without AVX2");
 }
 #endif

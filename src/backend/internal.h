@@ -552,7 +552,22 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
 size_t loom__gemm256_view_bytes(void);
 void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                          const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch);
+/* C = A B a block of columns at a time (nc, at most LOOM_GEMM256_NC), each written at c (rows nc
+ * apart) and then handed to done(ctx, jc, nc): A plain, B plain or a compound view that
+ * loom__sgemm256_view packs by its columns (loom__gemm256_blocks_ok). The same sums as
+ * loom__sgemm256. Same scratch as loom__sgemm256_view. */
+#define LOOM_GEMM256_NC 1024
+bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t nc);
+void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
+                           const loom__gmat *b, float *c, int64_t nc,
+                           void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
+                           void *scratch);
 bool loom__use_gemm256(void);
+/* window.c: whether a fold (stride 1, unpadded) can compute its product on AVX2 (a block of
+ * whole images at a time by loom__sgemm256_blocks, folded from the scratch), and the scratch that
+ * takes beyond the product's. */
+bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product);
+size_t loom__fold_blocks_bytes(const loom__program *p, int32_t fold, int32_t product);
 /* Rows a pool gradient with sinks keeps at a time (its SINKS form): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit
  * a 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */

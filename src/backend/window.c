@@ -191,18 +191,105 @@ void loom__fold_dims(const loom__pnode *t, loom__gdim *crow, loom__gdim *ccol) {
         .n = 3, .size = {t->shape[0], OH, OW}, .stride = {C * H * W, W * w->sh, w->sw}};
 }
 
-/* A fold that computes its product (compile/fuse.c): x = 0, then x(c, oy*sh + i, ox*sw + j) +=
- * (A B)((c,i,j), (n,oy,ox)), each result added straight from the product's register tile. */
+/* A fold that computes its product (compile/fuse.c). loom's AVX-512 sgemm adds each result into
+ * x (zeroed first) straight from its register tile, a place's taps in the product's order. On
+ * AVX2 loom__sgemm256_blocks makes the product a block of whole images at a time into the
+ * scratch, and each block is folded from there by fold_planes: every place's taps lie in its
+ * image's block, so it takes them in window order and x has the bits of the product and the fold
+ * apart, without the product's columns written to memory and read back. */
+enum {
+    FOLD_BLOCK = 1 << 18, /* floats of a block of the product (1 MB: about the L2) */
+    FOLD_MAX = 1 << 20    /* floats of a block of one image at most */
+};
+
+/* The images in a block of the AVX2 fold's product of `rows` rows: as many as FOLD_BLOCK and
+ * LOOM_GEMM256_NC columns take, at least one. */
+static int64_t fold_images(const loom__pnode *t, int64_t rows) {
+    loom__gdim crow, ccol;
+    loom__fold_dims(t, &crow, &ccol);
+    int64_t plane = ccol.size[1] * ccol.size[2], n = FOLD_BLOCK / (rows * plane);
+    n = n < LOOM_GEMM256_NC / plane ? n : LOOM_GEMM256_NC / plane;
+    n = n < t->shape[0] ? n : t->shape[0];
+    return n > 1 ? n : 1;
+}
+
+bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product) {
+    const loom__pnode *t = &p->nodes[fold], *m = &p->nodes[product];
+    loom__gmat a = {0}, b = {0};
+    loom__operand_dims(&p->nodes[m->src[0]], &a.row, &a.col);
+    loom__operand_dims(&p->nodes[m->src[1]], &b.row, &b.col);
+    int64_t plane = m->shape[1] / t->shape[0];
+    return m->shape[0] * plane <= FOLD_MAX &&
+           loom__gemm256_blocks_ok(&a, &b, fold_images(t, m->shape[0]) * plane);
+}
+
+/* (a part of r of its rows takes r plane fold_images(t, r) floats: at most FOLD_BLOCK, or one
+ * image's) */
+size_t loom__fold_blocks_bytes(const loom__program *p, int32_t fold, int32_t product) {
+    const loom__pnode *m = &p->nodes[product];
+    int64_t floats = m->shape[0] * (m->shape[1] / p->nodes[fold].shape[0]);
+    return sizeof(float) * (size_t)(floats > FOLD_BLOCK ? floats : FOLD_BLOCK) + 64;
+}
+
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    const loom__pnode *t;
+    loom__gmat ga, gb;
+    int64_t n, k, taps;
+    float *x;
+} fold_job;
+
+typedef struct {
+    const fold_job *j;
+    int64_t c0, c1;
+    float *buf;
+} fold_part;
+
+/* Columns [jc, jc + nc) of a part's product (whole images) folded into its channels' planes. */
+static void fold_block(void *ctx, int64_t jc, int64_t nc) {
+    const fold_part *f = ctx;
+    const loom__pnode *t = f->j->t;
+    const loom_window *w = &t->attr.win;
+    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
+    int64_t OH = H - w->kh + 1, OW = W - w->kw + 1, n0 = jc / (OH * OW), nb = nc / (OH * OW);
+    float *x = f->j->x + (n0 * C + f->c0) * H * W;
+    for (int64_t n = 0; n < nb; n++)
+        memset(x + n * C * H * W, 0, sizeof(float) * (size_t)((f->c1 - f->c0) * H * W));
+    int64_t xs[4] = {nb, C, H, W}, cs[6] = {C, w->kh, w->kw, nb, OH, OW};
+    fold_planes_float(w, xs, cs, OH * OW, x, f->buf, 0, f->c1 - f->c0);
+}
+
+/* Channels [c0, c1) of the image on AVX2: their taps' rows of the product, a block at a time,
+ * folded into their planes. A place's sum does not depend on the channels taken together, so a
+ * device's cores take channels apart. */
+static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
+    const fold_job *j = ctx;
+    unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
+    uintptr_t at = (uintptr_t)scratch + loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes();
+    fold_part f = {j, c0, c1, (float *)((at + 63) & ~(uintptr_t)63)};
+    loom__gmat ga = j->ga;
+    ga.p += c0 * j->taps * ga.row.stride[0];
+    int64_t rows = (c1 - c0) * j->taps, plane = j->n / j->t->shape[0];
+    loom__sgemm256_blocks(rows, j->n, j->k, &ga, &j->gb, f.buf, fold_images(j->t, rows) * plane,
+                          fold_block, &f, scratch);
+}
+
 static loom_status fold_product(const loom__program *p, const loom__bind *b, int32_t id,
                                 int32_t mid) {
     const loom__pnode *t = &p->nodes[id], *m = &p->nodes[mid];
-    loom__gmat ga, gb;
-    int64_t k = loom__product_operands(p, b, mid, &ga, &gb);
+    fold_job j = {.p = p, .b = b, .t = t, .n = m->shape[1], .x = loom__addr(p, b, id)};
+    j.k = loom__product_operands(p, b, mid, &j.ga, &j.gb);
+    j.taps = t->attr.win.kh * t->attr.win.kw;
+    if (!loom__use_own_gemm()) {
+        double work = (double)m->shape[0] * (double)m->shape[1] * (double)j.k;
+        loom__team_for(work >= LOOM_SPLIT_MIN ? b->team : NULL, t->shape[1], 1, fold_channels, &j);
+        return LOOM_OK;
+    }
     loom__gdim crow, ccol;
     loom__fold_dims(t, &crow, &ccol);
-    float *x = loom__addr(p, b, id);
-    memset(x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
-    loom__sgemm_g(m->shape[0], m->shape[1], k, &ga, &gb, x, crow, ccol, true, b->ws + p->scratch);
+    memset(j.x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
+    loom__sgemm_g(m->shape[0], j.n, j.k, &j.ga, &j.gb, j.x, crow, ccol, true, b->ws + p->scratch);
     return LOOM_OK;
 }
 

@@ -119,8 +119,9 @@ int loom__entry_values(const loom__program *p, int64_t e, loom__value *out) {
     if (!loom__pool_by_plane(p, id) && t->epi < 0)
         VALUE(id);
     int32_t m = t->op == LOOM_OP_FOLD ? p->nodes[t->src[0]].src[0] : -1;
+    /* (AVX-512: its product's columns added in the product's order; AVX2: the fold's order) */
     if (n > 0 && m >= 0 && p->nodes[m].fused_into == id)
-        out[0].exact = false; /* (its product's columns added in the product's order) */
+        out[0].exact = !loom__use_own_gemm();
     if (t->epi >= 0 && !loom__rows_streamed(p, id))
         VALUE(p->fused[t->epi].root);
 #undef VALUE

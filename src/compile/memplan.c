@@ -467,7 +467,13 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
             : op == LOOM_OP_MATMUL && loom__use_gemm256()
                 ? loom__gemm256_scratch_bytes() +
-                      (p->nodes[p->nodes[i].src[1]].gndim ? loom__gemm256_view_bytes() : 0)
+                      (p->nodes[p->nodes[i].src[1]].gndim || p->nodes[i].fused_into >= 0
+                           ? loom__gemm256_view_bytes()
+                           : 0) +
+                      (p->nodes[i].fused_into >= 0 && /* a fold's blocks */
+                               p->nodes[p->nodes[i].fused_into].op == LOOM_OP_FOLD
+                           ? loom__fold_blocks_bytes(p, p->nodes[i].fused_into, (int32_t)i)
+                           : 0)
             : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
                 ? loom__attention_scratch_bytes(p, (int32_t)i)
             : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD

@@ -9,7 +9,8 @@
 int64_t loom__rule_fold_product(loom__program *p, const loom__fuse_in *in) {
     const bool *live = in->live, *is_out = in->is_out;
     const int32_t *readers = in->readers;
-    if (!loom__use_own_gemm())
+    bool own = loom__use_own_gemm();
+    if (!own && !loom__use_gemm256())
         return 0;
     int64_t fused = 0;
     for (int64_t i = 0; i < p->n; i++) {
@@ -23,6 +24,8 @@ int64_t loom__rule_fold_product(loom__program *p, const loom__fuse_in *in) {
         int32_t m = loom__fuse_folded_product(p, f);
         if (m < 0 || readers[m] != 1 || readers[f->src[0]] != 1 || is_out[m] || is_out[f->src[0]] ||
             p->nodes[m].check || p->nodes[m].fused_into >= 0)
+            continue;
+        if (!own && !loom__fold_blocks_ok(p, (int32_t)i, m))
             continue;
         p->nodes[m].fused_into = (int32_t)i;
         fused++;
