@@ -9,8 +9,10 @@
  * register transposes where stored transposed. Ragged edges are padded with zeros. Where C is
  * narrow, or A has few rows and B would be packed transposing (loom__sgemm256), C^T = B^T A^T is
  * computed instead. loom__sgemm256_view reads B through a compound view (a convolution's unfold):
- * B's panels packed from its runs along the image's rows, or (its weight gradient, by the
- * transpose) A's rows read where they lie, by their offsets.
+ * B's block gathered row by row from its runs along the image's rows and its panels read where
+ * they lie in that block (no second pack), or (its weight gradient, by the transpose) A's rows
+ * read where they lie, by their offsets. loom__sgemm256_blocks hands C on a block of columns at
+ * a time (a fused fold's product).
  *
  * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
  * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
@@ -33,9 +35,8 @@ size_t loom__gemm256_scratch_bytes(void) {
 }
 
 /* loom__sgemm256_view's offsets (int64_t): of a k block, of a column block, the column block's
- * runs cut at the panels (four numbers each; two while they are found), and of a row block */
-#define VIEW_RUNS  (NC + NC / NR + 1) /* a column block's runs at most */
-#define VIEW_WORDS (KC + NC + 4 * VIEW_RUNS + 2 * VIEW_RUNS + MC)
+ * runs (two numbers each), and of a row block */
+#define VIEW_WORDS (KC + NC + 2 * NC + MC)
 
 size_t loom__gemm256_view_bytes(void) {
     return sizeof(int64_t) * VIEW_WORDS + 64;
@@ -50,23 +51,24 @@ bool loom__gemm256_available(void) {
 
 /* A 6 x 16 tile of C (rows ldc apart) = (or += with accumulate) A's 6 rows x B's 16 columns over
  * kc: A(r, k) at pa[r AS + k AK] (a packed panel: AS 1, AK 6; in place: AS lda, AK 1), B(k, j)
- * packed at pb[k NR + j]. C's rows are prefetched while the chains run. The accumulators are named
- * one by one (FMA2): gcc keeps an array of them in memory, storing after every FMA. */
+ * at pb[k BS + j] (a packed panel: BS 16; a gathered block: BS its rows' pitch, ldb). C's rows
+ * are prefetched while the chains run. The accumulators are named one by one (FMA2): gcc keeps an
+ * array of them in memory, storing after every FMA. */
 #    define FMA2(R, AS, AK)                                   \
         av = _mm256_broadcast_ss(pa + (R) * (AS) + k * (AK)); \
         c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
-#    define MICRO(SUF, AS, AK)                                                                    \
+#    define MICRO(SUF, AS, AK, BS)                                                                \
         __attribute__((target("avx2,fma"))) static void micro##SUF(                               \
-            int64_t kc, const float *pa, int64_t lda, const float *pb, float *c, int64_t ldc,     \
-            bool accumulate) {                                                                    \
-            (void)lda;                                                                            \
+            int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb, float *c,     \
+            int64_t ldc, bool accumulate) {                                                       \
+            (void)lda, (void)ldb;                                                                 \
             for (int r = 0; r < MR; r++) {                                                        \
                 _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);                           \
                 _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);                  \
             }                                                                                     \
             __m256 z = _mm256_setzero_ps(), c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, \
                    c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;                          \
-            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += NR) {                  \
+            _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += (BS)) {                \
                 __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8), av;                \
                 FMA2(0, AS, AK);                                                                  \
                 FMA2(1, AS, AK);                                                                  \
@@ -83,8 +85,12 @@ bool loom__gemm256_available(void) {
                     _mm256_storeu_ps(d, accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), x) : x);   \
                 }                                                                                 \
         }
-MICRO(_p, 1, MR)
-MICRO(_d, lda, 1)
+MICRO(_p, 1, MR, NR)
+MICRO(_d, lda, 1, NR)
+MICRO(_pg, 1, MR, ldb)
+MICRO(_dg, lda, 1, ldb)
+typedef void micro_fn(int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb,
+                      float *c, int64_t ldc, bool accumulate);
 
 /* micro_d with A's six rows read through a view: A(r, k) at ra[r][ko[k]] (loom__sgemm256_view: a
  * weight gradient's image windows, rows where they lie and k by their offsets, as gemm.c's
@@ -225,69 +231,68 @@ typedef struct {
 
 /* An operand read through a compound view (loom__sgemm256_view): v(k, j) at p + row(k) + col(j),
  * B (B(k, j) = v(k, from + j)) or, in the transposed form, A (A(i, k) = v(k, from + i)). The
- * offsets of the k block being computed (ko), of B's column block (co; its runs cut at the
- * panels: seg, nseg of them, found through at and len) and of A's block of rows (ro). */
+ * offsets of the k block being computed (ko), of B's column block (co; its runs of consecutive
+ * offsets: nrun of them, run q from column at[q], len[q] long) and of A's block of rows (ro). */
 typedef struct {
     const float *p;
     loom__gdim row, col;
     int64_t from;
-    int64_t *ko, *co, *seg, *at, *len, *ro, nseg;
+    int64_t *ko, *co, *at, *len, *ro, nrun;
 } vop;
 
-/* The runs of consecutive offsets in off[0, n): run q from index at[q], len[q] long; at most
- * `cut` long and not across a multiple of `cut`, unless cut is 0. Returns how many. */
-static int64_t runs_of(const int64_t *off, int64_t n, int64_t cut, int64_t *at, int64_t *len) {
+/* The runs of consecutive offsets in off[0, n): run q from index at[q], len[q] long. Returns how
+ * many. */
+static int64_t runs_of(const int64_t *off, int64_t n, int64_t *at, int64_t *len) {
     int64_t q = 0;
     for (int64_t i = 0, r; i < n; i += r, q++) {
-        for (r = 1; i + r < n && off[i + r] == off[i] + r && (!cut || (i + r) % cut);)
+        for (r = 1; i + r < n && off[i + r] == off[i] + r;)
             r++;
         at[q] = i, len[q] = r;
     }
     return q;
 }
 
-/* r floats from src to dst, 8 at a time and the rest read through a mask (the lanes past it not
- * read), then written through it, or whole where `spill_ok` (the floats past r are written later:
- * AMD's masked stores are slow). */
-__attribute__((target("avx2,fma"))) static inline void copy_run(float *dst, const float *src,
-                                                                int64_t r, bool spill_ok) {
-    int64_t x = 0;
-    for (; x + 8 <= r; x += 8)
-        _mm256_storeu_ps(dst + x, _mm256_loadu_ps(src + x));
-    if (x < r) {
-        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(r - x)),
-                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        __m256 t = _mm256_maskload_ps(src + x, m);
-        if (spill_ok)
-            _mm256_storeu_ps(dst + x, t);
-        else
-            _mm256_maskstore_ps(dst + x, m, t);
+/* B's columns [0, nc) x the k block [0, kc) from view v gathered into rows: B(k, j) at
+ * g[k ldg + j], a k at a time, its runs of columns (v->at, v->len: v->nrun of them) copied 8
+ * floats at a time, a run's rest read through a mask (not past its end) and written whole: it
+ * spills into the next run's place, written after it, or past nc; the columns from nc to a
+ * multiple of 16 zeros. The micro kernels read its panels of 16 columns where they lie, ldg apart
+ * (no second pack). ldg >= nc rounded up to 16, plus 8. */
+__attribute__((target("avx2,fma"))) static void gather_b_view(const vop *v, int64_t nc, int64_t kc,
+                                                              float *g, int64_t ldg) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int64_t end = (nc + NR - 1) / NR * NR;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *row = v->p + v->ko[k];
+        float *d = g + k * ldg;
+        for (int64_t q = 0; q < v->nrun; q++) {
+            int64_t j = v->at[q], r = v->len[q], x = 0;
+            const float *src = row + v->co[j];
+            for (; x + 8 <= r; x += 8)
+                _mm256_storeu_ps(d + j + x, _mm256_loadu_ps(src + x));
+            if (x < r)
+                _mm256_storeu_ps(
+                    d + j + x,
+                    _mm256_maskload_ps(src + x,
+                                       _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(r - x)), iota)));
+        }
+        for (int64_t j = nc; j < end; j += 8)
+            _mm256_storeu_ps(d + j, _mm256_setzero_ps());
     }
 }
 
-/* B's columns [0, nc) x the k block [0, kc) from view v as panels of NR (as pack_b_rows lays
- * them): a k at a time, its runs of columns (v->seg: panel, column in it, offset, length) copied
- * whole; the last panel's columns past nc zeros. */
-__attribute__((target("avx2,fma"))) static void pack_b_view(const vop *v, int64_t nc, int64_t kc,
-                                                            float *pb) {
-    int64_t full = nc / NR * NR;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *row = v->p + v->ko[k];
-        for (int64_t q = 0; q < v->nseg; q++) {
-            const int64_t *g = v->seg + 4 * q;
-            copy_run(pb + g[0] * NR * kc + k * NR + g[1], row + g[2], g[3],
-                     g[1] + (g[3] & ~7) + 8 <= NR);
-        }
-        for (int64_t j = nc - full; full < nc && j < NR; j++)
-            pb[full * kc + k * NR + j] = 0;
-    }
+/* The pitch of a gathered block of nc columns: past nc rounded up to 16 by 8 or more, and not a
+ * multiple of 1 KB (rows 4 KB apart would share the L1's sets). */
+static int64_t gather_pitch(int64_t nc) {
+    int64_t ldg = (nc + NR - 1) / NR * NR + NR;
+    return ldg % 256 ? ldg : ldg + NR;
 }
 
 /* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb, A in
  * place or packed into pa. A tile that C's layout does not take whole (ragged, or C stored
  * transposed) goes through tile and is then added or copied element by element. */
 static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop *va, int64_t i0,
-                  const strides *s, const float *pb, float *pa, float *tile, float *c,
+                  const strides *s, const float *pb, int64_t ldg, float *pa, float *tile, float *c,
                   bool accumulate) {
     /* in place unless transposed, or its rows a multiple of 4 KB apart and read for more than
      * two panels of B: the same lines of six rows would then share an L1 set with the B panel's
@@ -304,7 +309,7 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
         pack_a(a + full * s->ars, s->ars, 1, mc - full, kc, pa + full * kc);
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = nc - jr < NR ? nc - jr : NR;
-        const float *bp = pb + jr * kc;
+        const float *bp = ldg ? pb + jr : pb + jr * kc; /* gathered rows, or packed panels */
         for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t m = mc - ir < MR ? mc - ir : MR;
             float *cp = c + ir * s->crs + jr * s->ccs;
@@ -316,9 +321,11 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
                 for (int r = 0; r < MR; r++)
                     ra[r] = va->p + va->ro[ir + (r < m ? r : 0)];
                 micro_v(kc, ra, va->ko, bp, tile);
-            } else
-                (direct ? micro_d : micro_p)(kc, ap, s->ars, bp, whole ? cp : tile,
-                                             whole ? s->crs : NR, whole && accumulate);
+            } else {
+                micro_fn *f = ldg ? (direct ? micro_dg : micro_pg) : (direct ? micro_d : micro_p);
+                f(kc, ap, s->ars, bp, ldg, whole ? cp : tile, whole ? s->crs : NR,
+                  whole && accumulate);
+            }
             for (int64_t r = 0; !whole && r < m; r++)
                 for (int64_t j = 0; j < n; j++) {
                     float *d = cp + r * s->crs + j * s->ccs;
@@ -377,21 +384,18 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
     for (int64_t jc = 0; jc < N; jc += ncb) {
         int64_t nc = N - jc < ncb ? N - jc : ncb;
         s.crs = bl ? nc : s.crs; /* (a block's rows nc apart) */
-        if (vb) {                /* the block's columns, and their runs cut at the panels */
+        if (vb) {                /* the block's columns and their runs */
             loom__gd_offsets(&vb->col, vb->from + jc, nc, vb->co);
-            vb->nseg = runs_of(vb->co, nc, NR, vb->at, vb->len);
-            for (int64_t q = 0; q < vb->nseg; q++) {
-                int64_t *g = vb->seg + 4 * q, j = vb->at[q], r = vb->len[q];
-                g[0] = j / NR, g[1] = j % NR, g[2] = vb->co[j], g[3] = r;
-            }
+            vb->nrun = runs_of(vb->co, nc, vb->at, vb->len);
         }
         for (int64_t pc = 0; pc < K; pc += kstep) {
             int64_t kc = K - pc < kstep ? K - pc : kstep;
             if (v)
                 loom__gd_offsets(&v->row, pc, kc, v->ko);
             const float *bb = vb ? NULL : b + pc * s.bks + jc * s.bjs;
+            int64_t ldg = vb ? gather_pitch(nc) : 0;
             if (vb)
-                pack_b_view(vb, nc, kc, pb);
+                gather_b_view(vb, nc, kc, pb, ldg);
             else if (s.bjs == 1)
                 pack_b_rows(bb, s.bks, nc, kc, pb);
             else
@@ -400,7 +404,8 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
                            pb + jr * kc);
             for (int64_t ic = 0; ic < M; ic += MC)
                 block(M - ic < MC ? M - ic : MC, nc, kc, va ? NULL : a + ic * s.ars + pc * s.aks,
-                      va, ic, &s, pb, pa, tile, c + ic * s.crs + (bl ? 0 : jc) * s.ccs, pc > 0);
+                      va, ic, &s, pb, ldg, pa, tile, c + ic * s.crs + (bl ? 0 : jc) * s.ccs,
+                      pc > 0);
         }
         if (bl)
             bl->done(bl->ctx, jc, nc);
@@ -414,7 +419,7 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
 
 /* Whether a product reads view b by C^T = B^T A^T: where B's runs are longer along k than along
  * its columns (a convolution's weight gradient: A^T's rows, the image's windows, read where they
- * lie, micro_v), else B's panels are packed from its runs of columns (a forward, pack_b_view). */
+ * lie, micro_v), else B is gathered by its runs of columns (a forward, gather_b_view). */
 static bool view_transposed(const loom__gmat *b) {
     int kl = b->row.n - 1, jl = b->col.n - 1;
     int64_t krun = b->row.stride[kl] == 1 ? b->row.size[kl] : 1,
@@ -427,8 +432,7 @@ static vop view_of(const loom__gmat *b, int64_t j0, void *scratch) {
     int64_t *w =
         (int64_t *)(((uintptr_t)scratch + loom__gemm256_scratch_bytes() + 63) & ~(uintptr_t)63);
     vop v = {.p = b->p, .row = b->row, .col = b->col, .from = j0, .ko = w, .co = w + KC};
-    v.seg = v.co + NC, v.at = v.seg + 4 * VIEW_RUNS, v.len = v.at + VIEW_RUNS;
-    v.ro = v.len + VIEW_RUNS;
+    v.at = v.co + NC, v.len = v.at + NC, v.ro = v.len + NC;
     return v;
 }
 
