@@ -49,20 +49,21 @@ bool loom__gemm256_available(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-/* A 6 x 16 tile of C (rows ldc apart) = (or += with accumulate) A's 6 rows x B's 16 columns over
- * kc: A(r, k) at pa[r AS + k AK] (a packed panel: AS 1, AK 6; in place: AS lda, AK 1), B(k, j)
- * at pb[k BS + j] (a packed panel: BS 16; a gathered block: BS its rows' pitch, ldb). C's rows
- * are prefetched while the chains run. The accumulators are named one by one (FMA2): gcc keeps an
- * array of them in memory, storing after every FMA. */
+/* An H x 16 tile of C (H 6, or 4 for the last rows of a block; rows ldc apart) = (or += with
+ * accumulate) A's H rows x B's 16 columns over kc: A(r, k) at pa[r AS + k AK] (a packed panel:
+ * AS 1, AK H; in place: AS lda, AK 1), B(k, j) at pb[k BS + j] (a packed panel: BS 16; a
+ * gathered block: BS its rows' pitch, ldb). C's rows are prefetched while the chains run. The
+ * accumulators are named one by one (FMA2): gcc keeps an array of them in memory, storing after
+ * every FMA. */
 #    define FMA2(R, AS, AK)                                   \
         av = _mm256_broadcast_ss(pa + (R) * (AS) + k * (AK)); \
         c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
-#    define MICRO(SUF, AS, AK, BS)                                                                \
+#    define MICRO(SUF, AS, AK, BS, H)                                                             \
         __attribute__((target("avx2,fma"))) static void micro##SUF(                               \
             int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb, float *c,     \
             int64_t ldc, bool accumulate) {                                                       \
             (void)lda, (void)ldb;                                                                 \
-            for (int r = 0; r < MR; r++) {                                                        \
+            for (int r = 0; r < (H); r++) {                                                       \
                 _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);                           \
                 _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);                  \
             }                                                                                     \
@@ -74,21 +75,26 @@ bool loom__gemm256_available(void) {
                 FMA2(1, AS, AK);                                                                  \
                 FMA2(2, AS, AK);                                                                  \
                 FMA2(3, AS, AK);                                                                  \
-                FMA2(4, AS, AK);                                                                  \
-                FMA2(5, AS, AK);                                                                  \
+                if ((H) > 4) {                                                                    \
+                    FMA2(4, AS, AK);                                                              \
+                    FMA2(5, AS, AK);                                                              \
+                }                                                                                 \
             }                                                                                     \
             __m256 acc[MR * 2] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};    \
-            for (int r = 0; r < MR; r++)                                                          \
+            for (int r = 0; r < (H); r++)                                                         \
                 for (int v = 0; v < 2; v++) {                                                     \
                     float *d = c + r * ldc + 8 * v;                                               \
                     __m256 x = acc[2 * r + v];                                                    \
                     _mm256_storeu_ps(d, accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), x) : x);   \
                 }                                                                                 \
         }
-MICRO(_p, 1, MR, NR)
-MICRO(_d, lda, 1, NR)
-MICRO(_pg, 1, MR, ldb)
-MICRO(_dg, lda, 1, ldb)
+#    define MR4 4 /* the last rows' tiles */
+MICRO(_p, 1, MR, NR, MR)
+MICRO(_d, lda, 1, NR, MR)
+MICRO(_pg, 1, MR, ldb, MR)
+MICRO(_dg, lda, 1, ldb, MR)
+MICRO(_p4, 1, MR4, NR, MR4)
+MICRO(_pg4, 1, MR4, ldb, MR4)
 typedef void micro_fn(int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb,
                       float *c, int64_t ldc, bool accumulate);
 
@@ -157,27 +163,33 @@ __attribute__((target("avx2,fma"))) static inline void store6(float *p, __m256 v
     _mm_storel_epi64((__m128i_u *)(p + 4), _mm_castps_si128(_mm256_extractf128_ps(v, 1)));
 }
 
-/* Rows [0, m) (m <= MR, padded with zero rows) x k [0, kc) of A (A(i, k) at a[i ars + k aks])
- * as a panel: A(r, k) at pa[k MR + r]. Whole panels: six floats a k where A is stored
- * transposed (ars 1), 8 x 8 register transposes of its six rows where A's rows are contiguous. */
-__attribute__((target("avx2,fma"))) static void pack_a(const float *a, int64_t ars, int64_t aks,
-                                                       int64_t m, int64_t kc, float *pa) {
+/* Rows [0, m) (m <= w, padded with zero rows) x k [0, kc) of A (A(i, k) at a[i ars + k aks])
+ * as a panel w rows wide (MR, or MR4 for a block's last rows): A(r, k) at pa[k w + r]. Whole
+ * panels: w floats a k where A is stored transposed (ars 1), 8 x 8 register transposes of its w
+ * rows where A's rows are contiguous. */
+__attribute__((target("avx2,fma"))) static void
+pack_a(const float *a, int64_t ars, int64_t aks, int64_t m, int64_t w, int64_t kc, float *pa) {
     int64_t k = 0;
-    if (m == MR && ars == 1)
-        for (; k < kc; k++)
-            _mm_storeu_ps(pa + k * MR, _mm_loadu_ps(a + k * aks)),
-                _mm_storel_epi64((__m128i_u *)(pa + k * MR + 4),
+    if (m == w && ars == 1)
+        for (; k < kc; k++) {
+            _mm_storeu_ps(pa + k * w, _mm_loadu_ps(a + k * aks));
+            if (w == MR)
+                _mm_storel_epi64((__m128i_u *)(pa + k * w + 4),
                                  _mm_loadl_epi64((const __m128i_u *)(a + k * aks + 4)));
-    if (m == MR && aks == 1)
+        }
+    if (m == w && aks == 1)
         for (; k + 8 <= kc; k += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
-                r[i] = i < MR ? _mm256_loadu_ps(a + i * ars + k) : _mm256_setzero_ps();
+                r[i] = i < w ? _mm256_loadu_ps(a + i * ars + k) : _mm256_setzero_ps();
             transpose8(r);
             for (int q = 0; q < 8; q++)
-                store6(pa + (k + q) * MR, r[q]);
+                if (w == MR)
+                    store6(pa + (k + q) * w, r[q]);
+                else
+                    _mm_storeu_ps(pa + (k + q) * w, _mm256_castps256_ps128(r[q]));
         }
-    pack_rest(a, ars, aks, m, MR, k, kc, pa);
+    pack_rest(a, ars, aks, m, w, k, kc, pa);
 }
 
 /* Columns [0, n) (n <= NR, padded with zero columns) x k [0, kc) of B (B(k, j) at
@@ -288,6 +300,15 @@ static int64_t gather_pitch(int64_t nc) {
     return ldg % 256 ? ldg : ldg + NR;
 }
 
+/* The rows of a block of mc that go in tiles of 6 (the last of them ragged where 5 are left);
+ * the rest go in tiles of 4: one where 4 or fewer are left, two where 6 and 1 or 2 would end it
+ * (a block of 32 rows: 6, 6, 6, 6, 4, 4 instead of five 6s and a 6 with 2). A tile's rows cost
+ * the same either way, not its padding. */
+static int64_t six_rows(int64_t mc) {
+    int64_t rem = mc % MR, n6 = mc / MR;
+    return rem == 5 ? mc : (rem == 1 || rem == 2) && n6 > 0 ? (n6 - 1) * MR : n6 * MR;
+}
+
 /* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb, A in
  * place or packed into pa. A tile that C's layout does not take whole (ragged, or C stored
  * transposed) goes through tile and is then added or copied element by element. */
@@ -297,32 +318,36 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
     /* in place unless transposed, or its rows a multiple of 4 KB apart and read for more than
      * two panels of B: the same lines of six rows would then share an L1 set with the B panel's
      * (8 ways), and evict each other before the next panel reads them. Through view va, A's rows
-     * i0 on are read where they lie, by their offsets. */
+     * i0 on are read where they lie, by their offsets. The tiles of 4 rows are packed. */
     bool a_in_place = !va && s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
-    int64_t full = mc / MR * MR;
+    int64_t h6 = va ? mc : six_rows(mc);
     if (va)
         loom__gd_offsets(&va->col, va->from + i0, mc, va->ro);
-    if (!a_in_place && !va)
-        for (int64_t ir = 0; ir < mc; ir += MR)
-            pack_a(a + ir * s->ars, s->ars, s->aks, mc - ir < MR ? mc - ir : MR, kc, pa + ir * kc);
-    else if (!va && full < mc) /* the ragged last rows, padded */
-        pack_a(a + full * s->ars, s->ars, 1, mc - full, kc, pa + full * kc);
+    for (int64_t ir = 0, h; ir < mc && !va; ir += h) {
+        h = ir < h6 ? MR : MR4;
+        int64_t m = mc - ir < h ? mc - ir : h;
+        if (!a_in_place || m < MR)
+            pack_a(a + ir * s->ars, s->ars, s->aks, m, h, kc, pa + ir * kc);
+    }
     for (int64_t jr = 0; jr < nc; jr += NR) {
         int64_t n = nc - jr < NR ? nc - jr : NR;
         const float *bp = ldg ? pb + jr : pb + jr * kc; /* gathered rows, or packed panels */
-        for (int64_t ir = 0; ir < mc; ir += MR) {
-            int64_t m = mc - ir < MR ? mc - ir : MR;
+        for (int64_t ir = 0, h; ir < mc; ir += h) {
+            h = ir < h6 ? MR : MR4;
+            int64_t m = mc - ir < h ? mc - ir : h;
             float *cp = c + ir * s->crs + jr * s->ccs;
             bool direct = a_in_place && m == MR;
             const float *ap = direct ? a + ir * s->ars : pa + ir * kc;
-            bool whole = !va && m == MR && n == NR && s->ccs == 1; /* else through the tile */
+            bool whole = !va && m == h && n == NR && s->ccs == 1; /* else through the tile */
             if (va) { /* A's rows where they lie (the missing ones of a ragged tile: row 0's) */
                 const float *ra[MR];
                 for (int r = 0; r < MR; r++)
                     ra[r] = va->p + va->ro[ir + (r < m ? r : 0)];
                 micro_v(kc, ra, va->ko, bp, tile);
             } else {
-                micro_fn *f = ldg ? (direct ? micro_dg : micro_pg) : (direct ? micro_d : micro_p);
+                micro_fn *f = h == MR4 ? (ldg ? micro_pg4 : micro_p4)
+                              : ldg    ? (direct ? micro_dg : micro_pg)
+                                       : (direct ? micro_d : micro_p);
                 f(kc, ap, s->ars, bp, ldg, whole ? cp : tile, whole ? s->crs : NR,
                   whole && accumulate);
             }
