@@ -563,7 +563,7 @@ void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
                            void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
                            void *scratch);
 bool loom__use_gemm256(void);
-/* window.c: whether a fold (stride 1, unpadded) can compute its product on AVX2 (a block of
+/* window.c: whether a fold (unpadded) can compute its product on AVX2 (a block of
  * whole images at a time by loom__sgemm256_blocks, folded from the scratch), and the scratch that
  * takes beyond the product's. */
 bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product);

@@ -192,11 +192,12 @@ void loom__fold_dims(const loom__pnode *t, loom__gdim *crow, loom__gdim *ccol) {
 }
 
 /* A fold that computes its product (compile/fuse.c). loom's AVX-512 sgemm adds each result into
- * x (zeroed first) straight from its register tile, a place's taps in the product's order. On
- * AVX2 loom__sgemm256_blocks makes the product a block of whole images at a time into the
- * scratch, and each block is folded from there by fold_planes: every place's taps lie in its
- * image's block, so it takes them in window order and x has the bits of the product and the fold
- * apart, without the product's columns written to memory and read back. */
+ * x (zeroed first) straight from its register tile, a place's taps in the product's order (stride
+ * 1). On AVX2 loom__sgemm256_blocks makes the product a block of whole images at a time into the
+ * scratch, and each block is folded from there (fold_rows_avx2 at stride 1, fold_planes at any
+ * stride): every place's taps lie in its image's block, so it takes them in window order and x
+ * has the bits of the product and the fold apart, without the product's columns written to
+ * memory and read back. */
 enum {
     FOLD_BLOCK = 1 << 18, /* floats of a block of the product (1 MB: about the L2) */
     FOLD_MAX = 1 << 20    /* floats of a block of one image at most */
@@ -311,18 +312,21 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
     const fold_part *f = ctx;
     const loom__pnode *t = f->j->t;
     const loom_window *w = &t->attr.win;
-    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3];
-    int64_t OH = H - w->kh + 1, OW = W - w->kw + 1, n0 = jc / (OH * OW), nb = nc / (OH * OW);
+    loom__gdim crow, ccol;
+    loom__fold_dims(t, &crow, &ccol);
+    int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3], OH = ccol.size[1], OW = ccol.size[2],
+            n0 = jc / (OH * OW), nb = nc / (OH * OW);
     float *x = f->j->x + (n0 * C + f->c0) * H * W;
 #if defined(__x86_64__) && defined(__GNUC__)
-    (void)OW;
-    fold_rows_avx2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
-#else
-    for (int64_t n = 0; n < nb; n++)
+    if (w->sh == 1 && w->sw == 1) {
+        fold_rows_avx2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
+        return;
+    }
+#endif
+    for (int64_t n = 0; n < nb; n++) /* (a strided fold: places no window takes stay zeros) */
         memset(x + n * C * H * W, 0, sizeof(float) * (size_t)((f->c1 - f->c0) * H * W));
     int64_t xs[4] = {nb, C, H, W}, cs[6] = {C, w->kh, w->kw, nb, OH, OW};
     fold_planes_float(w, xs, cs, OH * OW, x, f->buf, 0, f->c1 - f->c0);
-#endif
 }
 
 /* Channels [c0, c1) of the image on AVX2: their taps' rows of the product, a block at a time,

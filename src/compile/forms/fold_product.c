@@ -15,10 +15,10 @@ int64_t loom__rule_fold_product(loom__program *p, const loom__fuse_in *in) {
     int64_t fused = 0;
     for (int64_t i = 0; i < p->n; i++) {
         loom__pnode *f = &p->nodes[i];
-        /* (stride 1: a strided fold's scattered adds made its product 6x slower than the
-         * product and a fold apart, bench/RESULTS.md) */
+        /* (AVX-512, stride 1: a strided fold's scattered adds made its product 6x slower than
+         * the product and a fold apart, bench/RESULTS.md; AVX2 folds blocks of it in cache) */
         if (!live[i] || f->op != LOOM_OP_FOLD || f->dtype != LOOM_F32 || f->attr.win.ph ||
-            f->attr.win.pw || f->attr.win.sh > 1 || f->attr.win.sw > 1 ||
+            f->attr.win.pw || (own && (f->attr.win.sh > 1 || f->attr.win.sw > 1)) ||
             f->lay.base != LOOM_BASE_WS)
             continue;
         int32_t m = loom__fuse_folded_product(p, f);
