@@ -9,6 +9,9 @@
  * build/bench_gemm.
  *   build/bench_gemm            every shape
  *   build/bench_gemm WORD        the shapes whose name has WORD in it ("cnn3", "weight grad")
+ *   COLD=1 build/bench_gemm     each run after the caches are emptied (64 MB written): the
+ *                               operands come from memory, as a training step finds a layer's
+ *                               weights that the last step's update wrote back
  */
 #include "../src/backend/internal.h"
 
@@ -64,11 +67,16 @@ static const shape shapes[] = {
     {"gpt attn dv", 64, 32, 64, true, false},
 };
 
+static unsigned char *cold; /* COLD=1: written before each run */
+#define COLD_BYTES (64u << 20)
+
 static double best_of(int reps,
                       void (*fn)(const shape *, const float *, const float *, float *, void *),
                       const shape *s, const float *a, const float *b, float *c, void *scratch) {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
+        if (cold)
+            memset(cold, r, COLD_BYTES);
         double t0 = loom__now();
         fn(s, a, b, c, scratch);
         double t = loom__now() - t0;
@@ -160,6 +168,8 @@ static void conv_views(void *scratch) {
 
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
+    const char *env = getenv("COLD");
+    cold = env && *env && strcmp(env, "0") ? malloc(COLD_BYTES) : NULL;
     loom__blas_init();
     bool own = loom__gemm_available(), own256 = !own && loom__gemm256_available();
     size_t bytes = loom__gemm_scratch_bytes(), b256 = loom__gemm256_scratch_bytes();
@@ -204,6 +214,6 @@ int main(int argc, char **argv) {
     if (own && !only)
         conv_views(scratch);
     printf("FMA peak %.1f GFLOP/s a core (the shares' base)\n", peak);
-    free(scratch);
+    free(scratch), free(cold);
     return 0;
 }
