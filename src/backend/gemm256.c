@@ -309,9 +309,10 @@ static int64_t six_rows(int64_t mc) {
     return rem == 5 ? mc : (rem == 1 || rem == 2) && n6 > 0 ? (n6 - 1) * MR : n6 * MR;
 }
 
-/* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb, A in
- * place or packed into pa. A tile that C's layout does not take whole (ragged, or C stored
- * transposed) goes through tile and is then added or copied element by element. */
+/* Rows [0, mc) of C (its columns [0, nc)) for a k block of kc: B's panels packed at pb (or its
+ * block gathered there, rows ldg apart), A in place or packed into pa. A tile that C's layout does
+ * not take whole (ragged, or C stored transposed) goes through tile and is then added or copied
+ * element by element. */
 static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop *va, int64_t i0,
                   const strides *s, const float *pb, int64_t ldg, float *pa, float *tile, float *c,
                   bool accumulate) {
