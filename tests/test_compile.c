@@ -320,6 +320,12 @@ static void *run_epilogues(loom_backend be, int form, size_t *bytes, loom_metric
     return two_outputs(g, y, M * N, dx, B * C * H * W, bytes, m);
 }
 
+/* Whether products are loom's own (AVX-512, or AVX2 and FMA), which run a product's epilogue on
+ * its blocks (BLAS's run apart). */
+static bool own_products(void) {
+    return loom__use_own_gemm() || loom__use_gemm256();
+}
+
 TEST(epilogues_run_inside_library_kernels_bitwise) {
     size_t n1 = 0, n2 = 0;
     loom_metrics mi, mc;
@@ -334,7 +340,7 @@ TEST(epilogues_run_inside_library_kernels_bitwise) {
          * library kernels, each running its epilogue (with loom's matmul; with BLAS the product's
          * runs apart) */
         ASSERT_EQ(mi.kernels, f == 1 || f == 2 ? 5 : 6);
-        ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 2 : 3);
+        ASSERT_EQ(mc.kernels, own_products() ? 2 : 3);
         if (f == 1) { /* the NaN row stays NaN where the ReLU meets it (a max would give 0) */
             int nans = 0;
             for (int j = 0; j < 300; j++)
@@ -400,7 +406,7 @@ TEST(a_residual_is_added_in_the_products_registers_bitwise) {
          * ADD into the ReLU's kernel (variant 1), that kernel into the product as its epilogue,
          * and the epilogue into its registers (a block epilogue would count one fewer). */
         ASSERT_EQ(mi.kernels, variant == 1 ? 4 : 3);
-        ASSERT_EQ(mc.kernels, loom__use_own_gemm() ? 2 : 3);
+        ASSERT_EQ(mc.kernels, own_products() ? 2 : 3); /* (AVX2: a block epilogue) */
         if (loom__use_own_gemm())
             ASSERT_EQ(mc.fused_ops, variant == 1 ? 3 : 2);
     }
@@ -1228,13 +1234,13 @@ static const struct {
 };
 
 /* Whether fusion rule `rule`'s forms run only on loom's own products and pooling rows (AVX-512;
- * an epilogue on a pool gradient runs anywhere, but its case's are products'; fold-product also
- * on loom's AVX2 products): on other CPUs it may not fire, and every other rule must. */
+ * fold-product and epilogue also on loom's AVX2 products): on other CPUs it may not fire, and
+ * every other rule must. */
 static bool own_gemm_rule(const char *rule) {
-    if (!strcmp(rule, "fold-product"))
+    if (!strcmp(rule, "fold-product") || !strcmp(rule, "epilogue"))
         return !loom__use_gemm256();
-    static const char *const own[] = {"epilogue",  "pool-sinks", "pool-conv",
-                                      "conv-back", "pool-quad",  "product-act"};
+    static const char *const own[] = {"pool-sinks", "pool-conv", "conv-back", "pool-quad",
+                                      "product-act"};
     for (size_t q = 0; q < sizeof own / sizeof *own; q++)
         if (!strcmp(own[q], rule))
             return true;

@@ -365,7 +365,7 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
  * block written at c (its rows as many apart as it has columns) and then handed to
  * done(ctx, jc, nc). */
 typedef struct {
-    int64_t nc;
+    int64_t nc, j0; /* (done is handed C's columns from j0) */
     void (*done)(void *ctx, int64_t jc, int64_t nc);
     void *ctx;
 } blocks;
@@ -386,7 +386,7 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
             for (int64_t i = 0; i < M; i++)
                 memset(c + i * (bl ? nc : ldc) + (bl ? 0 : jc), 0, sizeof(float) * (size_t)nc);
             if (bl)
-                bl->done(bl->ctx, jc, nc);
+                bl->done(bl->ctx, bl->j0 + jc, nc);
         }
         return;
     }
@@ -434,7 +434,7 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
                       pc > 0);
         }
         if (bl)
-            bl->done(bl->ctx, jc, nc);
+            bl->done(bl->ctx, bl->j0 + jc, nc);
     }
 }
 
@@ -486,17 +486,17 @@ bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t n
 }
 
 void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
-                           const loom__gmat *b, float *c, int64_t nc,
+                           const loom__gmat *b, int64_t j0, float *c, int64_t nc,
                            void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
                            void *scratch) {
     bool ta = false, tb = false;
     int64_t lda = 0, ldb = 0;
     bool bv = !plain(b, &tb, &ldb), ok = plain(a, &ta, &lda);
     LOOM_ASSERT(ok && nc <= NC && !(bv && view_transposed(b)));
-    vop v = view_of(b, 0, scratch);
-    blocks bl = {nc, done, ctx};
-    gemm256(ta, tb, M, N, K, a->p, lda, bv ? NULL : b->p, ldb, c, nc, scratch, bv ? &v : NULL,
-            false, &bl);
+    vop v = view_of(b, j0, scratch);
+    blocks bl = {nc, j0, done, ctx};
+    gemm256(ta, tb, M, N, K, a->p, lda, bv ? NULL : b->p + j0 * (tb ? ldb : 1), ldb, c, nc, scratch,
+            bv ? &v : NULL, false, &bl);
 }
 #else
 bool loom__gemm256_available(void) {
@@ -519,10 +519,11 @@ bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t n
     return false;
 }
 void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
-                           const loom__gmat *b, float *c, int64_t nc,
+                           const loom__gmat *b, int64_t j0, float *c, int64_t nc,
                            void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
                            void *scratch) {
-    (void)M, (void)N, (void)K, (void)a, (void)b, (void)c, (void)nc, (void)done, (void)ctx;
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)j0, (void)c, (void)nc, (void)done;
+    (void)ctx;
     (void)scratch;
     LOOM_ASSERT(!"loom__sgemm256_blocks without AVX2");
 }

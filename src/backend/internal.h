@@ -552,17 +552,25 @@ void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
 size_t loom__gemm256_view_bytes(void);
 void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                          const loom__gmat *b, int64_t j0, float *c, int64_t ldc, void *scratch);
-/* C = A B a block of columns at a time (nc, at most LOOM_GEMM256_NC), each written at c (rows nc
- * apart) and then handed to done(ctx, jc, nc): A plain, B plain or a compound view that
- * loom__sgemm256_view packs by its columns (loom__gemm256_blocks_ok). The same sums as
- * loom__sgemm256. Same scratch as loom__sgemm256_view. */
+/* Columns [j0, j0 + N) of C = A B a block of columns at a time (nc, at most LOOM_GEMM256_NC),
+ * each written at c (rows as many apart as the block has columns) and then handed to
+ * done(ctx, jc, nc) (jc from j0): A plain, B plain or a compound view that loom__sgemm256_view
+ * gathers by its columns (loom__gemm256_blocks_ok). The same sums as loom__sgemm256. Same scratch
+ * as loom__sgemm256_view. */
 #define LOOM_GEMM256_NC 1024
 bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t nc);
 void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
-                           const loom__gmat *b, float *c, int64_t nc,
+                           const loom__gmat *b, int64_t j0, float *c, int64_t nc,
                            void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
                            void *scratch);
 bool loom__use_gemm256(void);
+/* The columns of each row that a product with an epilogue holds in its own buffer: a block's,
+ * LOOM_GEMM_NC, with loom's AVX-512 sgemm; none on AVX2, where each core makes its blocks in its
+ * scratch. */
+int64_t loom__epilogue_buffer_cols(void);
+/* The scratch a product with an epilogue takes beyond loom__gemm256_scratch_bytes() on AVX2 (its
+ * blocks are made in each worker's scratch). */
+size_t loom__epilogue_scratch_bytes(const loom__pnode *t);
 /* window.c: whether a fold (unpadded) can compute its product on AVX2 (a block of
  * whole images at a time by loom__sgemm256_blocks, folded from the scratch), and the scratch that
  * takes beyond the product's. */

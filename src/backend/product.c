@@ -117,10 +117,50 @@ static void epilogue_range(epilogue *e, int64_t lo, int64_t hi, const float *v) 
     }
 }
 
-static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
-    epilogue *e = ctx;
+int64_t loom__epilogue_buffer_cols(void) {
+    return loom__use_own_gemm() ? LOOM_GEMM_NC : 0;
+}
+
+/* A block of columns [jc, jc + nc) of the product, its rows ld apart in e->buf
+ * (loom__sgemm_blocks': LOOM_GEMM_NC; loom__sgemm256_blocks': nc), through the epilogue. */
+static void block_done(epilogue *e, int64_t jc, int64_t nc, int64_t ld) {
     for (int64_t i = 0; i < e->rows_of; i++)
-        epilogue_range(e, i * e->n_of + jc, i * e->n_of + jc + nc, e->buf + i * LOOM_GEMM_NC);
+        epilogue_range(e, i * e->n_of + jc, i * e->n_of + jc + nc, e->buf + i * ld);
+}
+
+static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
+    block_done(ctx, jc, nc, LOOM_GEMM_NC);
+}
+
+static void product_block_done256(void *ctx, int64_t jc, int64_t nc) {
+    block_done(ctx, jc, nc, nc);
+}
+
+/* A product with an epilogue on AVX2, its columns split across a device's cores: each worker
+ * its blocks in its own scratch (loom__epilogue_scratch_bytes) and its own epilogue state. */
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    loom__gmat ga, gb;
+    int64_t k, m;
+    epilogue e;
+} epi_job;
+
+static void epi_part(void *ctx, int64_t lo, int64_t hi, int w) {
+    const epi_job *j = ctx;
+    unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
+    uintptr_t at = (uintptr_t)scratch + loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes();
+    epilogue e = j->e;
+    float *buf = (float *)((at + 63) & ~(uintptr_t)63);
+    e.buf = buf;
+    loom__sgemm256_blocks(j->m, hi - lo, j->k, &j->ga, &j->gb, lo, buf,
+                          hi - lo < LOOM_GEMM256_NC ? hi - lo : LOOM_GEMM256_NC,
+                          product_block_done256, &e, scratch);
+}
+
+size_t loom__epilogue_scratch_bytes(const loom__pnode *t) {
+    return loom__gemm256_view_bytes() + sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM256_NC) +
+           64;
 }
 
 void loom__plane_done(void *ctx, int64_t plane, const float *v) {
@@ -266,6 +306,13 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
         epilogue e = {0};
         loom__epilogue_init(&e, p, b, id);
         e.rows_of = t->shape[0], e.n_of = t->shape[1];
+        if (!loom__use_own_gemm()) { /* AVX2: the device's cores take columns apart */
+            epi_job j = {p, b, ga, gb, k, t->shape[0], e};
+            double work = (double)t->shape[0] * (double)t->shape[1] * (double)k;
+            loom__team_for(work >= 2 * LOOM_SPLIT_MIN ? b->team : NULL, t->shape[1], 16, epi_part,
+                           &j);
+            return LOOM_OK;
+        }
         float *buf = (float *)(b->ws + t->ws_off);
         e.buf = buf;
         loom__sgemm_blocks(t->shape[0], t->shape[1], k, &ga, &gb, buf, LOOM_GEMM_NC,

@@ -340,7 +340,7 @@ static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
     loom__gmat ga = j->ga;
     ga.p += c0 * j->taps * ga.row.stride[0];
     int64_t rows = (c1 - c0) * j->taps, plane = j->n / j->t->shape[0];
-    loom__sgemm256_blocks(rows, j->n, j->k, &ga, &j->gb, f.buf, fold_images(j->t, rows) * plane,
+    loom__sgemm256_blocks(rows, j->n, j->k, &ga, &j->gb, 0, f.buf, fold_images(j->t, rows) * plane,
                           fold_block, &f, scratch);
 }
 

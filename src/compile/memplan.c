@@ -437,7 +437,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             size_t es = loom__dtype_size(t->dtype);
             int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
-                size = t->shape[0] * LOOM_GEMM_NC * (int64_t)es;
+                size = t->shape[0] * loom__epilogue_buffer_cols() * (int64_t)es;
             if (t->op == LOOM_OP_POOLGRAD && loom__pool_by_plane(p, (int32_t)i)) /* a plane */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (loom__attention_keeps(p, (int32_t)i)) /* its probabilities, for its gradient */
@@ -467,9 +467,11 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
             : op == LOOM_OP_MATMUL && loom__use_gemm256()
                 ? loom__gemm256_scratch_bytes() +
-                      (p->nodes[p->nodes[i].src[1]].gndim || p->nodes[i].fused_into >= 0
-                           ? loom__gemm256_view_bytes()
-                           : 0) +
+                      (p->nodes[i].epi >= 0 /* its blocks, for its epilogue */
+                           ? loom__epilogue_scratch_bytes(&p->nodes[i])
+                           : p->nodes[p->nodes[i].src[1]].gndim || p->nodes[i].fused_into >= 0
+                                 ? loom__gemm256_view_bytes()
+                                 : 0) +
                       (p->nodes[i].fused_into >= 0 && /* a fold's blocks */
                                p->nodes[p->nodes[i].fused_into].op == LOOM_OP_FOLD
                            ? loom__fold_blocks_bytes(p, p->nodes[i].fused_into, (int32_t)i)

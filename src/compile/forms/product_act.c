@@ -86,6 +86,8 @@ static int32_t column_sum(const loom__program *p, const bool *live, int32_t L, i
 int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in) {
     const bool *live = in->live;
     int64_t n = 0;
+    if (!loom__use_own_gemm()) /* (its epilogue in registers is gemm.c's, AVX-512) */
+        return 0;
     for (int32_t L = 0; L < p->n; L++) {
         loom__pnode *t = &p->nodes[L];
         if (!live[L] || t->op != LOOM_OP_MATMUL || t->epi < 0 || t->fused_into >= 0 || t->ndim != 2)
