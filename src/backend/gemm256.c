@@ -42,6 +42,11 @@ size_t loom__gemm256_view_bytes(void) {
     return sizeof(int64_t) * VIEW_WORDS + 64;
 }
 
+float *loom__gemm256_room(void *scratch) {
+    uintptr_t at = (uintptr_t)scratch + loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes();
+    return (float *)((at + 63) & ~(uintptr_t)63);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #    include <immintrin.h>
 

@@ -559,6 +559,9 @@ void loom__sgemm256_view(bool ta, int64_t M, int64_t N, int64_t K, const float *
  * as loom__sgemm256_view. */
 #define LOOM_GEMM256_NC 1024
 bool loom__gemm256_blocks_ok(const loom__gmat *a, const loom__gmat *b, int64_t nc);
+/* The scratch past loom__sgemm256_view's (64-byte aligned): where a caller of
+ * loom__sgemm256_blocks keeps its blocks (loom__product_scratch_bytes counts it). */
+float *loom__gemm256_room(void *scratch);
 void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
                            const loom__gmat *b, int64_t j0, float *c, int64_t nc,
                            void (*done)(void *ctx, int64_t jc, int64_t nc), void *ctx,
@@ -568,9 +571,12 @@ bool loom__use_gemm256(void);
  * LOOM_GEMM_NC, with loom's AVX-512 sgemm; none on AVX2, where each core makes its blocks in its
  * scratch. */
 int64_t loom__epilogue_buffer_cols(void);
-/* The scratch a product with an epilogue takes beyond loom__gemm256_scratch_bytes() on AVX2 (its
- * blocks are made in each worker's scratch). */
-size_t loom__epilogue_scratch_bytes(const loom__pnode *t);
+/* product.c: whether product id can run by loom__sgemm256_blocks in blocks of nc columns (AVX2,
+ * float32, its operands as loom__gemm256_blocks_ok takes them); the scratch product id's kernel
+ * takes: loom's sgemm's, or on AVX2 gemm256's, with the view's offsets where it reads a view or
+ * makes blocks, and the room its blocks take (an epilogue's, a fused fold's). */
+bool loom__product_blocks_ok(const loom__program *p, int32_t id, int64_t nc);
+size_t loom__product_scratch_bytes(const loom__program *p, int32_t id);
 /* window.c: whether a fold (unpadded) can compute its product on AVX2 (a block of
  * whole images at a time by loom__sgemm256_blocks, folded from the scratch), and the scratch that
  * takes beyond the product's. */

@@ -149,18 +149,35 @@ typedef struct {
 static void epi_part(void *ctx, int64_t lo, int64_t hi, int w) {
     const epi_job *j = ctx;
     unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
-    uintptr_t at = (uintptr_t)scratch + loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes();
     epilogue e = j->e;
-    float *buf = (float *)((at + 63) & ~(uintptr_t)63);
+    float *buf = loom__gemm256_room(scratch);
     e.buf = buf;
     loom__sgemm256_blocks(j->m, hi - lo, j->k, &j->ga, &j->gb, lo, buf,
                           hi - lo < LOOM_GEMM256_NC ? hi - lo : LOOM_GEMM256_NC,
                           product_block_done256, &e, scratch);
 }
 
-size_t loom__epilogue_scratch_bytes(const loom__pnode *t) {
-    return loom__gemm256_view_bytes() + sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM256_NC) +
-           64;
+bool loom__product_blocks_ok(const loom__program *p, int32_t id, int64_t nc) {
+    const loom__pnode *m = &p->nodes[id];
+    loom__gmat a = {0}, b = {0};
+    loom__operand_dims(&p->nodes[m->src[0]], &a.row, &a.col);
+    loom__operand_dims(&p->nodes[m->src[1]], &b.row, &b.col);
+    return loom__use_gemm256() && m->dtype == LOOM_F32 && loom__gemm256_blocks_ok(&a, &b, nc);
+}
+
+size_t loom__product_scratch_bytes(const loom__program *p, int32_t id) {
+    const loom__pnode *t = &p->nodes[id];
+    if (loom__use_own_gemm())
+        return loom__gemm_scratch_bytes();
+    if (!loom__use_gemm256())
+        return 0;
+    int32_t f = t->fused_into;
+    size_t room =
+        t->epi >= 0 /* a block of all its rows, for its epilogue (epi_part) */
+            ? sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM256_NC) + 64
+            : f >= 0 && p->nodes[f].op == LOOM_OP_FOLD ? loom__fold_blocks_bytes(p, f, id) : 0;
+    bool view = room > 0 || p->nodes[t->src[1]].gndim;
+    return loom__gemm256_scratch_bytes() + (view ? loom__gemm256_view_bytes() : 0) + room;
 }
 
 void loom__plane_done(void *ctx, int64_t plane, const float *v) {

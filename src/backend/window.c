@@ -216,12 +216,9 @@ static int64_t fold_images(const loom__pnode *t, int64_t rows) {
 
 bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product) {
     const loom__pnode *t = &p->nodes[fold], *m = &p->nodes[product];
-    loom__gmat a = {0}, b = {0};
-    loom__operand_dims(&p->nodes[m->src[0]], &a.row, &a.col);
-    loom__operand_dims(&p->nodes[m->src[1]], &b.row, &b.col);
     int64_t plane = m->shape[1] / t->shape[0];
     return m->shape[0] * plane <= FOLD_MAX &&
-           loom__gemm256_blocks_ok(&a, &b, fold_images(t, m->shape[0]) * plane);
+           loom__product_blocks_ok(p, product, fold_images(t, m->shape[0]) * plane);
 }
 
 /* (a part of r of its rows takes r plane fold_images(t, r) floats: at most FOLD_BLOCK, or one
@@ -335,8 +332,7 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
 static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
     const fold_job *j = ctx;
     unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
-    uintptr_t at = (uintptr_t)scratch + loom__gemm256_scratch_bytes() + loom__gemm256_view_bytes();
-    fold_part f = {j, c0, c1, (float *)((at + 63) & ~(uintptr_t)63)};
+    fold_part f = {j, c0, c1, loom__gemm256_room(scratch)};
     loom__gmat ga = j->ga;
     ga.p += c0 * j->taps * ga.row.stride[0];
     int64_t rows = (c1 - c0) * j->taps, plane = j->n / j->t->shape[0];

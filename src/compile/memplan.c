@@ -462,25 +462,13 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
     size_t scratch = 0; /* the library kernels' scratch, after the buffers: the most any needs */
     for (int64_t i = 0; i < n; i++) {
         uint8_t op = p->nodes[i].op;
-        size_t need =
-            !live[i]                                       ? 0
-            : op == LOOM_OP_MATMUL && loom__use_own_gemm() ? loom__gemm_scratch_bytes()
-            : op == LOOM_OP_MATMUL && loom__use_gemm256()
-                ? loom__gemm256_scratch_bytes() +
-                      (p->nodes[i].epi >= 0 /* its blocks, for its epilogue */
-                           ? loom__epilogue_scratch_bytes(&p->nodes[i])
-                           : p->nodes[p->nodes[i].src[1]].gndim || p->nodes[i].fused_into >= 0
-                                 ? loom__gemm256_view_bytes()
-                                 : 0) +
-                      (p->nodes[i].fused_into >= 0 && /* a fold's blocks */
-                               p->nodes[p->nodes[i].fused_into].op == LOOM_OP_FOLD
-                           ? loom__fold_blocks_bytes(p, p->nodes[i].fused_into, (int32_t)i)
-                           : 0)
-            : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
-                ? loom__attention_scratch_bytes(p, (int32_t)i)
-            : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD
-                ? loom__lnorm_scratch_bytes(&p->nodes[i])
-                : 0;
+        size_t need = !live[i]               ? 0
+                      : op == LOOM_OP_MATMUL ? loom__product_scratch_bytes(p, (int32_t)i)
+                      : op == LOOM_OP_ATTENTION || op == LOOM_OP_ATTENTIONGRAD
+                          ? loom__attention_scratch_bytes(p, (int32_t)i)
+                      : op == LOOM_OP_LNORM || op == LOOM_OP_LNORMGRAD
+                          ? loom__lnorm_scratch_bytes(&p->nodes[i])
+                          : 0;
         scratch = need > scratch ? need : scratch;
     }
     if (scratch > 0) {

@@ -6,16 +6,6 @@
 
 #include <string.h>
 
-/* Whether product m runs in column blocks by loom__sgemm256_blocks (AVX2: A plain, B plain or
- * a view packed by its columns). */
-static bool blocks256_ok(const loom__program *p, const loom__pnode *m) {
-    loom__gmat a = {0}, b = {0};
-    loom__operand_dims(&p->nodes[m->src[0]], &a.row, &a.col);
-    loom__operand_dims(&p->nodes[m->src[1]], &b.row, &b.col);
-    return loom__use_gemm256() && m->dtype == LOOM_F32 &&
-           loom__gemm256_blocks_ok(&a, &b, LOOM_GEMM256_NC);
-}
-
 /* The library node kernel k can run as the epilogue of, with its leaf index, or -1. */
 static int32_t epilogue_of(const loom__program *p, const bool *live, const bool *is_out,
                            const int32_t *readers, const loom__fused *k, int *arg) {
@@ -36,7 +26,7 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
         const loom__pnode *lib = &p->nodes[L], *vn = &p->nodes[v];
         bool mm = lib->op == LOOM_OP_MATMUL && lib->ndim == 2 && lib->shape[1] >= 16 &&
                   p->nodes[lib->src[0]].shape[p->nodes[lib->src[0]].ndim - 1] > 0 &&
-                  (loom__use_own_gemm() || blocks256_ok(p, lib));
+                  (loom__use_own_gemm() || loom__product_blocks_ok(p, L, LOOM_GEMM256_NC));
         bool pg = lib->op == LOOM_OP_POOLGRAD;
         /* the whole output, contiguous, read by this kernel alone */
         if (!(mm || pg) || lib->dtype != LOOM_F32 || vn->lay.offset != 0 ||
