@@ -579,14 +579,16 @@ static bool avx2_sgemm_runs(void) {
  * each block from zero, the blocks' sums added in order. A naive loop in that order gives the same
  * bits for every shape, layout and path (6 x 16 tiles and ragged ones, A read in place or packed,
  * column blocks of 1024, row blocks of 144, C computed as its transpose where it is narrow or A
- * has few rows): so its results cannot depend on how a device's cores split the product. */
+ * has few rows, a dense layer's forward on at most 128 rows made a few of B's rows at a time
+ * against all of A): so its results cannot depend on how a device's cores split the product. */
 TEST(matmul_avx2_sums_in_its_documented_order) {
     if (!avx2_sgemm_runs())
         return;
     static const int64_t shapes[][3] = {
-        {1, 1, 1},     {5, 7, 3},      {6, 16, 256},   {7, 17, 257}, {13, 10, 300},
-        {37, 33, 513}, {150, 40, 100}, {20, 1030, 64}, {64, 5, 700}, {3, 20, 50},
-        {8, 20, 1024}, {290, 3, 9},    {12, 40, 4100}};
+        {1, 1, 1},     {5, 7, 3},      {6, 16, 256},   {7, 17, 257},   {13, 10, 300},
+        {37, 33, 513}, {150, 40, 100}, {20, 1030, 64}, {64, 5, 700},   {3, 20, 50},
+        {8, 20, 1024}, {290, 3, 9},    {12, 40, 4100}, {128, 70, 600}, {100, 1030, 260},
+        {17, 9, 2048}, {129, 50, 300}};
     for (size_t q = 0; q < sizeof shapes / sizeof *shapes; q++)
         for (int t = 0; t < 4; t++) {
             int64_t m = shapes[q][0], n = shapes[q][1], k = shapes[q][2];

@@ -12,7 +12,9 @@
  * B's block gathered row by row from its runs along the image's rows and its panels read where
  * they lie in that block (no second pack), or (its weight gradient, by the transpose) A's rows
  * read where they lie, by their offsets. loom__sgemm256_blocks hands C on a block of columns at
- * a time (a fused fold's product).
+ * a time (a fused fold's product). A dense layer's forward on a batch of at most 128 rows
+ * (A B^T, B the weights) packs A^T whole and reads B's rows where they lie (stream_rows): the
+ * weights are never packed.
  *
  * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
  * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
@@ -375,6 +377,74 @@ typedef struct {
     void *ctx;
 } blocks;
 
+/* The staging tile's m rows x n columns stored transposed: tile(r, j) to c[j ldc + r]. Whole
+ * (6 x 16) through two 8 x 8 register transposes (rows 6 and 7 of each padding, never stored). */
+__attribute__((target("avx2,fma"))) static void store_tile_t(const float *tile, int64_t m,
+                                                             int64_t n, float *c, int64_t ldc) {
+    if (m == MR && n == NR) {
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i < MR ? _mm256_loadu_ps(tile + i * NR + 8 * h) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int j = 0; j < 8; j++)
+                store6(c + (8 * h + j) * ldc, r[j]);
+        }
+        return;
+    }
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t r = 0; r < m; r++)
+            c[j * ldc + r] = tile[r * NR + j];
+}
+
+/* Whether C = A B^T runs by stream_rows: A few rows (a dense layer's forward on a batch of at most
+ * STREAM_M), B stored transposed (its rows the layer's weights, contiguous along k), K at least a
+ * block, A^T's panels over all of K fitting in B's block's room and B's rows in A's. */
+#    define STREAM_M 128
+static bool streams(bool ta, bool tb, int64_t M, int64_t K) {
+    return !ta && tb && M <= STREAM_M && K >= KC &&
+           (M + NR - 1) / NR * NR * K <= (int64_t)KC * (NC + NR) && MR * K <= (MC + MR) * KC;
+}
+
+/* C = A B^T where streams(): A^T packed once, whole (its panels of 16 of A's rows over all of K),
+ * then B's rows taken 6 (or 4) at a time where they lie, against every panel of A^T, each 6 x 16
+ * tile of C^T summed over the k blocks in turn in the staging tile and stored transposed. The
+ * weights are read once and never packed (the blocked form packs all of B, transposing, for a
+ * few rows of A: a tenth of a 128 x 1024 x 1024 forward's time). Each element is the same chain
+ * as in gemm256 (a product's factors commute): the same bits. C in blocks of columns where bl
+ * (B's rows jc on; each block's rows nc apart), then handed on. */
+static void stream_rows(int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float *c, int64_t ldc, const blocks *bl,
+                        float *pa, float *pb, float *tile) {
+    int64_t np = (M + NR - 1) / NR, kb = (K + KC - 1) / KC, kstep = (K + kb - 1) / kb;
+    for (int64_t q = 0; q < np; q++)
+        pack_b(a + q * NR * lda, 1, lda, M - q * NR < NR ? M - q * NR : NR, K, pb + q * NR * K);
+    int64_t ncb = bl ? bl->nc : N;
+    for (int64_t jc = 0; jc < N; jc += ncb) {
+        int64_t nc = N - jc < ncb ? N - jc : ncb, h6 = six_rows(nc);
+        float *cb = bl ? c : c + jc;
+        int64_t ldcb = bl ? nc : ldc;
+        for (int64_t ir = 0, h; ir < nc; ir += h) {
+            h = ir < h6 ? MR : MR4;
+            int64_t m = nc - ir < h ? nc - ir : h;
+            const float *br = b + (jc + ir) * ldb;
+            bool direct = m == MR;
+            if (!direct)
+                pack_a(br, ldb, 1, m, h, K, pa);
+            micro_fn *f = h == MR4 ? micro_p4 : direct ? micro_d : micro_p;
+            for (int64_t q = 0; q < np; q++) {
+                for (int64_t pc = 0; pc < K; pc += kstep)
+                    f(K - pc < kstep ? K - pc : kstep, direct ? br + pc : pa + pc * h, ldb,
+                      pb + q * NR * K + pc * NR, 0, tile, NR, pc > 0);
+                store_tile_t(tile, m, M - q * NR < NR ? M - q * NR : NR, cb + q * NR * ldcb + ir,
+                             ldcb);
+            }
+        }
+        if (bl)
+            bl->done(bl->ctx, bl->j0 + jc, nc);
+    }
+}
+
 /* loom__sgemm256 (v, bl NULL), or loom__sgemm256_view with B read through view v (by
  * C^T = B^T A^T, A^T then read through it, where vt), or loom__sgemm256_blocks (bl; never
  * transposed). */
@@ -393,6 +463,10 @@ static void gemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const flo
             if (bl)
                 bl->done(bl->ctx, bl->j0 + jc, nc);
         }
+        return;
+    }
+    if (!v && streams(ta, tb, M, K)) {
+        stream_rows(M, N, K, a, lda, b, ldb, c, ldc, bl, pa, pb, tile);
         return;
     }
     /* C^T = B^T A^T (each element the same chain: a product's factors commute) where C is
