@@ -62,6 +62,8 @@ static const shape shapes[] = {
     {"mlp2048 fc1 weight grad", 2048, 784, 512, true, false},
     {"mlp1024 fc2 forward", 128, 1024, 1024, false, true},
     {"mlp1024 fc2 weight grad", 1024, 1024, 128, true, false},
+    {"mlp1024 fc2 input grad", 128, 1024, 1024, false, false},
+    {"mlp512 fc2 input grad", 128, 512, 512, false, false},
     {"gpt attn scores", 64, 64, 32, false, true},
     {"gpt attn values", 64, 32, 64, false, false},
     {"gpt attn dv", 64, 32, 64, true, false},

@@ -3,16 +3,25 @@
  * high-level API) on synthetic data of Fashion-MNIST's shape, SGD lr 0.01 momentum 0.9. Built as
  * build/bench_matrix; bench/matrix.sh runs it beside PyTorch (bench/torch_matrix.py).
  *   bench_matrix --list                 the models, one a line, as torch_matrix.py reads them
- *   bench_matrix MODEL DEVICES STEPS    "samples/s R": STEPS steps after 20 warm-up steps
+ *   bench_matrix MODEL DEVICES STEPS    "samples/s R": STEPS steps after 20 warm-up steps (timed
+ *                                       from the first step's end to the last's)
  *                                       (DEVICES: D, or DxC for D devices of C cores each)
  *   bench_matrix MODEL DEVICES STEPS --digest   ... and "params H": a hash (FNV-1a) of every
  *                                       parameter's bits after them (bench/bitwise.sh compares
  *                                       builds by it)
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "matrix.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void list(void) {
     for (int i = 0; i < MATRIX_COUNT; i++) {
@@ -47,7 +56,26 @@ static loom_tensor *training_step(void *ctx, loom_graph *g, loom_tensor *x, loom
     return loom_cross_entropy(g, loom_sequential_forward(g, c->net, x), y);
 }
 
-/* Runs `steps` steps of m on `devices`; the trainer's samples/s, or a negative number. */
+/* When the first and the last step of a run ended, and how many ended. */
+typedef struct {
+    double first, last;
+    int64_t ended;
+} step_times;
+
+static bool step_ended(const loom_trainer_state *s, void *user) {
+    step_times *st = user;
+    if (s->event == LOOM_ON_TRAIN_BATCH_END) {
+        st->last = now();
+        st->first = st->ended++ ? st->first : st->last;
+    }
+    return false;
+}
+
+/* Runs `steps` steps of m on `devices`; samples/s over the run's steps after its first (each its
+ * batch of mm->batch samples, from the first step's end to the last's: the trainer's steady state,
+ * epochs' starts included, as torch_matrix.py times its loop), or a negative number. (The
+ * trainer's own samples_per_s is its last epoch's: here 8 batches, or fewer where STEPS ends
+ * within one.) */
 static double fit(const matrix_model *mm, loom_model *m, loom_optim *o, model_ctx *ctx,
                   loom_loader *l, int devices, int cores, int64_t steps) {
     loom_trainer *t = loom_trainer_new(&(loom_trainer_config){.max_epochs = 1000000,
@@ -56,15 +84,17 @@ static double fit(const matrix_model *mm, loom_model *m, loom_optim *o, model_ct
                                                               .cores_per_device = cores,
                                                               .log_every = -1});
     loom_module_fns fns = {training_step, NULL, ctx};
-    if (!t || loom_trainer_fit(t, m, o, &fns, l, NULL)) {
+    step_times st = {0, 0, 0};
+    if (!t || loom_trainer_add_callback(t, step_ended, &st) ||
+        loom_trainer_fit(t, m, o, &fns, l, NULL)) {
         fprintf(stderr, "%s: %s\n", mm->name, loom_last_error());
         loom_trainer_free(t);
         return -1;
     }
-    loom_trainer_metrics tm;
-    loom_trainer_get_metrics(t, &tm);
     loom_trainer_free(t);
-    return tm.samples_per_s;
+    return st.ended > 1 && st.last > st.first
+               ? (double)(st.ended - 1) * (double)mm->batch / (st.last - st.first)
+               : -1;
 }
 
 /* FNV-1a over the bits of every parameter of m, in order. */
