@@ -15,7 +15,9 @@
  *
  * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
  * L1) and the rows on 16 lanes where the CPU has AVX-512; on 8-lane AVX2 FMA tiles (4 rows x up
- * to 16 columns) where it has AVX2 and FMA only; plain loops otherwise, for float64 and under
+ * to 16 columns) where it has AVX2 and FMA only, with the softmax rows and the transposes written
+ * out in 8-lane vectors (the plain rows' operations in their order: the same values); plain loops
+ * otherwise, for float64 and under
  * LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
  * summed in a fixed order: runs repeat bitwise.
  */
@@ -262,9 +264,121 @@ ATTN_SOFTMAX_ROW(softmax_row_f64, double, exp, )
 ATTN_SOFTMAX_ROW(softmax_row_f32, float, loom_expf_sp, )
 ATTN_GRAD_ROW(grad_row_f64, double, )
 ATTN_GRAD_ROW(grad_row_f32, float, )
-#if defined(__x86_64__) && defined(__GNUC__) /* (built for AVX2: the same operations, 8 lanes) */
-ATTN_SOFTMAX_ROW(softmax_row_f32a, float, loom_expf_sp, __attribute__((target("avx2,fma"))))
+#if ATTN_WIDE /* (built for AVX2: the same operations, 8 lanes) */
 ATTN_GRAD_ROW(grad_row_f32a, float, __attribute__((target("avx2,fma"))))
+#endif
+#if ATTN_WIDE
+/* The rows for CPUs with AVX2 and FMA but no AVX-512, written out in 8-lane vectors with the
+ * operations of the plain rows in their order, so the same values bit for bit: loom_expf_sp's
+ * steps (as exp16's), and each reduction LOOM_LANE_REDUCE's (element j into lane j % 16, two
+ * vectors of 8; its tree 8, 4, 2, 1). */
+#    define A2 __attribute__((target("avx2,fma"), always_inline)) static inline
+A2 __m256 exp8(__m256 x) {
+    __m256 d = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 t =
+        _mm256_add_ps(_mm256_mul_ps(d, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(12582912.0f));
+    __m256 k = _mm256_sub_ps(t, _mm256_set1_ps(12582912.0f));
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(d, _mm256_mul_ps(k, _mm256_set1_ps(0.693145752f))),
+                             _mm256_mul_ps(k, _mm256_set1_ps(1.42860677e-06f)));
+    static const float c[8] = {0.000198412701f, 0.00138888892f, 0.00833333377f, 0.0416666679f,
+                               0.166666672f,    0.5f,           1.0f,           1.0f};
+    __m256 p = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < 8; i++)
+        p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(c[i]));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b400000)),
+                         _mm256_set1_epi32(127)),
+        23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* NaN kept */
+}
+/* ATTN_MAX(acc, a) and LOOM_LANE_ADD on 8 lanes (acc where a lane is not in play: m clear) */
+A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
+    __m256 take =
+        _mm256_or_ps(_mm256_cmp_ps(a, acc, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(acc, a, _mm256_and_ps(take, m));
+}
+A2 __m256 add8(__m256 acc, __m256 a, __m256 m) {
+    return _mm256_blendv_ps(acc, _mm256_add_ps(acc, a), m);
+}
+/* lanes [0, left) of 8 set */
+A2 __m256 in8(int64_t left) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left < 8 ? (int)left : 8),
+                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+/* LOOM_LANE_REDUCE's tree over lanes lo (0-7) and hi (8-15): 8, 4, 2, 1 apart */
+A2 float tree_max(__m256 lo, __m256 hi) {
+    __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    __m256 v = max8(lo, hi, all);
+    __m256 w = max8(v, _mm256_permute2f128_ps(v, v, 0x01), all);
+    w = max8(w, _mm256_permute_ps(w, 0x0e), all); /* lanes 0, 1 with 2, 3 */
+    w = max8(w, _mm256_permute_ps(w, 0x01), all); /* lane 0 with 1 */
+    return _mm256_cvtss_f32(w);
+}
+A2 float tree_add(__m256 lo, __m256 hi) {
+    __m256 v = _mm256_add_ps(lo, hi);
+    __m256 w = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 0x01));
+    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x0e));
+    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x01));
+    return _mm256_cvtss_f32(w);
+}
+#    define LOAD8(p, m)     _mm256_maskload_ps((p), _mm256_castps_si256(m))
+#    define STORE8(p, m, v) _mm256_maskstore_ps((p), _mm256_castps_si256(m), (v))
+__attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int64_t lim, int64_t n,
+                                                                 float scale) {
+    __m256 sc = _mm256_set1_ps(scale), mlo = _mm256_set1_ps(-INFINITY), mhi = mlo;
+    __m256 slo = _mm256_setzero_ps(), shi = slo;
+    for (int64_t j = 0; j < lim; j += 16) {
+        __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
+        __m256 v0 = _mm256_mul_ps(LOAD8(pr + j, m0), sc),
+               v1 = _mm256_mul_ps(LOAD8(pr + j + 8, m1), sc);
+        STORE8(pr + j, m0, v0), STORE8(pr + j + 8, m1, v1);
+        mlo = max8(mlo, v0, m0), mhi = max8(mhi, v1, m1);
+    }
+    __m256 top = _mm256_set1_ps(tree_max(mlo, mhi));
+    for (int64_t j = 0; j < lim; j += 16) {
+        __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
+        __m256 e0 = exp8(_mm256_sub_ps(LOAD8(pr + j, m0), top)),
+               e1 = exp8(_mm256_sub_ps(LOAD8(pr + j + 8, m1), top));
+        STORE8(pr + j, m0, e0), STORE8(pr + j + 8, m1, e1);
+        slo = add8(slo, e0, m0), shi = add8(shi, e1, m1);
+    }
+    __m256 total = _mm256_set1_ps(tree_add(slo, shi));
+    for (int64_t j = 0; j < n; j += 8) {
+        __m256 m = in8(n - j), in = in8(lim - j);
+        STORE8(pr + j, m, _mm256_and_ps(_mm256_div_ps(LOAD8(pr + j, in), total), in));
+    }
+}
+/* ATTN_TRANSPOSE's, 8 x 8 blocks through registers (the edges one at a time) */
+__attribute__((target("avx2,fma"))) static void transpose_f32a(const float *x, int64_t rs,
+                                                               int64_t T, int64_t D, float *xt) {
+    int64_t T8 = T / 8 * 8, D8 = D / 8 * 8;
+    for (int64_t t = 0; t < T8; t += 8)
+        for (int64_t d = 0; d < D8; d += 8) {
+            __m256 r[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_ps(x + (t + i) * rs + d);
+            for (int i = 0; i < 8; i += 2)
+                u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]),
+                u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xee);
+                r[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xee);
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(xt + (d + i) * T + t,
+                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(xt + (d + i + 4) * T + t,
+                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = t < T8 ? D8 : 0; d < D; d++)
+            xt[d * T + t] = x[t * rs + d];
+}
+#    undef A2
 #endif
 
 #if ATTN_WIDE
@@ -459,7 +573,7 @@ ATTN_KERNELS(f32, float, , mm_f32, softmax_row_f32, grad_row_f32, transpose_f32)
 ATTN_KERNELS(f32w, float, __attribute__((target("avx512f"))), mm_f32_512, softmax_row_f32w,
              grad_row_f32w, transpose_f32w)
 ATTN_KERNELS(f32a, float, __attribute__((target("avx2,fma"))), mm_f32_256, softmax_row_f32a,
-             grad_row_f32a, transpose_f32)
+             grad_row_f32a, transpose_f32a)
 #endif
 
 size_t loom__attention_scratch_bytes(const loom__program *p, int32_t id) {
