@@ -130,33 +130,36 @@ __attribute__((target("avx512f"))) static void mm_f32_512(int64_t m, int64_t n, 
 #    undef TILE
 
 /* The same tiles on 8 lanes for CPUs with AVX2 and FMA but no AVX-512: MR rows x NV vectors of 8
- * columns (the last one's lanes `last`), 16 columns a strip (12 accumulators at most of the 16
- * registers). Each element a chain of FMAs over k, as tile512's. */
+ * columns (the last one's lanes `last`, or all of them: full), 16 columns a strip (12
+ * accumulators at most of the 16 registers). Each element a chain of FMAs over k, as tile512's. */
+#    define LOADV(p, v) (full || (v) < NV - 1 ? _mm256_loadu_ps(p) : _mm256_maskload_ps((p), last))
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-tile256(int MR, int NV, __m256i last, int64_t k, const float *a, int64_t ars, int64_t acs,
-        const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
-    __m256 cc[4][2];
-    __m256i all = _mm256_set1_epi32(-1);
+tile256(int MR, int NV, bool full, __m256i last, int64_t k, const float *a, int64_t ars,
+        int64_t acs, const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    __m256 cc[6][2];
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++)
-            cc[r][v] = acc ? _mm256_maskload_ps(c + r * ldc + 8 * v, v == NV - 1 ? last : all)
-                           : _mm256_setzero_ps();
+            cc[r][v] = acc ? LOADV(c + r * ldc + 8 * v, v) : _mm256_setzero_ps();
     for (int64_t p = 0; p < k; p++) {
         __m256 bb[2];
         for (int v = 0; v < NV; v++)
-            bb[v] = _mm256_maskload_ps(b + p * ldb + 8 * v, v == NV - 1 ? last : all);
+            bb[v] = LOADV(b + p * ldb + 8 * v, v);
         for (int r = 0; r < MR; r++) {
-            __m256 x = _mm256_set1_ps(a[r * ars + p * acs]);
+            __m256 x = _mm256_broadcast_ss(a + r * ars + p * acs);
             for (int v = 0; v < NV; v++)
                 cc[r][v] = _mm256_fmadd_ps(x, bb[v], cc[r][v]);
         }
     }
     for (int r = 0; r < MR; r++)
         for (int v = 0; v < NV; v++)
-            _mm256_maskstore_ps(c + r * ldc + 8 * v, v == NV - 1 ? last : all, cc[r][v]);
+            if (full || v < NV - 1)
+                _mm256_storeu_ps(c + r * ldc + 8 * v, cc[r][v]);
+            else
+                _mm256_maskstore_ps(c + r * ldc + 8 * v, last, cc[r][v]);
 }
-#    define TILE(MR, NV) \
-        tile256(MR, NV, last, k, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc)
+#    undef LOADV
+#    define TILE(MR, NV, FULL) \
+        tile256(MR, NV, FULL, last, k, a + i * ars, ars, acs, b + j, ldb, c + i * ldc + j, ldc, acc)
 __attribute__((target("avx2,fma"))) static void mm_f32_256(int64_t m, int64_t n, int64_t k,
                                                            const void *av, int64_t ars, int64_t acs,
                                                            const void *bv, int64_t ldb, void *cv,
@@ -169,10 +172,13 @@ __attribute__((target("avx2,fma"))) static void mm_f32_256(int64_t m, int64_t n,
         __m256i last =
             _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         int64_t i = 0;
+        if (w == 16) /* (whole strips: plain loads and stores; 6 rows, 12 accumulators) */
+            for (; i + 6 <= m; i += 6)
+                TILE(6, 2, true);
         for (; i + 4 <= m; i += 4)
-            nv == 1 ? TILE(4, 1) : TILE(4, 2);
+            nv == 1 ? TILE(4, 1, false) : w == 16 ? TILE(4, 2, true) : TILE(4, 2, false);
         for (; i < m; i++)
-            nv == 1 ? TILE(1, 1) : TILE(1, 2);
+            nv == 1 ? TILE(1, 1, false) : TILE(1, 2, false);
     }
 }
 #    undef TILE
