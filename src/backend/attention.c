@@ -14,8 +14,8 @@
  * writing dq, dk and dv into their places of the (B, T, 3, H, D) gradient.
  *
  * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
- * L1) and the rows on 16 lanes where the CPU has AVX-512; on 8-lane AVX2 FMA tiles (4 rows x up
- * to 16 columns) where it has AVX2 and FMA only, with the softmax rows and the transposes written
+ * L1) and the rows on 16 lanes where the CPU has AVX-512; on 8-lane AVX2 FMA tiles (6 or 4 rows x
+ * up to 16 columns) where it has AVX2 and FMA only, with the softmax rows and the transposes written
  * out in 8-lane vectors (the plain rows' operations in their order: the same values); plain loops
  * otherwise, for float64 and under
  * LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
