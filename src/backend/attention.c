@@ -15,11 +15,10 @@
  *
  * The small products run on register tiles (AVX-512 FMA over 4 rows x up to 64 columns, from
  * L1) and the rows on 16 lanes where the CPU has AVX-512; on 8-lane AVX2 FMA tiles (6 or 4 rows x
- * up to 16 columns) where it has AVX2 and FMA only, with the softmax rows and the transposes written
- * out in 8-lane vectors (the plain rows' operations in their order: the same values); plain loops
- * otherwise, for float64 and under
- * LOOM_MATMUL=blas (the same steps: values within rounding of each other). Every element is
- * summed in a fixed order: runs repeat bitwise.
+ * up to 16 columns) where it has AVX2 and FMA only, with the softmax rows and the transposes
+ * written out in 8-lane vectors (the plain rows' operations in their order: the same values); plain
+ * loops otherwise, for float64 and under LOOM_MATMUL=blas (the same steps: values within rounding
+ * of each other). Every element is summed in a fixed order: runs repeat bitwise.
  */
 #include "internal.h"
 
@@ -274,30 +273,39 @@ ATTN_GRAD_ROW(grad_row_f32, float, )
 ATTN_GRAD_ROW(grad_row_f32a, float, __attribute__((target("avx2,fma"))))
 #endif
 #if ATTN_WIDE
+/* loom_expf_sp (graph/opmath.h) on vectors (V, its integer VI: BITS wide, intrinsics P): the same
+ * operations, so the same values; KEEP(y, x): y with x's NaN lanes kept. */
+#    define ATTN_EXPV(NAME, ATTR, P, V, VI, BITS, KEEP)                                          \
+        ATTR static inline V NAME(V x) {                                                         \
+            V d = P##_max_ps(P##_min_ps(x, P##_set1_ps(88.0f)), P##_set1_ps(-87.0f));            \
+            V t = P##_add_ps(P##_mul_ps(d, P##_set1_ps(1.44269504f)), P##_set1_ps(12582912.0f)); \
+            V k = P##_sub_ps(t, P##_set1_ps(12582912.0f));                                       \
+            V r = P##_sub_ps(P##_sub_ps(d, P##_mul_ps(k, P##_set1_ps(0.693145752f))),            \
+                             P##_mul_ps(k, P##_set1_ps(1.42860677e-06f)));                       \
+            static const float c[8] = {                                                          \
+                0.000198412701f, 0.00138888892f, 0.00833333377f, 0.0416666679f,                  \
+                0.166666672f,    0.5f,           1.0f,           1.0f};                          \
+            V p = P##_set1_ps(c[0]);                                                             \
+            for (int i = 1; i < 8; i++)                                                          \
+                p = P##_fmadd_ps(r, p, P##_set1_ps(c[i]));                                       \
+            VI e = P##_slli_epi32(                                                               \
+                P##_add_epi32(P##_sub_epi32(P##_castps_si##BITS(t), P##_set1_epi32(0x4b400000)), \
+                              P##_set1_epi32(127)),                                              \
+                23);                                                                             \
+            return KEEP(P##_mul_ps(p, P##_castsi##BITS##_ps(e)), x);                             \
+        }
+#    define KEEP8(y, x)  _mm256_blendv_ps((y), (x), _mm256_cmp_ps((x), (x), _CMP_UNORD_Q))
+#    define KEEP16(y, x) _mm512_mask_blend_ps(_mm512_cmp_ps_mask((x), (x), _CMP_UNORD_Q), (y), (x))
+ATTN_EXPV(exp8, __attribute__((target("avx2,fma"), always_inline)), _mm256, __m256, __m256i, 256,
+          KEEP8)
+ATTN_EXPV(exp16, __attribute__((target("avx512f"), always_inline)), _mm512, __m512, __m512i, 512,
+          KEEP16)
+
 /* The rows for CPUs with AVX2 and FMA but no AVX-512, written out in 8-lane vectors with the
- * operations of the plain rows in their order, so the same values bit for bit: loom_expf_sp's
- * steps (as exp16's), and each reduction LOOM_LANE_REDUCE's (element j into lane j % 16, two
- * vectors of 8; its tree 8, 4, 2, 1). */
+ * operations of the plain rows in their order, so the same values bit for bit: exp8, and each
+ * reduction LOOM_LANE_REDUCE's (element j into lane j % 16, two vectors of 8; its tree 8, 4, 2,
+ * 1). */
 #    define A2 __attribute__((target("avx2,fma"), always_inline)) static inline
-A2 __m256 exp8(__m256 x) {
-    __m256 d = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 t =
-        _mm256_add_ps(_mm256_mul_ps(d, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(12582912.0f));
-    __m256 k = _mm256_sub_ps(t, _mm256_set1_ps(12582912.0f));
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(d, _mm256_mul_ps(k, _mm256_set1_ps(0.693145752f))),
-                             _mm256_mul_ps(k, _mm256_set1_ps(1.42860677e-06f)));
-    static const float c[8] = {0.000198412701f, 0.00138888892f, 0.00833333377f, 0.0416666679f,
-                               0.166666672f,    0.5f,           1.0f,           1.0f};
-    __m256 p = _mm256_set1_ps(c[0]);
-    for (int i = 1; i < 8; i++)
-        p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(c[i]));
-    __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b400000)),
-                         _mm256_set1_epi32(127)),
-        23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* NaN kept */
-}
 /* ATTN_MAX(acc, a) and LOOM_LANE_ADD on 8 lanes (acc where a lane is not in play: m clear) */
 A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
     __m256 take =
@@ -356,30 +364,11 @@ __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int6
     }
 }
 /* ATTN_TRANSPOSE's, 8 x 8 blocks through registers (the edges one at a time) */
-__attribute__((target("avx2,fma"))) static void transpose_f32a(const float *x, int64_t rs,
-                                                               int64_t T, int64_t D, float *xt) {
+static void transpose_f32a(const float *x, int64_t rs, int64_t T, int64_t D, float *xt) {
     int64_t T8 = T / 8 * 8, D8 = D / 8 * 8;
     for (int64_t t = 0; t < T8; t += 8)
-        for (int64_t d = 0; d < D8; d += 8) {
-            __m256 r[8], u[8];
-            for (int i = 0; i < 8; i++)
-                r[i] = _mm256_loadu_ps(x + (t + i) * rs + d);
-            for (int i = 0; i < 8; i += 2)
-                u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]),
-                u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-            for (int i = 0; i < 8; i += 4) {
-                r[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
-                r[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xee);
-                r[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
-                r[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xee);
-            }
-            for (int i = 0; i < 4; i++) {
-                _mm256_storeu_ps(xt + (d + i) * T + t,
-                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-                _mm256_storeu_ps(xt + (d + i + 4) * T + t,
-                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-            }
-        }
+        for (int64_t d = 0; d < D8; d += 8)
+            loom__transpose8x8(x + t * rs + d, rs, xt + d * T + t, T);
     for (int64_t t = 0; t < T; t++)
         for (int64_t d = t < T8 ? D8 : 0; d < D; d++)
             xt[d * T + t] = x[t * rs + d];
@@ -388,26 +377,6 @@ __attribute__((target("avx2,fma"))) static void transpose_f32a(const float *x, i
 #endif
 
 #if ATTN_WIDE
-/* loom_expf_sp (graph/opmath.h) on 16 lanes: the same operations, so the same values. */
-__attribute__((target("avx512f"), always_inline)) static inline __m512 exp16(__m512 x) {
-    __m512 d = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 t =
-        _mm512_add_ps(_mm512_mul_ps(d, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(12582912.0f));
-    __m512 k = _mm512_sub_ps(t, _mm512_set1_ps(12582912.0f));
-    __m512 r = _mm512_sub_ps(_mm512_sub_ps(d, _mm512_mul_ps(k, _mm512_set1_ps(0.693145752f))),
-                             _mm512_mul_ps(k, _mm512_set1_ps(1.42860677e-06f)));
-    static const float c[8] = {0.000198412701f, 0.00138888892f, 0.00833333377f, 0.0416666679f,
-                               0.166666672f,    0.5f,           1.0f,           1.0f};
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int i = 1; i < 8; i++)
-        p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c[i]));
-    __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4b400000)),
-                         _mm512_set1_epi32(127)),
-        23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x); /* NaN kept */
-}
 /* The lanes of a vector holding the next `left` elements (none for left <= 0). */
 static inline __mmask16 lanes(int64_t left) {
     return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);

@@ -150,6 +150,20 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     }
 }
 
+__attribute__((target("avx2,fma"))) static void transpose8x8(const float *x, int64_t ldx, float *y,
+                                                             int64_t ldy) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(x + i * ldx);
+    transpose8(r);
+    for (int i = 0; i < 8; i++)
+        _mm256_storeu_ps(y + i * ldy, r[i]);
+}
+
+void loom__transpose8x8(const float *x, int64_t ldx, float *y, int64_t ldy) {
+    transpose8x8(x, ldx, y, ldy);
+}
+
 /* k [k0, kc) of a panel w lanes wide, one element at a time: lane r's element k (r < lanes) from
  * x[r ls + k ks] to dst[k w + r], the lanes past `lanes` zeros (a pack's edges and rests). */
 static void pack_rest(const float *x, int64_t ls, int64_t ks, int64_t lanes, int64_t w, int64_t k0,
@@ -580,6 +594,10 @@ void loom__sgemm256_blocks(int64_t M, int64_t N, int64_t K, const loom__gmat *a,
 #else
 bool loom__gemm256_available(void) {
     return false;
+}
+void loom__transpose8x8(const float *x, int64_t ldx, float *y, int64_t ldy) {
+    (void)x, (void)ldx, (void)y, (void)ldy;
+    LOOM_ASSERT(!"loom__transpose8x8 without AVX2");
 }
 void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch) {

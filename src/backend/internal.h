@@ -542,6 +542,9 @@ bool loom__use_own_gemm(void);
  * Each element is summed in an order that depends on K alone. loom__use_gemm256: whether the
  * products BLAS would run go there instead (no AVX-512 sgemm, and not LOOM_MATMUL=blas). */
 bool loom__gemm256_available(void);
+/* The 8 x 8 block at x (rows ldx apart) transposed into y (rows ldy apart), through registers
+ * (AVX2 CPUs only: where loom__gemm256_available). */
+void loom__transpose8x8(const float *x, int64_t ldx, float *y, int64_t ldy);
 size_t loom__gemm256_scratch_bytes(void);
 void loom__sgemm256(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *a, int64_t lda,
                     const float *b, int64_t ldb, float *c, int64_t ldc, void *scratch);
