@@ -674,9 +674,9 @@ static void conv_wgrad_term(int64_t k, const void *ctx, float *u, float *v) {
 }
 
 /* On a CPU with AVX2 and no AVX-512, a convolution's products read the unfold of its (padded)
- * image in place (memplan's unfold view; loom__sgemm256_gb packs the forward's B from it and reads
- * the weight gradient's A^T through it): each output and each weight gradient element is the sum
- * of its terms in the products' documented order, bit for bit (as the copied unfold gave). */
+ * image in place (memplan's unfold view; loom__sgemm256_view gathers the forward's B from it and
+ * reads the weight gradient's A^T through it): each output and each weight gradient element is the
+ * sum of its terms in the products' documented order, bit for bit (as the copied unfold gave). */
 TEST(conv2d_on_avx2_reads_the_unfold_in_the_documented_order) {
     if (!avx2_sgemm_runs())
         return;

@@ -137,7 +137,7 @@ static void product_block_done256(void *ctx, int64_t jc, int64_t nc) {
 }
 
 /* A product with an epilogue on AVX2, its columns split across a device's cores: each worker
- * its blocks in its own scratch (loom__epilogue_scratch_bytes) and its own epilogue state. */
+ * its blocks in its own scratch (loom__product_scratch_bytes) and its own epilogue state. */
 typedef struct {
     const loom__program *p;
     const loom__bind *b;
