@@ -5,16 +5,16 @@
  * columns at a time), A in panels of 6 rows, and a 6 x 16 register-blocked microkernel (12
  * accumulators, two loads and six broadcasts per k) does the arithmetic with FMA. A contiguous
  * along k has its rows broadcast where they lie (unless they alias in L1); A stored transposed is
- * packed. B is always packed: row by row in memory order where stored (k x n), through 8 x 8
- * register transposes where stored transposed. Ragged edges are padded with zeros. Where C is
- * narrow, or A has few rows and B would be packed transposing (loom__sgemm256), C^T = B^T A^T is
- * computed instead. loom__sgemm256_view reads B through a compound view (a convolution's unfold):
- * B's block gathered row by row from its runs along the image's rows and its panels read where
- * they lie in that block (no second pack), or (its weight gradient, by the transpose) A's rows
- * read where they lie, by their offsets. loom__sgemm256_blocks hands C on a block of columns at
- * a time (a fused fold's product). A dense layer's forward on a batch of at most 128 rows
- * (A B^T, B the weights) packs A^T whole and reads B's rows where they lie (stream_rows): the
- * weights are never packed.
+ * packed by the microkernel that first reads it (micro_tp). B is always packed: row by row in
+ * memory order where stored (k x n), through 8 x 8 register transposes where stored transposed.
+ * Ragged edges are padded with zeros. Where C is narrow, or A has few rows and B would be packed
+ * transposing (loom__sgemm256), C^T = B^T A^T is computed instead. loom__sgemm256_view reads B
+ * through a compound view (a convolution's unfold): B's block gathered row by row from its runs
+ * along the image's rows and its panels read where they lie in that block (no second pack), or (its
+ * weight gradient, by the transpose) A's rows read where they lie, by their offsets.
+ * loom__sgemm256_blocks hands C on a block of columns at a time (a fused fold's product). A dense
+ * layer's forward on a batch of at most 128 rows (A B^T, B the weights) packs A^T whole and reads
+ * B's rows where they lie (stream_rows): the weights are never packed.
  *
  * Every element of C is summed in one order: a chain of FMAs over k ascending from zero within
  * each block of k (K in equal blocks of at most KC), each block's sum added to the blocks' before
@@ -65,11 +65,11 @@ bool loom__gemm256_available(void) {
 #    define FMA2(R, AS, AK)                                   \
         av = _mm256_broadcast_ss(pa + (R) * (AS) + k * (AK)); \
         c##R##0 = _mm256_fmadd_ps(av, b0, c##R##0), c##R##1 = _mm256_fmadd_ps(av, b1, c##R##1)
-#    define MICRO(SUF, AS, AK, BS, H)                                                             \
+#    define MICRO(SUF, AS, AK, BS, H, PACK)                                                       \
         __attribute__((target("avx2,fma"))) static void micro##SUF(                               \
             int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb, float *c,     \
-            int64_t ldc, bool accumulate) {                                                       \
-            (void)lda, (void)ldb;                                                                 \
+            int64_t ldc, bool accumulate, float *pk) {                                            \
+            (void)lda, (void)ldb, (void)pk;                                                       \
             for (int r = 0; r < (H); r++) {                                                       \
                 _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);                           \
                 _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);                  \
@@ -78,6 +78,7 @@ bool loom__gemm256_available(void) {
                    c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;                          \
             _Pragma("GCC unroll 4") for (int64_t k = 0; k < kc; k++, pb += (BS)) {                \
                 __m256 b0 = _mm256_loadu_ps(pb), b1 = _mm256_loadu_ps(pb + 8), av;                \
+                PACK;                                                                             \
                 FMA2(0, AS, AK);                                                                  \
                 FMA2(1, AS, AK);                                                                  \
                 FMA2(2, AS, AK);                                                                  \
@@ -95,15 +96,26 @@ bool loom__gemm256_available(void) {
                     _mm256_storeu_ps(d, accumulate ? _mm256_add_ps(_mm256_loadu_ps(d), x) : x);   \
                 }                                                                                 \
         }
+/* micro_tp's pack: A stored transposed is read where it lies (A(r, k) at pa[r + k lda], six
+ * floats of a row of A^T a k) and each k's six are also stored into the packed panel pk
+ * (pk[k MR + r]), for the block's other panels of B to read. The pack then costs the kernel two
+ * loads and two stores a k, where its ports have room, instead of a pass of its own over A^T's
+ * rows (lda apart: a line a k, in a few of the L1's sets): bench_gemm's GPT weight gradients
+ * 88-90 -> 91-92.5 GFLOP/s. */
+#    define PACK6                                               \
+        _mm_storeu_ps(pk + k * MR, _mm_loadu_ps(pa + k * lda)), \
+            _mm_storel_epi64((__m128i_u *)(pk + k * MR + 4),    \
+                             _mm_loadl_epi64((const __m128i_u *)(pa + k * lda + 4)))
 #    define MR4 4 /* the last rows' tiles */
-MICRO(_p, 1, MR, NR, MR)
-MICRO(_d, lda, 1, NR, MR)
-MICRO(_pg, 1, MR, ldb, MR)
-MICRO(_dg, lda, 1, ldb, MR)
-MICRO(_p4, 1, MR4, NR, MR4)
-MICRO(_pg4, 1, MR4, ldb, MR4)
+MICRO(_p, 1, MR, NR, MR, )
+MICRO(_d, lda, 1, NR, MR, )
+MICRO(_tp, 1, lda, NR, MR, PACK6)
+MICRO(_pg, 1, MR, ldb, MR, )
+MICRO(_dg, lda, 1, ldb, MR, )
+MICRO(_p4, 1, MR4, NR, MR4, )
+MICRO(_pg4, 1, MR4, ldb, MR4, )
 typedef void micro_fn(int64_t kc, const float *pa, int64_t lda, const float *pb, int64_t ldb,
-                      float *c, int64_t ldc, bool accumulate);
+                      float *c, int64_t ldc, bool accumulate, float *pk);
 
 /* micro_d with A's six rows read through a view: A(r, k) at ra[r][ko[k]] (loom__sgemm256_view: a
  * weight gradient's image windows, rows where they lie and k by their offsets, as gemm.c's
@@ -342,13 +354,16 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
      * (8 ways), and evict each other before the next panel reads them. Through view va, A's rows
      * i0 on are read where they lie, by their offsets. The tiles of 4 rows are packed. */
     bool a_in_place = !va && s->aks == 1 && (s->ars % 1024 != 0 || nc <= 2 * NR);
+    /* A stored transposed: its whole panels packed by micro_tp as the first panel of B reads
+     * them */
+    bool a_tp = !a_in_place && !va && !ldg && s->ars == 1;
     int64_t h6 = va ? mc : six_rows(mc);
     if (va)
         loom__gd_offsets(&va->col, va->from + i0, mc, va->ro);
     for (int64_t ir = 0, h; ir < mc && !va; ir += h) {
         h = ir < h6 ? MR : MR4;
         int64_t m = mc - ir < h ? mc - ir : h;
-        if (!a_in_place || m < MR)
+        if (!(a_in_place || a_tp) || m < MR)
             pack_a(a + ir * s->ars, s->ars, s->aks, m, h, kc, pa + ir * kc);
     }
     for (int64_t jr = 0; jr < nc; jr += NR) {
@@ -358,8 +373,8 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
             h = ir < h6 ? MR : MR4;
             int64_t m = mc - ir < h ? mc - ir : h;
             float *cp = c + ir * s->crs + jr * s->ccs;
-            bool direct = a_in_place && m == MR;
-            const float *ap = direct ? a + ir * s->ars : pa + ir * kc;
+            bool direct = a_in_place && m == MR, tp = a_tp && m == MR && jr == 0;
+            const float *ap = direct || tp ? a + ir * s->ars : pa + ir * kc;
             bool whole = !va && m == h && n == NR && s->ccs == 1; /* else through the tile */
             if (va) { /* A's rows where they lie (the missing ones of a ragged tile: row 0's) */
                 const float *ra[MR];
@@ -369,9 +384,10 @@ static void block(int64_t mc, int64_t nc, int64_t kc, const float *a, const vop 
             } else {
                 micro_fn *f = h == MR4 ? (ldg ? micro_pg4 : micro_p4)
                               : ldg    ? (direct ? micro_dg : micro_pg)
+                              : tp     ? micro_tp
                                        : (direct ? micro_d : micro_p);
-                f(kc, ap, s->ars, bp, ldg, whole ? cp : tile, whole ? s->crs : NR,
-                  whole && accumulate);
+                f(kc, ap, tp ? s->aks : s->ars, bp, ldg, whole ? cp : tile, whole ? s->crs : NR,
+                  whole && accumulate, pa + ir * kc);
             }
             for (int64_t r = 0; !whole && r < m; r++)
                 for (int64_t j = 0; j < n; j++) {
@@ -449,7 +465,7 @@ static void stream_rows(int64_t M, int64_t N, int64_t K, const float *a, int64_t
             for (int64_t q = 0; q < np; q++) {
                 for (int64_t pc = 0; pc < K; pc += kstep)
                     f(K - pc < kstep ? K - pc : kstep, direct ? br + pc : pa + pc * h, ldb,
-                      pb + q * NR * K + pc * NR, 0, tile, NR, pc > 0);
+                      pb + q * NR * K + pc * NR, 0, tile, NR, pc > 0, NULL);
                 store_tile_t(tile, m, M - q * NR < NR ? M - q * NR : NR, cb + q * NR * ldcb + ir,
                              ldcb);
             }
