@@ -338,11 +338,19 @@ A2 float tree_add(__m256 lo, __m256 hi) {
 }
 #    define LOAD8(p, m)     _mm256_maskload_ps((p), _mm256_castps_si256(m))
 #    define STORE8(p, m, v) _mm256_maskstore_ps((p), _mm256_castps_si256(m), (v))
+/* (whole vectors by plain loads and stores: AMD's masked ones cost several times as much) */
 __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int64_t lim, int64_t n,
                                                                  float scale) {
     __m256 sc = _mm256_set1_ps(scale), mlo = _mm256_set1_ps(-INFINITY), mhi = mlo;
-    __m256 slo = _mm256_setzero_ps(), shi = slo;
-    for (int64_t j = 0; j < lim; j += 16) {
+    __m256 slo = _mm256_setzero_ps(), shi = slo, all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    int64_t j = 0;
+    for (; j + 16 <= lim; j += 16) {
+        __m256 v0 = _mm256_mul_ps(_mm256_loadu_ps(pr + j), sc),
+               v1 = _mm256_mul_ps(_mm256_loadu_ps(pr + j + 8), sc);
+        _mm256_storeu_ps(pr + j, v0), _mm256_storeu_ps(pr + j + 8, v1);
+        mlo = max8(mlo, v0, all), mhi = max8(mhi, v1, all);
+    }
+    if (j < lim) {
         __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
         __m256 v0 = _mm256_mul_ps(LOAD8(pr + j, m0), sc),
                v1 = _mm256_mul_ps(LOAD8(pr + j + 8, m1), sc);
@@ -350,7 +358,13 @@ __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int6
         mlo = max8(mlo, v0, m0), mhi = max8(mhi, v1, m1);
     }
     __m256 top = _mm256_set1_ps(tree_max(mlo, mhi));
-    for (int64_t j = 0; j < lim; j += 16) {
+    for (j = 0; j + 16 <= lim; j += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j), top)),
+               e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j + 8), top));
+        _mm256_storeu_ps(pr + j, e0), _mm256_storeu_ps(pr + j + 8, e1);
+        slo = _mm256_add_ps(slo, e0), shi = _mm256_add_ps(shi, e1);
+    }
+    if (j < lim) {
         __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
         __m256 e0 = exp8(_mm256_sub_ps(LOAD8(pr + j, m0), top)),
                e1 = exp8(_mm256_sub_ps(LOAD8(pr + j + 8, m1), top));
@@ -358,7 +372,9 @@ __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int6
         slo = add8(slo, e0, m0), shi = add8(shi, e1, m1);
     }
     __m256 total = _mm256_set1_ps(tree_add(slo, shi));
-    for (int64_t j = 0; j < n; j += 8) {
+    for (j = 0; j + 8 <= lim; j += 8)
+        _mm256_storeu_ps(pr + j, _mm256_div_ps(_mm256_loadu_ps(pr + j), total));
+    for (; j < n; j += 8) {
         __m256 m = in8(n - j), in = in8(lim - j);
         STORE8(pr + j, m, _mm256_and_ps(_mm256_div_ps(LOAD8(pr + j, in), total), in));
     }
