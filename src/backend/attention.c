@@ -338,47 +338,37 @@ A2 float tree_add(__m256 lo, __m256 hi) {
 }
 #    define LOAD8(p, m)     _mm256_maskload_ps((p), _mm256_castps_si256(m))
 #    define STORE8(p, m, v) _mm256_maskstore_ps((p), _mm256_castps_si256(m), (v))
-/* (whole vectors by plain loads and stores: AMD's masked ones cost several times as much) */
+/* Whole vectors of the row (n) by plain loads and stores, those past lim too: their lanes are
+ * left out of the max and the sum by mask and made 0 at the end, so each lane in play sees the
+ * same operations. A vector past n's end (n not a multiple of 8) by masked ones: AMD's cost
+ * several times as much, and every access was one. */
+#    define LOADN(p, left)  ((left) >= 8 ? _mm256_loadu_ps(p) : LOAD8((p), in8(left)))
+#    define STOREN(p, left, v) \
+        ((left) >= 8 ? _mm256_storeu_ps((p), (v)) : STORE8((p), in8(left), (v)))
 __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int64_t lim, int64_t n,
                                                                  float scale) {
     __m256 sc = _mm256_set1_ps(scale), mlo = _mm256_set1_ps(-INFINITY), mhi = mlo;
-    __m256 slo = _mm256_setzero_ps(), shi = slo, all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-    int64_t j = 0;
-    for (; j + 16 <= lim; j += 16) {
-        __m256 v0 = _mm256_mul_ps(_mm256_loadu_ps(pr + j), sc),
-               v1 = _mm256_mul_ps(_mm256_loadu_ps(pr + j + 8), sc);
-        _mm256_storeu_ps(pr + j, v0), _mm256_storeu_ps(pr + j + 8, v1);
-        mlo = max8(mlo, v0, all), mhi = max8(mhi, v1, all);
-    }
-    if (j < lim) {
-        __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
-        __m256 v0 = _mm256_mul_ps(LOAD8(pr + j, m0), sc),
-               v1 = _mm256_mul_ps(LOAD8(pr + j + 8, m1), sc);
-        STORE8(pr + j, m0, v0), STORE8(pr + j + 8, m1, v1);
-        mlo = max8(mlo, v0, m0), mhi = max8(mhi, v1, m1);
+    __m256 slo = _mm256_setzero_ps(), shi = slo;
+    for (int64_t j = 0; j < lim; j += 16) {
+        __m256 v0 = _mm256_mul_ps(LOADN(pr + j, n - j), sc),
+               v1 = _mm256_mul_ps(LOADN(pr + j + 8, n - j - 8), sc);
+        STOREN(pr + j, n - j, v0), STOREN(pr + j + 8, n - j - 8, v1);
+        mlo = max8(mlo, v0, in8(lim - j)), mhi = max8(mhi, v1, in8(lim - j - 8));
     }
     __m256 top = _mm256_set1_ps(tree_max(mlo, mhi));
-    for (j = 0; j + 16 <= lim; j += 16) {
-        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j), top)),
-               e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j + 8), top));
-        _mm256_storeu_ps(pr + j, e0), _mm256_storeu_ps(pr + j + 8, e1);
-        slo = _mm256_add_ps(slo, e0), shi = _mm256_add_ps(shi, e1);
-    }
-    if (j < lim) {
-        __m256 m0 = in8(lim - j), m1 = in8(lim - j - 8);
-        __m256 e0 = exp8(_mm256_sub_ps(LOAD8(pr + j, m0), top)),
-               e1 = exp8(_mm256_sub_ps(LOAD8(pr + j + 8, m1), top));
-        STORE8(pr + j, m0, e0), STORE8(pr + j + 8, m1, e1);
-        slo = add8(slo, e0, m0), shi = add8(shi, e1, m1);
+    for (int64_t j = 0; j < lim; j += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(LOADN(pr + j, n - j), top)),
+               e1 = exp8(_mm256_sub_ps(LOADN(pr + j + 8, n - j - 8), top));
+        STOREN(pr + j, n - j, e0), STOREN(pr + j + 8, n - j - 8, e1);
+        slo = add8(slo, e0, in8(lim - j)), shi = add8(shi, e1, in8(lim - j - 8));
     }
     __m256 total = _mm256_set1_ps(tree_add(slo, shi));
-    for (j = 0; j + 8 <= lim; j += 8)
-        _mm256_storeu_ps(pr + j, _mm256_div_ps(_mm256_loadu_ps(pr + j), total));
-    for (; j < n; j += 8) {
-        __m256 m = in8(n - j), in = in8(lim - j);
-        STORE8(pr + j, m, _mm256_and_ps(_mm256_div_ps(LOAD8(pr + j, in), total), in));
-    }
+    for (int64_t j = 0; j < n; j += 8)
+        STOREN(pr + j, n - j,
+               _mm256_and_ps(_mm256_div_ps(LOADN(pr + j, n - j), total), in8(lim - j)));
 }
+#    undef LOADN
+#    undef STOREN
 /* ATTN_TRANSPOSE's, 8 x 8 blocks through registers (the edges one at a time) */
 static void transpose_f32a(const float *x, int64_t rs, int64_t T, int64_t D, float *xt) {
     int64_t T8 = T / 8 * 8, D8 = D / 8 * 8;
