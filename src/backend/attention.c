@@ -20,7 +20,7 @@
  * loops otherwise, for float64 and under LOOM_MATMUL=blas (the same steps: values within rounding
  * of each other). Every element is summed in a fixed order: runs repeat bitwise.
  */
-#include "internal.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -305,7 +305,7 @@ ATTN_EXPV(exp16, __attribute__((target("avx512f"), always_inline)), _mm512, __m5
  * operations of the plain rows in their order, so the same values bit for bit: exp8, and each
  * reduction LOOM_LANE_REDUCE's (element j into lane j % 16, two vectors of 8; its tree 8, 4, 2,
  * 1). */
-#    define A2 __attribute__((target("avx2,fma"), always_inline)) static inline
+#    define A2 LOOM_A2
 /* ATTN_MAX(acc, a) and LOOM_LANE_ADD on 8 lanes (acc where a lane is not in play: m clear) */
 A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
     __m256 take =
@@ -314,11 +314,6 @@ A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
 }
 A2 __m256 add8(__m256 acc, __m256 a, __m256 m) {
     return _mm256_blendv_ps(acc, _mm256_add_ps(acc, a), m);
-}
-/* lanes [0, left) of 8 set */
-A2 __m256 in8(int64_t left) {
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left < 8 ? (int)left : 8),
-                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
 }
 /* LOOM_LANE_REDUCE's tree over lanes lo (0-7) and hi (8-15): 8, 4, 2, 1 apart */
 A2 float tree_max(__m256 lo, __m256 hi) {
@@ -329,46 +324,32 @@ A2 float tree_max(__m256 lo, __m256 hi) {
     w = max8(w, _mm256_permute_ps(w, 0x01), all); /* lane 0 with 1 */
     return _mm256_cvtss_f32(w);
 }
-A2 float tree_add(__m256 lo, __m256 hi) {
-    __m256 v = _mm256_add_ps(lo, hi);
-    __m256 w = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 0x01));
-    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x0e));
-    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x01));
-    return _mm256_cvtss_f32(w);
-}
-#    define LOAD8(p, m)     _mm256_maskload_ps((p), _mm256_castps_si256(m))
-#    define STORE8(p, m, v) _mm256_maskstore_ps((p), _mm256_castps_si256(m), (v))
 /* Whole vectors of the row (n) by plain loads and stores, those past lim too: their lanes are
  * left out of the max and the sum by mask and made 0 at the end, so each lane in play sees the
- * same operations. A vector past n's end (n not a multiple of 8) by masked ones: AMD's cost
- * several times as much, and every access was one. */
-#    define LOADN(p, left)  ((left) >= 8 ? _mm256_loadu_ps(p) : LOAD8((p), in8(left)))
-#    define STOREN(p, left, v) \
-        ((left) >= 8 ? _mm256_storeu_ps((p), (v)) : STORE8((p), in8(left), (v)))
+ * same operations; only a vector past n's end is masked. */
 __attribute__((target("avx2,fma"))) static void softmax_row_f32a(float *pr, int64_t lim, int64_t n,
                                                                  float scale) {
     __m256 sc = _mm256_set1_ps(scale), mlo = _mm256_set1_ps(-INFINITY), mhi = mlo;
     __m256 slo = _mm256_setzero_ps(), shi = slo;
     for (int64_t j = 0; j < lim; j += 16) {
-        __m256 v0 = _mm256_mul_ps(LOADN(pr + j, n - j), sc),
-               v1 = _mm256_mul_ps(LOADN(pr + j + 8, n - j - 8), sc);
-        STOREN(pr + j, n - j, v0), STOREN(pr + j + 8, n - j - 8, v1);
-        mlo = max8(mlo, v0, in8(lim - j)), mhi = max8(mhi, v1, in8(lim - j - 8));
+        __m256 v0 = _mm256_mul_ps(loom__load8n(pr + j, n - j), sc),
+               v1 = _mm256_mul_ps(loom__load8n(pr + j + 8, n - j - 8), sc);
+        loom__store8n(pr + j, n - j, v0), loom__store8n(pr + j + 8, n - j - 8, v1);
+        mlo = max8(mlo, v0, loom__in8(lim - j)), mhi = max8(mhi, v1, loom__in8(lim - j - 8));
     }
     __m256 top = _mm256_set1_ps(tree_max(mlo, mhi));
     for (int64_t j = 0; j < lim; j += 16) {
-        __m256 e0 = exp8(_mm256_sub_ps(LOADN(pr + j, n - j), top)),
-               e1 = exp8(_mm256_sub_ps(LOADN(pr + j + 8, n - j - 8), top));
-        STOREN(pr + j, n - j, e0), STOREN(pr + j + 8, n - j - 8, e1);
-        slo = add8(slo, e0, in8(lim - j)), shi = add8(shi, e1, in8(lim - j - 8));
+        __m256 e0 = exp8(_mm256_sub_ps(loom__load8n(pr + j, n - j), top)),
+               e1 = exp8(_mm256_sub_ps(loom__load8n(pr + j + 8, n - j - 8), top));
+        loom__store8n(pr + j, n - j, e0), loom__store8n(pr + j + 8, n - j - 8, e1);
+        slo = add8(slo, e0, loom__in8(lim - j)), shi = add8(shi, e1, loom__in8(lim - j - 8));
     }
-    __m256 total = _mm256_set1_ps(tree_add(slo, shi));
+    __m256 total = _mm256_set1_ps(loom__tree_add8(slo, shi));
     for (int64_t j = 0; j < n; j += 8)
-        STOREN(pr + j, n - j,
-               _mm256_and_ps(_mm256_div_ps(LOADN(pr + j, n - j), total), in8(lim - j)));
+        loom__store8n(
+            pr + j, n - j,
+            _mm256_and_ps(_mm256_div_ps(loom__load8n(pr + j, n - j), total), loom__in8(lim - j)));
 }
-#    undef LOADN
-#    undef STOREN
 /* ATTN_TRANSPOSE's, 8 x 8 blocks through registers (the edges one at a time) */
 static void transpose_f32a(const float *x, int64_t rs, int64_t T, int64_t D, float *xt) {
     int64_t T8 = T / 8 * 8, D8 = D / 8 * 8;

@@ -18,6 +18,34 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #    include <immintrin.h>
 #    define HAVE_POOL512 1 /* AVX-512 kernels built (run where the CPU has it) */
+/* The AVX2 rows' 8-lane helpers (attention.c, rows.c). A reduction's RED_LANES lanes are held as
+ * two vectors, lanes 0-7 and 8-15. loom__in8: lanes [0, left) of 8 set (none for left <= 0);
+ * loom__load8n / loom__store8n: the next `left` floats of a row, a whole vector by a plain load
+ * or store, a row's ragged end by a masked one (AMD's masked loads and stores cost several times
+ * as much: only where needed), lanes past the end read as +0.0; loom__tree_add8: the sum of the
+ * 16 lanes in LOOM_LANE_REDUCE's tree (8, 4, 2, 1 apart). */
+#    define LOOM_A2      __attribute__((target("avx2,fma"), always_inline)) static inline
+LOOM_A2 __m256 loom__in8(int64_t left) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(left < 8 ? (int)left : 8),
+                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+LOOM_A2 __m256 loom__load8n(const float *p, int64_t left) {
+    return left >= 8 ? _mm256_loadu_ps(p)
+                     : _mm256_maskload_ps(p, _mm256_castps_si256(loom__in8(left)));
+}
+LOOM_A2 void loom__store8n(float *p, int64_t left, __m256 v) {
+    if (left >= 8)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, _mm256_castps_si256(loom__in8(left)), v);
+}
+LOOM_A2 float loom__tree_add8(__m256 lo, __m256 hi) {
+    __m256 v = _mm256_add_ps(lo, hi);
+    __m256 w = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 0x01));
+    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x0e)); /* lanes 0, 1 with 2, 3 */
+    w = _mm256_add_ps(w, _mm256_permute_ps(w, 0x01)); /* lane 0 with 1 */
+    return _mm256_cvtss_f32(w);
+}
 #endif
 
 #define MAXD      LOOM_MAX_DIMS
