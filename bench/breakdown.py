@@ -17,7 +17,7 @@ BIN = os.path.join(ROOT, "build")
 FAMILY = {"MATMUL": "products", "POOLMAX": "pooling", "POOLGRAD": "pooling",
           "UNFOLD": "windows", "FOLD": "windows", "PAD": "windows", "CROP": "windows",
           "SYNC": "all-reduce", "ATTENTION": "rows", "ATTENTIONGRAD": "rows", "LNORM": "rows",
-          "LNORMGRAD": "rows", "SOFTMAX": "rows", "GELU": "rows", "GELUGRAD": "rows"}
+          "LNORMGRAD": "rows", "SOFTMAX": "rows", "GELU": "rows", "GELUD": "rows"}
 ORDER = ["products", "pooling", "windows", "elementwise", "rows", "all-reduce", "other"]
 LINE = re.compile(r"median ([0-9.]+)\)\s+#\d+\s+node \d+ (\w+) \(.*\)\s+(\w+)")
 HEAD = re.compile(r"profile: program \w+, (\d+) runs")

@@ -38,8 +38,8 @@ static loom_tensor *apply(loom_graph *g, const char *op, loom_tensor *a, loom_te
         return loom_erf(g, a);
     if (!strcmp(op, "GELU"))
         return loom_gelu(g, a);
-    if (!strcmp(op, "GELUGRAD")) /* no public builder: autograd makes it */
-        return loom__gelu_grad(g, a, b);
+    if (!strcmp(op, "GELUD")) /* no public builder: loom_gelu and autograd make it */
+        return loom__gelu_deriv(g, a);
     if (!strcmp(op, "ADD"))
         return loom_add(g, a, b);
     if (!strcmp(op, "SUB"))
@@ -1051,6 +1051,52 @@ TEST(an_update_stores_its_momentum_too) {
     }
 }
 
+/* GELU of a product and into another, z = gelu(x w) v, as a GPT's MLP: 37 rows (ragged tiles),
+ * 300 columns (two column blocks); x holds a NaN, an infinity and -0. With `grad`, the loss
+ * sum(z c) and its gradient for w (so loom_gelu makes its derivative beside GELU); returns z and
+ * the gradient, else z and its sum. */
+static void *run_gelu(loom_backend be, int grad, size_t *bytes, loom_metrics *m) {
+    enum { M = 37, K = 50, N = 300, O = 20 };
+    static float x[M * K], w[K * N], v[N * O], c[M * O];
+    test_fill(x, M * K, 80, -2, 2);
+    test_fill(w, K * N, 81, -0.5, 0.5);
+    test_fill(v, N * O, 82, -0.5, 0.5);
+    test_fill(c, M * O, 83, -1, 1);
+    x[3] = NAN, x[K + 4] = INFINITY, x[2 * K + 5] = -0.0f;
+    loom_graph *g = loom_graph_new(NULL);
+    loom_graph_set_backend(g, be);
+    int64_t sx[2] = {M, K}, sw[2] = {K, N}, sv[2] = {N, O}, sz[2] = {M, O};
+    loom_tensor *tw = loom_input(g, LOOM_F32, 2, sw, w);
+    if (grad)
+        loom_requires_grad(tw);
+    loom_tensor *y = loom_gelu(g, loom_matmul(g, loom_input(g, LOOM_F32, 2, sx, x), tw));
+    loom_tensor *z = loom_matmul(g, y, loom_input(g, LOOM_F32, 2, sv, v));
+    if (!grad)
+        return two_outputs(g, z, M * O, loom_sum_all(g, z), 1, bytes, m);
+    loom_tensor *gw =
+        loom_grad(g, loom_sum_all(g, loom_mul(g, z, loom_input(g, LOOM_F32, 2, sz, c))), tw);
+    return two_outputs(g, z, M * O, gw, K * N, bytes, m);
+}
+
+/* GELU and the derivative loom_gelu makes beside it run in one kernel, GELU stored too (the first
+ * product's epilogue, where loom's products run), which the backward reads instead of GELU's
+ * input: the same bits as the interpreter's GELU and dy times its derivative, in one kernel
+ * fewer than GELU's kernel and the derivative's apart. */
+TEST(gelu_is_computed_beside_its_derivative_bitwise) {
+    loom_metrics mi, mc;
+    for (int grad = 0; grad < 2; grad++) {
+        ASSERT(compiled_as_interpreted(run_gelu, grad, &mi, &mc));
+        /* interpreted: the two products, GELU and the sum (with grad: the derivative, the loss's
+         * mul, the ones, dy times the derivative and the backward's two products); compiled with
+         * loom's products: each product with its epilogue (GELU and the derivative in the
+         * first's, GELU stored too) and the sum (with grad: the loss's kernels, the backward's
+         * products, dy times the derivative in the first's epilogue). GELU's kernel apart from
+         * the derivative's would be one more. */
+        ASSERT_EQ(mi.kernels, grad ? 9 : 4);
+        ASSERT_EQ(mc.kernels, own_products() ? (grad ? 6 : 3) : (grad ? 8 : 4));
+    }
+}
+
 /* ---- every fusion rule on shapes drawn at random ------------------------------------------------
  * Each case builds, from a seed, a model of random sizes (odd, 1, and the recipes' among them) on
  * which rules of the table (compile/fuse.c) fire; two steps of it run under the check executor,
@@ -1361,6 +1407,7 @@ int main(void) {
     RUN(a_fold_computes_its_convolutions_backward_bitwise);
     RUN(pool_gradient_sinks_take_its_windows);
     RUN(an_update_stores_its_momentum_too);
+    RUN(gelu_is_computed_beside_its_derivative_bitwise);
     RUN(adamw_stores_both_moments_in_its_update_kernel);
     RUN(a_value_read_twice_in_one_kernel_is_computed_there_bitwise);
     RUN(attention_gradient_is_the_same_kept_or_made_again);

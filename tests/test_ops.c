@@ -267,8 +267,8 @@ static const opcase cases[] = {
 
 /* Ops without a gradient, checked by forward tests below. */
 static const char *const forward_only[] = {
-    "INPUT", "CONST", "PERSIST",  "CMPGT",     "CMPEQ",    "MAXMASK",      "ONEHOT",
-    "STORE", "SYNC",  "POOLGRAD", "LNORMGRAD", "GELUGRAD", "ATTENTIONGRAD"};
+    "INPUT", "CONST", "PERSIST",  "CMPGT",     "CMPEQ", "MAXMASK",      "ONEHOT",
+    "STORE", "SYNC",  "POOLGRAD", "LNORMGRAD", "GELUD", "ATTENTIONGRAD"};
 
 static const char *const all_ops[] = {
 #define LOOM_LEAF(name, attr)          #name,
@@ -1323,7 +1323,7 @@ TEST(gelu_and_layer_norm_match_naive) {
     loom_graph_free(g);
 }
 
-/* GELU's gradient in float32 (GELUGRAD: erf and exp evaluated in float, graph/opmath.h) against
+/* GELU's gradient in float32 (dy GELUD: erf and exp evaluated in float, graph/opmath.h) against
  * its definition in double over [-6, 6] and 0, within 4 units of 2^-24 (|x| + 1) |dy|; its own
  * gradient (a second derivative) is refused with a clear error. */
 TEST(gelu_gradient_in_float_matches_its_definition) {
@@ -1351,8 +1351,8 @@ TEST(gelu_gradient_in_float_matches_its_definition) {
     fprintf(stderr, "float GELU gradient: within %.2f units of 2^-24 (1 + |x|) |dy|\n", worst);
     ASSERT(worst <= 4.0);
     ASSERT(loom_grad(g, loom_sum_all(g, gx), tx) == NULL);
-    ASSERT_STR_CONTAINS(loom_graph_error(g), "the gradient of GELU's gradient (a second derivative "
-                                             "of GELU) is not supported");
+    ASSERT_STR_CONTAINS(loom_graph_error(g), "the gradient of GELU's derivative (a second "
+                                             "derivative of GELU) is not supported");
     loom_graph_free(g);
 }
 

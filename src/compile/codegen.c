@@ -324,11 +324,15 @@ static void part(text *t, const loom__program *p, const loom__fused *k) {
         "*v) {\n    %s *o = (%s *)p[0];\n    const %s *lv = (const %s *)v;\n",
         k->root, T, T, T, T);
     for (int a = 1; a < k->nargs; a++)
-        if (a != k->epi_arg)
+        if (loom__fused_out_arg(k, a)) /* a member stored too (GELU beside its derivative) */
+            put(t, "    %s *o%d = (%s *)p[%d];\n", T, a, T, a);
+        else if (a != k->epi_arg)
             put(t, "    const %s *l%d = (const %s *)p[%d];\n", T, a, T, a);
     put(t, "    for (int64_t j = j0; j < j1; j++) {\n");
     for (int a = 1; a < k->nargs; a++) {
         const loom__pnode *l = &p->nodes[k->args[a]];
+        if (loom__fused_out_arg(k, a))
+            continue;
         if (a == k->epi_arg)
             put(t, "        %s x%d = lv[j - j0];\n", T, a);
         else
@@ -336,6 +340,11 @@ static void part(text *t, const loom__program *p, const loom__fused *k) {
                 (long long)l->lay.stride[0], (long long)l->lay.stride[1]);
     }
     members(t, p, k, -1, false, "x", "        ");
+    for (int q = 0; q < k->nout; q++) {
+        const loom__pnode *m = &p->nodes[k->outs[q]];
+        put(t, "        o%d[i * %lld + j * %lld] = v%d;\n", k->out_args[q],
+            (long long)m->lay.stride[0], (long long)m->lay.stride[1], k->outs[q]);
+    }
     put(t, "        o[j - j0] = v%d;\n    }\n}\n", k->root);
 }
 

@@ -451,6 +451,14 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
                                                            * at a time: the sinks place them) */
                 loom__place_node(&pl, p, k->root);
             loom__forms_place(p, (int32_t)i, &pl);
+            /* a kernel's members stored in buffers of their own (GELU beside its derivative),
+             * this node's or its epilogue's: written now too */
+            const loom__fused *f = k                                    ? k
+                                   : p->fused_of && p->fused_of[i] >= 0 ? &p->fused[p->fused_of[i]]
+                                                                        : NULL;
+            for (int q = 0; f && q < f->nout; q++)
+                if (p->nodes[f->outs[q]].lay.base == LOOM_BASE_WS)
+                    loom__place_node(&pl, p, f->outs[q]);
         }
         int64_t w = 0; /* free the blocks whose last reader is this node */
         for (int64_t b = 0; b < pl.nblocks; b++)

@@ -39,6 +39,12 @@ struct loom__steps {
     bool warned_recompile;
 };
 
+/* The members kernel k stores too. */
+static void stored_too(FILE *f, const loom__program *p, const loom__fused *k) {
+    for (int q = 0; q < k->nout; q++)
+        fprintf(f, ", storing %s#%d too", loom__ops[p->nodes[k->outs[q]].op].name, k->outs[q]);
+}
+
 /* One kernel of the schedule: its node, op, shape and whether it is generated (with the nodes it
  * fuses) or interpreted. */
 static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
@@ -57,17 +63,17 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             if (r == id && m != id)
                 fprintf(f, " %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
         }
-        const loom__fused *k = &p->fused[p->fused_of[id]];
-        for (int q = 0; q < k->nout; q++)
-            fprintf(f, ", storing %s#%d too", loom__ops[p->nodes[k->outs[q]].op].name, k->outs[q]);
+        stored_too(f, p, &p->fused[p->fused_of[id]]);
     } else {
         fprintf(f, "  interpreted%s", t->elided ? " (elided store)" : "");
         for (int64_t m = 0; m < id; m++)
             if (p->nodes[m].fused_into == id)
                 fprintf(f, ", computing %s#%lld", loom__ops[p->nodes[m].op].name, (long long)m);
-        if (t->epi >= 0)
+        if (t->epi >= 0) {
             fprintf(f, ", epilogue loom_k%d into %s#%d", p->fused[t->epi].root,
                     loom__ops[p->nodes[p->fused[t->epi].root].op].name, p->fused[t->epi].root);
+            stored_too(f, p, &p->fused[t->epi]);
+        }
         loom__forms_describe(f, p, id);
     }
     fputc('\n', f);

@@ -110,12 +110,14 @@ RULE(ERF) { /* 2 / sqrt(pi) exp(-a^2) */
     loom_tensor *e = loom_exp(g, loom_neg(g, loom_mul(g, A, A)));
     gx[0] = loom_mul(g, gy, loom_mul(g, loom__scalar_like(g, gy, 1.1283791670955126), e));
 }
-RULE(GELU) { /* Phi(a) + a phi(a), recomputed from a: nothing of the forward is kept for it, and
-              * the backward is one elementwise op of a and gy */
-    (void)t;
-    gx[0] = loom__gelu_grad(g, A, gy);
+RULE(GELU) { /* dy times the derivative Phi(a) + a phi(a) that loom_gelu made beside it (a few
+              * nodes on: it made it of the same source), or made now */
+    loom_tensor *d = NULL;
+    for (int64_t i = t->id + 1; i < g->n && i <= t->id + 4 && !d; i++)
+        d = g->nodes[i]->op == LOOM_OP_GELUD && g->nodes[i]->src[0] == A ? g->nodes[i] : NULL;
+    gx[0] = loom_mul(g, gy, d ? d : loom__gelu_deriv(g, A));
 }
-REFUSED(GELUGRAD, "GELU's gradient (a second derivative of GELU)")
+REFUSED(GELUD, "GELU's derivative (a second derivative of GELU)")
 RULE(ADD) {
     (void)g, (void)t;
     gx[0] = gy;

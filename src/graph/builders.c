@@ -249,11 +249,19 @@ loom_tensor *loom_tanh(loom_graph *g, loom_tensor *a) {
 loom_tensor *loom_erf(loom_graph *g, loom_tensor *a) {
     return ew(g, LOOM_OP_ERF, "loom_erf", 1, a, NULL, NULL);
 }
+/* Where a gradient may be taken through it, GELU's derivative is made beside it (its gradient
+ * rule, RULE(GELU), takes that one): the compiler computes the two in one kernel (the fuser's
+ * siblings), so the step keeps the derivative for the backward instead of GELU's input, and
+ * evaluates erf once an element instead of twice. A step that takes no gradient never computes
+ * it (nothing reads it). */
 loom_tensor *loom_gelu(loom_graph *g, loom_tensor *a) {
-    return ew(g, LOOM_OP_GELU, "loom_gelu", 1, a, NULL, NULL);
+    loom_tensor *y = ew(g, LOOM_OP_GELU, "loom_gelu", 1, a, NULL, NULL);
+    if (y && a->requires_grad && !loom__gelu_deriv(g, a))
+        return NULL;
+    return y;
 }
-loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy) {
-    return ew(g, LOOM_OP_GELUGRAD, "loom_gelu's gradient", 2, x, gy, NULL);
+loom_tensor *loom__gelu_deriv(loom_graph *g, loom_tensor *x) {
+    return ew(g, LOOM_OP_GELUD, "loom_gelu's derivative", 1, x, NULL, NULL);
 }
 
 static loom_tensor *axis_op(loom_graph *g, loom__op op, const char *name, loom_tensor *a,

@@ -213,8 +213,8 @@ loom_tensor *loom__persist(loom_graph *g, loom__slab slab, int64_t offset, int n
 void loom__store(loom_graph *g, loom_tensor *v, loom__slab slab, int64_t offset);
 /* A scalar of x's dtype broadcast against nothing (shape ()). */
 loom_tensor *loom__scalar_like(loom_graph *g, loom_tensor *x, double v);
-/* GELU's gradient from its input x and the output's gradient gy (GELUGRAD). */
-loom_tensor *loom__gelu_grad(loom_graph *g, loom_tensor *x, loom_tensor *gy);
+/* GELU's derivative at x (GELUD); loom_gelu makes it beside GELU where a gradient may be taken. */
+loom_tensor *loom__gelu_deriv(loom_graph *g, loom_tensor *x);
 /* ATTENTION y's gradient (B, T, 3, H, D) from its input qkv and the output's gradient gy. */
 loom_tensor *loom__attention_grad(loom_graph *g, loom_tensor *qkv, loom_tensor *gy, loom_tensor *y,
                                   bool causal);

@@ -6,12 +6,13 @@
 
 #include <string.h>
 
-/* Adds the leaves of member or root m to kernel k; false if the kernel has too many. */
+/* Adds the leaves of member or root m to kernel k; false if the kernel has too many. A member
+ * of another kernel (stored there: GELU beside its derivative) is a leaf here. */
 static bool add_leaves(const loom__program *p, loom__fused *k, int64_t m) {
     const loom__pnode *t = &p->nodes[m];
     for (int s = 0; s < loom__ops[t->op].arity; s++) {
         int32_t id = t->src[s];
-        if (p->nodes[id].fused_into >= 0)
+        if (p->nodes[id].fused_into >= 0 && loom__fuse_root_of(p, id) == k->root)
             continue;
         bool seen = false;
         for (int a = 1; a < k->nargs && !seen; a++)
@@ -71,15 +72,45 @@ static bool has_red_below(const loom__program *p, int64_t i) {
     return false;
 }
 
+/* GELU beside the derivative loom_gelu made of the same source (autograd's RULE(GELU) reads it):
+ * the later GELUD the kernel's root (kept for the backward instead of GELU's input), GELU a
+ * member stored too. One pass over their source instead of two, and the erf they share computed
+ * once (the C compiler merges the two inlined loom_erff_sp of the same value: the same operations
+ * on the same operands). GELU's readers all run after that kernel (the GELUD a few nodes on,
+ * nothing but views of GELU between them); neither is under a reduction. Returns the
+ * derivative's node, or -1. */
+#define BESIDE_SPAN 4 /* nodes: loom_gelu makes the two at most a view apart */
+static int32_t gelu_beside(const loom__program *p, const bool *live, const bool *is_out,
+                           int64_t i) {
+    const loom__pnode *t = &p->nodes[i];
+    if (t->op != LOOM_OP_GELU || !live[i] || is_out[i] || t->check || t->lay.base != LOOM_BASE_WS)
+        return -1;
+    bool of[BESIDE_SPAN + 1] = {true}; /* node i + q is GELU or a view of it */
+    for (int64_t q = 1; q <= BESIDE_SPAN && i + q < p->n; q++) {
+        const loom__pnode *u = &p->nodes[i + q];
+        bool reads = false;
+        for (int k = 0; k < 3; k++)
+            reads = reads || (u->src[k] >= i && u->src[k] < i + q && of[u->src[k] - i]);
+        if (live[i + q] && reads && !loom__is_view(u)) /* computed from GELU before it */
+            return -1;
+        of[q] = reads;
+        if (live[i + q] && u->op == LOOM_OP_GELUD && u->src[0] == t->src[0] && !is_out[i + q] &&
+            !u->check && u->dtype == t->dtype && u->lay.base == LOOM_BASE_WS)
+            return (int32_t)(i + q);
+    }
+    return -1;
+}
+
 int64_t loom__rule_elementwise(loom__program *p, const loom__fuse_in *in) {
     const bool *live = in->live, *is_out = in->is_out;
     int64_t n = p->n, fused = 0;
     int32_t *readers = loom__calloc((size_t)n + 1, sizeof(int32_t));
     int32_t *reader = loom__calloc((size_t)n + 1, sizeof(int32_t));
+    bool *beside = loom__calloc((size_t)n + 1, sizeof(bool)); /* a member stored, or its root */
     p->fused_of = loom__malloc(sizeof(int32_t) * (size_t)(n + 1));
     p->fused = loom__calloc((size_t)n + 1, sizeof(loom__fused));
-    if (!readers || !reader || !p->fused_of || !p->fused) {
-        loom__free(readers), loom__free(reader);
+    if (!readers || !reader || !beside || !p->fused_of || !p->fused) {
+        loom__free(readers), loom__free(reader), loom__free(beside);
         loom__unfuse(p);
         return -1;
     }
@@ -93,8 +124,15 @@ int64_t loom__rule_elementwise(loom__program *p, const loom__fuse_in *in) {
             if (p->nodes[i].src[k] >= 0)
                 readers[p->nodes[i].src[k]]++, reader[p->nodes[i].src[k]] = (int32_t)i;
     }
+    for (int64_t i = 0; i < n; i++) { /* GELU beside its derivative */
+        int32_t d = gelu_beside(p, live, is_out, i);
+        if (d >= 0)
+            p->nodes[i].fused_into = d, beside[i] = beside[d] = true, fused++;
+    }
     for (int64_t i = 0; i < n; i++) { /* members */
         const loom__pnode *t = &p->nodes[i], *c = &p->nodes[reader[i]];
+        if (beside[i]) /* (placed above) */
+            continue;
         bool same = c->ndim == t->ndim && !memcmp(c->shape, t->shape, sizeof(int64_t) * t->ndim);
         /* an elementwise value stored in its slab place (an optimizer's momentum) and read by one
          * elementwise consumer of its shape (the update): computed and stored in that kernel */
@@ -179,9 +217,10 @@ restart:
         bool has_members = false;
         for (int64_t m = 0; m < i && !has_members; m++)
             has_members = p->nodes[m].fused_into >= 0 && loom__fuse_root_of(p, m) == i;
-        for (int64_t m = 0; m < i && ok; m++) { /* members stored in their slabs: no reduction */
+        for (int64_t m = 0; m < i && ok; m++) { /* members stored in their slabs or (beside)
+                                                 * their buffers: no reduction */
             if (p->nodes[m].fused_into < 0 || loom__fuse_root_of(p, m) != i ||
-                p->nodes[m].lay.base != LOOM_BASE_PERSIST)
+                (p->nodes[m].lay.base != LOOM_BASE_PERSIST && !beside[m]))
                 continue;
             ok = k->nout < LOOM_FUSED_MAX_OUTS && !loom__fuse_is_red(t) && !has_red_below(p, i) &&
                  k->nargs < LOOM_FUSED_MAX_ARGS;
@@ -200,5 +239,6 @@ restart:
     }
     loom__free(readers);
     loom__free(reader);
+    loom__free(beside);
     return fused;
 }

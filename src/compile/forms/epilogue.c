@@ -7,11 +7,23 @@
 #include <string.h>
 
 /* The library node kernel k can run as the epilogue of, with its leaf index, or -1. */
+/* How many of the operands of kernel k's root and members are node L. */
+static int32_t reads_of(const loom__program *p, const loom__fused *k, int32_t L) {
+    int32_t n = 0;
+    for (int32_t m = 0; m <= k->root; m++)
+        for (int s = 0; s < 3 && (m == k->root || loom__fuse_root_of(p, m) == k->root); s++)
+            n += p->nodes[m].src[s] == L && (m == k->root || p->nodes[m].fused_into >= 0);
+    return n;
+}
+
 static int32_t epilogue_of(const loom__program *p, const bool *live, const bool *is_out,
                            const int32_t *readers, const loom__fused *k, int *arg) {
     const loom__pnode *r = &p->nodes[k->root];
-    if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32 ||
-        k->nout > 0)
+    bool outs_ws = true; /* members stored in buffers of their own (GELU beside its derivative),
+                          * a block at a time like the root; not into slabs */
+    for (int q = 0; q < k->nout; q++)
+        outs_ws = outs_ws && p->nodes[k->outs[q]].lay.base == LOOM_BASE_WS;
+    if (r->ndim != 2 || r->lay.base != LOOM_BASE_WS || r->check || r->dtype != LOOM_F32 || !outs_ws)
         return -1;
     for (int32_t m = 0; m < k->root; m++)
         if (loom__fuse_is_red(&p->nodes[m]) && loom__fuse_root_of(p, m) == k->root)
@@ -28,10 +40,12 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
                   p->nodes[lib->src[0]].shape[p->nodes[lib->src[0]].ndim - 1] > 0 &&
                   (loom__use_own_gemm() || loom__product_blocks_ok(p, L, LOOM_GEMM256_NC));
         bool pg = lib->op == LOOM_OP_POOLGRAD;
-        /* the whole output, contiguous, read by this kernel alone */
+        /* the whole output, contiguous, read by this kernel alone (by its root, or where it
+         * stores members too by those that read it) */
         if (!(mm || pg) || lib->dtype != LOOM_F32 || vn->lay.offset != 0 ||
             loom__numel(vn->ndim, vn->shape) != loom__numel(lib->ndim, lib->shape) ||
-            readers[L] != 1 || (v != L && (readers[v] != 1 || is_out[v])))
+            readers[L] != (k->nout > 0 && v == L ? reads_of(p, k, L) : 1) ||
+            (v != L && (readers[v] != 1 || is_out[v])))
             continue;
         int64_t s = 1;
         bool contiguous = true;
@@ -47,7 +61,7 @@ static int32_t epilogue_of(const loom__program *p, const bool *live, const bool 
             continue;
         bool ready = true; /* every other leaf is computed before the library kernel runs */
         for (int b = 1; b < k->nargs && ready; b++)
-            ready = b == a || loom__fuse_owner(p, k->args[b]) < L;
+            ready = b == a || loom__fused_out_arg(k, b) || loom__fuse_owner(p, k->args[b]) < L;
         if (!ready)
             continue;
         *arg = a;
