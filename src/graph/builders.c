@@ -250,8 +250,9 @@ loom_tensor *loom_erf(loom_graph *g, loom_tensor *a) {
     return ew(g, LOOM_OP_ERF, "loom_erf", 1, a, NULL, NULL);
 }
 /* Where a gradient may be taken through it, GELU's derivative is made beside it (its gradient
- * rule, RULE(GELU), takes that one): the compiler computes the two in one kernel (the fuser's
- * siblings), so the step keeps the derivative for the backward instead of GELU's input, and
+ * rule, RULE(GELU), takes that one): the compiler computes the two in one kernel (the
+ * elementwise rule's GELU beside its derivative), so the step keeps the derivative for the
+ * backward instead of GELU's input, and
  * evaluates erf once an element instead of twice. A step that takes no gradient never computes
  * it (nothing reads it). */
 loom_tensor *loom_gelu(loom_graph *g, loom_tensor *a) {

@@ -6,15 +6,19 @@
 
 #include <string.h>
 
-/* The library node kernel k can run as the epilogue of, with its leaf index, or -1. */
 /* How many of the operands of kernel k's root and members are node L. */
 static int32_t reads_of(const loom__program *p, const loom__fused *k, int32_t L) {
     int32_t n = 0;
-    for (int32_t m = 0; m <= k->root; m++)
-        for (int s = 0; s < 3 && (m == k->root || loom__fuse_root_of(p, m) == k->root); s++)
-            n += p->nodes[m].src[s] == L && (m == k->root || p->nodes[m].fused_into >= 0);
+    for (int32_t m = 0; m <= k->root; m++) {
+        if (m != k->root && (p->nodes[m].fused_into < 0 || loom__fuse_root_of(p, m) != k->root))
+            continue;
+        for (int s = 0; s < 3; s++)
+            n += p->nodes[m].src[s] == L;
+    }
     return n;
 }
+
+/* The library node kernel k can run as the epilogue of, with its leaf index, or -1. */
 
 static int32_t epilogue_of(const loom__program *p, const bool *live, const bool *is_out,
                            const int32_t *readers, const loom__fused *k, int *arg) {
