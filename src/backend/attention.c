@@ -440,7 +440,7 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
  *   backward: every head's gradient into gx (B, T, 3, H, D), contiguous, from s->kept (or the
  *             probabilities made again, where not kept).
  * Scratch: ATTN_BUF elements. */
-#define ATTN_BUF(T, D) (8 * (T) * (D) + 2 * ATTN_ROWS * (T))
+#define ATTN_BUF(T, D) (6 * (T) * (D) + 2 * ATTN_ROWS * (T))
 #define ATTN_KERNELS(SFX, TYPE, ATTR, MM, SOFTMAX_ROW, GRAD_ROW, TRANSPOSE)                       \
     typedef struct {                                                                              \
         const TYPE *m[4]; /* q, k, v, dy: rows rs[.] apart, elements contiguous */                \
@@ -500,33 +500,34 @@ __attribute__((target("avx512f"))) static void grad_row_f32w(const float *pr, fl
                                     TYPE *buf, int64_t lo, int64_t hi) {                          \
         int64_t T = s->T, D = s->D, H = s->H, ld = 3 * H * D, ph = probs_a_head(T, s->causal);    \
         TYPE scale = (TYPE)(1.0 / sqrt((double)D));                                               \
-        TYPE *dk = buf + 6 * T * D, *dv = dk + T * D, *dS = dv + T * D + ATTN_ROWS * T;           \
+        TYPE *Pm = buf + 6 * T * D, *dS = Pm + ATTN_ROWS * T;                                     \
         head_##SFX a;                                                                             \
         for (int64_t bh = lo, b = lo / H, h = lo % H; bh < hi; bh++, b = bh / H, h = bh % H) {    \
             gather_##SFX(s, x, gy, b, h, &a, buf);                                                \
             const TYPE *q = a.m[0], *k = a.m[1], *dy = a.m[3];                                    \
             const TYPE *kept = s->kept ? (const TYPE *)s->kept + (b * H + h) * ph : NULL;         \
-            memset(dk, 0, sizeof(TYPE) * (size_t)(2 * T * D)); /* dk, dv */                       \
-            TYPE *gq = gx + (b * T * 3 * H + h) * D;                                              \
-            for (int64_t i0 = 0; i0 < T; i0 += ATTN_ROWS) {                                       \
+            TYPE *gq = gx + (b * T * 3 * H + h) * D, *gk = gq + H * D, *gv = gk + H * D;          \
+            /* dk and dv go where they belong in gx: keys a block before reached (seen) add       \
+             * to what is there, the others start from zero (as from a zeroed buffer) */          \
+            for (int64_t i0 = 0, seen = 0; i0 < T; i0 += ATTN_ROWS) {                             \
                 int64_t rows = T - i0 < ATTN_ROWS ? T - i0 : ATTN_ROWS;                           \
                 int64_t n = s->causal ? i0 + rows : T;                                            \
-                TYPE *P = dv + T * D; /* the forward's, or made again as it made them */          \
+                const TYPE *qb = q + i0 * a.rs[0], *dyb = dy + i0 * a.rs[3];                      \
+                TYPE *P = Pm; /* the forward's, or made again as it made them */                  \
                 if (kept)                                                                         \
                     P = (TYPE *)(uintptr_t)kept, kept += rows * n;                                \
                 else                                                                              \
                     probs_##SFX(s, &a, i0, rows, n, P);                                           \
-                MM(rows, n, D, dy + i0 * a.rs[3], a.rs[3], 1, a.vt, T, dS, n, false); /* dP */    \
+                MM(rows, n, D, dyb, a.rs[3], 1, a.vt, T, dS, n, false); /* dP */                  \
                 for (int64_t r = 0; r < rows; r++)                                                \
                     GRAD_ROW(P + r * n, dS + r * n, n, scale);                                    \
-                MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false);    /* dq */        \
-                MM(n, D, rows, dS, 1, n, q + i0 * a.rs[0], a.rs[0], dk, D, true); /* dk */        \
-                MM(n, D, rows, P, 1, n, dy + i0 * a.rs[3], a.rs[3], dv, D, true); /* dv */        \
+                MM(rows, D, n, dS, n, 1, k, a.rs[1], gq + i0 * ld, ld, false); /* dq */           \
+                MM(seen, D, rows, dS, 1, n, qb, a.rs[0], gk, ld, true);        /* dk */           \
+                MM(n - seen, D, rows, dS + seen, 1, n, qb, a.rs[0], gk + seen * ld, ld, false);   \
+                MM(seen, D, rows, P, 1, n, dyb, a.rs[3], gv, ld, true); /* dv */                  \
+                MM(n - seen, D, rows, P + seen, 1, n, dyb, a.rs[3], gv + seen * ld, ld, false);   \
+                seen = n;                                                                         \
             }                                                                                     \
-            for (int64_t t = 0; t < T; t++)                                                       \
-                for (int64_t d = 0; d < D; d++)                                                   \
-                    gq[t * ld + H * D + d] = dk[t * D + d],                                       \
-                                        gq[t * ld + 2 * H * D + d] = dv[t * D + d];               \
         }                                                                                         \
     }
 ATTN_KERNELS(f64, double, , mm_f64, softmax_row_f64, grad_row_f64, transpose_f64)
