@@ -1491,26 +1491,30 @@ TEST(pad2d_and_crop2d_match_naive) {
  * failing the step with its position. */
 TEST(gather_scatter_and_causal_mask_match_naive) {
     enum { V = 7, D = 5, N = 11, T = 4 };
-    static float tab[D * V], rows[N * D], sc[T * T];
+    static float tab[D * V], rows[N * D], rows_t[D * N], sc[T * T];
     static int32_t idx[N];
     for (int i = 0; i < D * V; i++)
         tab[i] = (float)test_rand(71, (uint64_t)i, -1, 1);
     for (int i = 0; i < N * D; i++)
-        rows[i] = (float)test_rand(72, (uint64_t)i, -1, 1);
+        rows[i] = (float)test_rand(72, (uint64_t)i, -1, 1), rows_t[i % D * N + i / D] = rows[i];
     for (int i = 0; i < T * T; i++)
         sc[i] = (float)test_rand(73, (uint64_t)i, -3, 3);
     for (int i = 0; i < N; i++)
         idx[i] = (int32_t)((i * 5 + 2) % V);
-    int64_t st[2] = {D, V}, sr[2] = {N, D}, si[1] = {N}, ss[2] = {T, T};
+    int64_t st[2] = {D, V}, sr[2] = {N, D}, srt[2] = {D, N}, si[1] = {N}, ss[2] = {T, T};
     loom_graph *g = loom_graph_new(NULL);
     loom_tensor *ti = loom_input(g, LOOM_I32, 1, si, idx);
     loom_tensor *ga = loom_gather(g, loom_transpose(g, loom_input(g, LOOM_F32, 2, st, tab)), ti);
     loom_tensor *sa = loom_scatter_add(g, loom_input(g, LOOM_F32, 2, sr, rows), ti, V);
+    /* the same rows read through a transpose (strided: element by element) */
+    loom_tensor *st2 =
+        loom_scatter_add(g, loom_transpose(g, loom_input(g, LOOM_F32, 2, srt, rows_t)), ti, V);
     loom_tensor *sm =
         loom_softmax(g, loom_causal_mask(g, loom_input(g, LOOM_F32, 2, ss, sc), -INFINITY), 1);
-    loom_output(ga), loom_output(sa), loom_output(sm);
+    loom_output(ga), loom_output(sa), loom_output(st2), loom_output(sm);
     ASSERT_EQ(loom_graph_run(g), LOOM_OK);
     const float *pg = loom_tensor_data(ga), *ps = loom_tensor_data(sa), *pm = loom_tensor_data(sm);
+    const float *ps2 = loom_tensor_data(st2);
     for (int r = 0; r < N; r++)
         for (int j = 0; j < D; j++)
             ASSERT(pg[r * D + j] == tab[j * V + idx[r]]);
@@ -1520,7 +1524,7 @@ TEST(gather_scatter_and_causal_mask_match_naive) {
             for (int r = 0; r < N; r++)
                 if (idx[r] == v)
                     want += rows[r * D + j];
-            ASSERT(ps[v * D + j] == want);
+            ASSERT(ps[v * D + j] == want && ps2[v * D + j] == want);
         }
     for (int i = 0; i < T; i++) {
         double sum = 0;

@@ -406,10 +406,20 @@ static loom_status k_SCATTERADD(const loom__program *p, const loom__bind *b, int
     bool f64 = t->dtype == LOOM_F64;
     memset(o, 0, (size_t)(V * D) * loom__dtype_size((loom_dtype)t->dtype));
     int64_t ix[MAXD] = {0}, off = 0, xi[MAXD] = {0}, xoff = 0; /* x as (rows, D), strided */
+    bool contiguous = x->lay.stride[x->ndim - 1] == 1;         /* x's rows: a row at a time */
     for (int64_t r = 0; r < rows; r++, loom__next_strided(s, ix, &off)) {
         int32_t v = idx[off];
         if (v < 0 || v >= V)
             return loom__bad_index("loom_scatter_add", v, r, V);
+        if (contiguous) { /* (the same additions in the same order: an element's rows ascending) */
+            int64_t at = loom__row_offset(x, r);
+            for (int64_t j = 0; j < D; j++)
+                if (f64)
+                    ((double *)o)[v * D + j] += ((const double *)src)[at + j];
+                else
+                    ((float *)o)[v * D + j] += ((const float *)src)[at + j];
+            continue;
+        }
         for (int64_t j = 0; j < D; j++, loom__next_strided(x, xi, &xoff)) {
             if (f64)
                 ((double *)o)[v * D + j] += ((const double *)src)[xoff];
