@@ -298,6 +298,7 @@ static void lnorm_grad_kept(void *ctx, int64_t lo, int64_t hi, int w) {
     size_t es = loom__dtype_size((loom_dtype)t->dtype);
     const unsigned char *rstd = y + (size_t)loom__numel(t->ndim, t->shape) * es;
     bool avx2 = rows_avx2();
+    (void)avx2; /* (no AVX2 row off x86) */
     for (int64_t r = lo; r < hi; r++) {
         if (t->dtype == LOOM_F64) {
             double *gr = (double *)(void *)tmp;
