@@ -74,35 +74,35 @@ static void softmax_rows_f32(const float *x, int64_t rs, int64_t cs, float *y, i
 /* The gradient from what the forward kept (its LNORM_KEEP form): its output row y, which is xhat
  * (the same (x - mean) rstd), and the row's rstd: the gradient's last two passes below (LNORM_ROW
  * ends with them), so the same values, without the statistics' two passes or x. */
-#define LNORM_GRAD_KEPT(NAME, T, ATTR)                                                \
-    ATTR static void NAME(const T *y, const T *gr, T *tmp, T *o, int64_t n, T rstd) { \
-        T gsum, gdot;                                                                 \
-        LANE_SUM(T, gr, n, gsum);                                                     \
-        for (int64_t j = 0; j < n; j++)                                               \
-            tmp[j] = gr[j] * y[j];                                                    \
-        LANE_SUM(T, tmp, n, gdot);                                                    \
-        T gm = gsum / (T)n, dm = gdot / (T)n;                                         \
-        for (int64_t j = 0; j < n; j++)                                               \
-            o[j] = rstd * (gr[j] - gm - y[j] * dm);                                   \
+#define LNORM_GRAD_KEPT(NAME, T)                                                 \
+    static void NAME(const T *y, const T *gr, T *tmp, T *o, int64_t n, T rstd) { \
+        T gsum, gdot;                                                            \
+        LANE_SUM(T, gr, n, gsum);                                                \
+        for (int64_t j = 0; j < n; j++)                                          \
+            tmp[j] = gr[j] * y[j];                                               \
+        LANE_SUM(T, tmp, n, gdot);                                               \
+        T gm = gsum / (T)n, dm = gdot / (T)n;                                    \
+        for (int64_t j = 0; j < n; j++)                                          \
+            o[j] = rstd * (gr[j] - gm - y[j] * dm);                              \
     }
-LNORM_GRAD_KEPT(lnorm_grad_kept_float, float, )
-LNORM_GRAD_KEPT(lnorm_grad_kept_double, double, )
+LNORM_GRAD_KEPT(lnorm_grad_kept_float, float)
+LNORM_GRAD_KEPT(lnorm_grad_kept_double, double)
 /* Layer normalization along the last axis, a row at a time (rows gathered into contiguous
  * scratch first where strided; the AVX-512 row reads contiguous ones in place): the mean (a sum
  * in RED_LANES lanes and a fixed tree, over n), the biased variance of x - mean the same way,
  * rstd = 1 / sqrt(var + eps);
  *   forward:  y = (x - mean) rstd
  *   gradient: gx = rstd (gy - mean(gy) - xhat mean(gy xhat)), xhat = (x - mean) rstd
- * the statistics recomputed from x exactly as the forward computes them. Built twice like the
- * softmax rows (AVX-512 chosen when the CPU has it; the same operations in the same order), and
- * the float rows a third time for AVX2 CPUs (the same code built for 8 lanes: ISO C contracts no
- * multiply-add, so the same values), where a gradient recomputes its statistics; there the
- * forward and the gradient from what it kept run lnorm_row_f32a and lnorm_grad_kept_f32a below
- * (a GPT step's LNORM 0.65 -> 0.38 ms, LNORMGRAD 0.60 -> 0.27). */
-#define LNORM_ROW(NAME, T, ATTR, KEPT)                                                   \
+ * the statistics recomputed from x exactly as the forward computes them. These plain rows serve
+ * float64 and CPUs without AVX2; the float rows run as lnorm_row_float512 where the CPU has
+ * AVX-512, and as lnorm_row_f32a and lnorm_grad_kept_f32a below where it has AVX2 (a GPT step's
+ * LNORM 0.65 -> 0.38 ms, LNORMGRAD 0.60 -> 0.27; a gradient that recomputes its statistics as the
+ * forward's row, then the kept gradient's): the same operations in the same order, so the same
+ * values. */
+#define LNORM_ROW(NAME, T, KEPT)                                                         \
     /* xr: the row (n), centred in place; gr: its gradient (NULL: forward), tmp: n more; \
      * keep: where the forward writes rstd (NULL: nowhere) */                            \
-    ATTR static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps, T *keep) { \
+    static void NAME(T *xr, const T *gr, T *tmp, T *o, int64_t n, T eps, T *keep) {      \
         T sum, sq, mean, rstd;                                                           \
         LANE_SUM(T, xr, n, sum);                                                         \
         mean = sum / (T)n;                                                               \
@@ -121,19 +121,15 @@ LNORM_GRAD_KEPT(lnorm_grad_kept_double, double, )
             xr[j] *= rstd; /* xhat */                                                    \
         KEPT(xr, gr, tmp, o, n, rstd);                                                   \
     }
-LNORM_ROW(lnorm_row_float, float, , lnorm_grad_kept_float)
-LNORM_ROW(lnorm_row_double, double, , lnorm_grad_kept_double)
-#if defined(__x86_64__) && defined(__GNUC__) /* (built for AVX2: the same operations, 8 lanes) */
-LNORM_GRAD_KEPT(lnorm_grad_kept_float256, float, __attribute__((target("avx2,fma"))))
-LNORM_ROW(lnorm_row_float256, float, __attribute__((target("avx2,fma"))), lnorm_grad_kept_float256)
-/* Whether the float rows run as built for AVX2 (a CPU with AVX2 and FMA; the AVX-512 row where
- * it has that). */
+LNORM_ROW(lnorm_row_float, float, lnorm_grad_kept_float)
+LNORM_ROW(lnorm_row_double, double, lnorm_grad_kept_double)
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Whether the float rows run on 8 lanes (a CPU with AVX2 and FMA; the AVX-512 row where it has
+ * that). */
 static bool rows_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #else
-#    define lnorm_row_float256       lnorm_row_float
-#    define lnorm_grad_kept_float256 lnorm_grad_kept_float
 static bool rows_avx2(void) {
     return false;
 }
@@ -270,6 +266,16 @@ int64_t loom__row_offset(const loom__pnode *x, int64_t r) {
             (dst)[j_] = s_[j_ * cs_];                            \
     } while (0)
 
+/* Row r of float node x (n elements), where it lies if they are contiguous, else gathered into
+ * buf. */
+static const float *row_of(const void *src, const loom__pnode *x, int64_t r, int64_t n,
+                           float *buf) {
+    if (x->lay.stride[x->ndim - 1] == 1)
+        return (const float *)src + loom__row_offset(x, r);
+    GATHER_ROW(float, src, x, r, n, buf);
+    return buf;
+}
+
 size_t loom__lnorm_scratch_bytes(const loom__pnode *t) {
     return loom__dtype_size((loom_dtype)t->dtype) * (size_t)(3 * t->shape[t->ndim - 1]);
 }
@@ -309,19 +315,14 @@ static void lnorm_grad_kept(void *ctx, int64_t lo, int64_t hi, int w) {
             float *gr = (float *)(void *)tmp;
             const float *yr = (const float *)(const void *)y + r * n;
             float *o_r = (float *)o + r * n, rs = ((const float *)(const void *)rstd)[r];
+            const float *gw = row_of(gs, gy, r, n, gr);
 #if defined(__x86_64__) && defined(__GNUC__)
-            if (avx2) { /* gy's row read in place where contiguous */
-                const float *gw = (const float *)gs + loom__row_offset(gy, r);
-                if (gy->lay.stride[gy->ndim - 1] != 1) {
-                    GATHER_ROW(float, gs, gy, r, n, gr);
-                    gw = gr;
-                }
+            if (avx2) {
                 lnorm_grad_kept_f32a(yr, gw, o_r, n, rs);
                 continue;
             }
 #endif
-            GATHER_ROW(float, gs, gy, r, n, gr);
-            lnorm_grad_kept_float(yr, gr, gr + n, o_r, n, rs);
+            lnorm_grad_kept_float(yr, gw, gr + n, o_r, n, rs);
         }
     }
 }
@@ -362,37 +363,25 @@ static void lnorm_rows(void *ctx, int64_t lo, int64_t hi, int w) {
             float *xr = (float *)(void *)tmp, *gr = grad ? xr + n : NULL, *o_r = (float *)o + r * n;
             float *kr = keep ? (float *)(void *)keep + r : NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
-            if (wide) { /* rows read in place where their elements are contiguous */
-                const float *xw = (const float *)xs + loom__row_offset(x, r), *gw = NULL;
-                if (x->lay.stride[x->ndim - 1] != 1) {
-                    GATHER_ROW(float, xs, x, r, n, xr);
-                    xw = xr;
-                }
-                if (grad)
-                    gw = (const float *)gs + loom__row_offset(gy, r);
-                if (grad && gy->lay.stride[gy->ndim - 1] != 1) {
-                    GATHER_ROW(float, gs, gy, r, n, gr);
-                    gw = gr;
-                }
-                lnorm_row_float512(xw, gw, o_r, n, (float)t->attr.value, kr);
-                continue;
-            }
-            if (avx2 && !grad) { /* the forward's row read in place where contiguous */
-                const float *xw = (const float *)xs + loom__row_offset(x, r);
-                if (x->lay.stride[x->ndim - 1] != 1) {
-                    GATHER_ROW(float, xs, x, r, n, xr);
-                    xw = xr;
-                }
-                lnorm_row_f32a(xw, o_r, n, (float)t->attr.value, kr);
+            if (wide || avx2) { /* rows read in place where their elements are contiguous */
+                const float *xw = row_of(xs, x, r, n, xr);
+                const float *gw = grad ? row_of(gs, gy, r, n, gr) : NULL;
+                float eps = (float)t->attr.value, rs, *xhat = xr + 2 * n;
+                if (wide)
+                    lnorm_row_float512(xw, gw, o_r, n, eps, kr);
+                else if (!grad)
+                    lnorm_row_f32a(xw, o_r, n, eps, kr);
+                else /* the statistics again, as the forward made them, then the kept gradient */
+                    lnorm_row_f32a(xw, xhat, n, eps, &rs),
+                        lnorm_grad_kept_f32a(xhat, gw, o_r, n, rs);
                 continue;
             }
 #endif
             GATHER_ROW(float, xs, x, r, n, xr);
             if (grad)
                 GATHER_ROW(float, gs, gy, r, n, gr);
-            (void)wide;
-            (avx2 ? lnorm_row_float256 : lnorm_row_float)(xr, gr, xr + 2 * n, o_r, n,
-                                                          (float)t->attr.value, kr);
+            (void)wide, (void)avx2;
+            lnorm_row_float(xr, gr, xr + 2 * n, o_r, n, (float)t->attr.value, kr);
         }
     }
 }
