@@ -305,18 +305,17 @@ ATTN_EXPV(exp16, __attribute__((target("avx512f"), always_inline)), _mm512, __m5
  * operations of the plain rows in their order, so the same values bit for bit: exp8, and each
  * reduction LOOM_LANE_REDUCE's (element j into lane j % 16, two vectors of 8; its tree 8, 4, 2,
  * 1). */
-#    define A2 LOOM_A2
 /* ATTN_MAX(acc, a) and LOOM_LANE_ADD on 8 lanes (acc where a lane is not in play: m clear) */
-A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
+LOOM_A2 __m256 max8(__m256 acc, __m256 a, __m256 m) {
     __m256 take =
         _mm256_or_ps(_mm256_cmp_ps(a, acc, _CMP_GT_OQ), _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
     return _mm256_blendv_ps(acc, a, _mm256_and_ps(take, m));
 }
-A2 __m256 add8(__m256 acc, __m256 a, __m256 m) {
+LOOM_A2 __m256 add8(__m256 acc, __m256 a, __m256 m) {
     return _mm256_blendv_ps(acc, _mm256_add_ps(acc, a), m);
 }
 /* LOOM_LANE_REDUCE's tree over lanes lo (0-7) and hi (8-15): 8, 4, 2, 1 apart */
-A2 float tree_max(__m256 lo, __m256 hi) {
+LOOM_A2 float tree_max(__m256 lo, __m256 hi) {
     __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     __m256 v = max8(lo, hi, all);
     __m256 w = max8(v, _mm256_permute2f128_ps(v, v, 0x01), all);
@@ -360,7 +359,6 @@ static void transpose_f32a(const float *x, int64_t rs, int64_t T, int64_t D, flo
         for (int64_t d = t < T8 ? D8 : 0; d < D; d++)
             xt[d * T + t] = x[t * rs + d];
 }
-#    undef A2
 #endif
 
 #if ATTN_WIDE
