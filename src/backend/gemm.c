@@ -615,6 +615,69 @@ void loom__sgemm_form(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const 
     }
 }
 
+/* ---- a product split across a device's cores -------------------------------------------------
+ * The path a product takes: its form (loom__sgemm_g's choice; gemm() itself under
+ * loom__sgemm_act and loom__sgemm_blocks) and, on the packed forms, whether gemm() runs it as
+ * gemm_t, which sums k in other blocks. Every other choice (panels, column and row blocks, packs,
+ * nt_by_transpose) leaves each element the same chain of FMAs, so a block of C's rows or columns
+ * computed alone gives the whole's bits exactly when it takes the whole's path. */
+static int path_of(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                   const loom__gdim *crow, const loom__gdim *ccol, bool accumulate,
+                   loom__gemm_via via) {
+    loom__gemm_form f =
+        via == LOOM_GEMM_VIA_G ? loom__gemm_choose(M, N, K, a, b) : LOOM_GEMM_PACKED;
+    bool t = false;
+    if (K > 0 && via != LOOM_GEMM_VIA_ACT && f == LOOM_GEMM_PACKED)
+        t = by_transpose(M, N, a, b, crow, ccol, accumulate);
+    if (K > 0 && f == LOOM_GEMM_TRANSPOSED) {
+        loom__gmat at = transposed(a), bt = transposed(b);
+        t = by_transpose(N, M, &bt, &at, ccol, crow, accumulate);
+    }
+    return 2 * (int)f + t;
+}
+
+void loom__gemm_part(bool rows, int64_t at, int64_t len, int64_t *M, int64_t *N, loom__gmat *a,
+                     loom__gmat *b, float **c, loom__gdim *crow, loom__gdim *ccol) {
+    loom__gmat *x = rows ? a : b;
+    loom__gdim *xd = rows ? &x->row : &x->col, *cd = rows ? crow : ccol;
+    x->p += at * xd->stride[0];
+    *c = *c ? *c + at * cd->stride[0] : NULL;
+    xd->size[0] = cd->size[0] = len;
+    *(rows ? M : N) = len;
+}
+
+int64_t loom__gemm_split(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                         loom__gdim crow, loom__gdim ccol, bool accumulate, loom__gemm_via via,
+                         bool colsum, int parts, bool *rows) {
+    int path = path_of(M, N, K, a, b, &crow, &ccol, accumulate, via);
+    if (parts < 2 || path / 2 == LOOM_GEMM_DOT || path / 2 == LOOM_GEMM_DOT_ROWS)
+        return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        bool r = (M > N) == (pass == 0); /* the longer side first */
+        bool can = r ? a->row.n == 1 && crow.n == 1 && !colsum && via != LOOM_GEMM_VIA_BLOCKS
+                     : b->col.n == 1 && ccol.n == 1;
+        int64_t extent = r ? M : N, block = (extent + 16 * parts - 1) / (16 * parts) * 16;
+        block = block < 64 ? 64 : block;
+        if (!can || extent <= block)
+            continue;
+        int64_t lens[2] = {block, extent - (extent - 1) / block * block}; /* the last block */
+        bool same = true;
+        for (int i = 0; i < 2; i++) {
+            int64_t m = M, n = N;
+            loom__gmat pa = *a, pb = *b;
+            float *c = NULL;
+            loom__gdim pr = crow, pcl = ccol;
+            loom__gemm_part(r, 0, lens[i], &m, &n, &pa, &pb, &c, &pr, &pcl);
+            same = same && path_of(m, n, K, &pa, &pb, &pr, &pcl, accumulate, via) == path;
+        }
+        if (same) {
+            *rows = r;
+            return block;
+        }
+    }
+    return 0;
+}
+
 void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch) {
     loom__sgemm_form(loom__gemm_choose(M, N, K, a, b), M, N, K, a, b, c, crow, ccol, accumulate,
@@ -766,6 +829,18 @@ void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, i
     (void)M, (void)N, (void)K, (void)a, (void)ars, (void)acs, (void)b, (void)brs, (void)bcs;
     (void)c, (void)ldc, (void)scratch;
     LOOM_ASSERT(!"loom__sgemm without AVX-512");
+}
+int64_t loom__gemm_split(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                         loom__gdim crow, loom__gdim ccol, bool accumulate, loom__gemm_via via,
+                         bool colsum, int parts, bool *rows) {
+    (void)M, (void)N, (void)K, (void)a, (void)b, (void)crow, (void)ccol, (void)accumulate;
+    (void)via, (void)colsum, (void)parts, (void)rows;
+    return 0;
+}
+void loom__gemm_part(bool rows, int64_t at, int64_t len, int64_t *M, int64_t *N, loom__gmat *a,
+                     loom__gmat *b, float **c, loom__gdim *crow, loom__gdim *ccol) {
+    (void)rows, (void)at, (void)len, (void)M, (void)N, (void)a, (void)b, (void)c, (void)crow;
+    (void)ccol;
 }
 bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,
                         const loom__gmat *b) {

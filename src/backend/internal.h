@@ -439,6 +439,18 @@ typedef struct {
 } loom__gemm_act;
 void loom__sgemm_act(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                      float *c, int64_t ldc, const loom__gemm_act *act, void *scratch);
+/* A product split across a device's cores (product.c): blocks of `block` rows (*rows) or columns
+ * of C, the last one shorter or not, each computed alone as the whole is (the same path through
+ * gemm.c: the same bits), via loom__sgemm_g, loom__sgemm_act (colsum: with a column sum, which
+ * rows would reorder) or loom__sgemm_blocks (columns only); 0 where it cannot be split so, into
+ * `parts` blocks of at least 64 and a multiple of 16. loom__gemm_part narrows a product's M or N,
+ * A's rows or B's columns and C's places (c, unless NULL) to rows (columns) [at, at + len). */
+typedef enum { LOOM_GEMM_VIA_G, LOOM_GEMM_VIA_ACT, LOOM_GEMM_VIA_BLOCKS } loom__gemm_via;
+int64_t loom__gemm_split(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
+                         loom__gdim crow, loom__gdim ccol, bool accumulate, loom__gemm_via via,
+                         bool colsum, int parts, bool *rows);
+void loom__gemm_part(bool rows, int64_t at, int64_t len, int64_t *M, int64_t *N, loom__gmat *a,
+                     loom__gmat *b, float **c, loom__gdim *crow, loom__gdim *ccol);
 /* The plain case: A(i,k) = a[i*ars + k*acs], B(k,j) = b[k*brs + j*bcs], C row-major (ldc). */
 void loom__sgemm(int64_t M, int64_t N, int64_t K, const float *a, int64_t ars, int64_t acs,
                  const float *b, int64_t brs, int64_t bcs, float *c, int64_t ldc, void *scratch);

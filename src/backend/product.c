@@ -128,10 +128,6 @@ static void block_done(epilogue *e, int64_t jc, int64_t nc, int64_t ld) {
         epilogue_range(e, i * e->n_of + jc, i * e->n_of + jc + nc, e->buf + i * ld);
 }
 
-static void product_block_done(void *ctx, int64_t jc, int64_t nc) {
-    block_done(ctx, jc, nc, LOOM_GEMM_NC);
-}
-
 static void product_block_done256(void *ctx, int64_t jc, int64_t nc) {
     block_done(ctx, jc, nc, nc);
 }
@@ -157,6 +153,90 @@ static void epi_part(void *ctx, int64_t lo, int64_t hi, int w) {
                           product_block_done256, &e, scratch);
 }
 
+static loom__gdim gd1(int64_t size, int64_t stride) {
+    return (loom__gdim){.n = 1, .size = {size}, .stride = {stride}};
+}
+
+/* A product on loom's AVX-512 sgemm (one of its batch at most), split or not across a device's
+ * cores: blocks of C's rows or columns (loom__gemm_split: each computed alone as the whole is),
+ * by worker w in its own scratch; an epilogue's blocks, when split, in the room after it
+ * (loom__product_scratch_bytes), unsplit in the node's buffer as before. */
+typedef struct {
+    const loom__program *p;
+    const loom__bind *b;
+    loom__gemm_via via;
+    int64_t m, n, k, block;
+    bool rows, split;
+    loom__gmat ga, gb;
+    float *c;
+    loom__gdim crow, ccol;
+    loom__gemm_act act; /* via ACT */
+    epilogue e;         /* via BLOCKS */
+} own_job;
+
+typedef struct {
+    epilogue e;
+    int64_t at; /* the part's first column */
+} part_epilogue;
+
+static void part_block_done(void *ctx, int64_t jc, int64_t nc) {
+    part_epilogue *x = ctx;
+    block_done(&x->e, x->at + jc, nc, LOOM_GEMM_NC);
+}
+
+static float *own_room(unsigned char *scratch) {
+    return (float *)(((uintptr_t)(scratch + loom__gemm_scratch_bytes()) + 63) & ~(uintptr_t)63);
+}
+
+static void own_part(void *ctx, int64_t lo, int64_t hi, int w) {
+    const own_job *j = ctx;
+    unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
+    int64_t extent = j->rows ? j->m : j->n;
+    for (int64_t q = lo; q < hi; q++) {
+        int64_t at = q * j->block, len = extent - at < j->block ? extent - at : j->block;
+        int64_t m = j->m, n = j->n, i0 = j->rows ? at : 0, j0 = j->rows ? 0 : at;
+        loom__gmat a = j->ga, b = j->gb;
+        float *c = j->c;
+        loom__gdim crow = j->crow, ccol = j->ccol;
+        loom__gemm_part(j->rows, at, len, &m, &n, &a, &b, &c, &crow, &ccol);
+        if (j->via == LOOM_GEMM_VIA_G) {
+            loom__sgemm_g(m, n, j->k, &a, &b, c, crow, ccol, false, scratch);
+        } else if (j->via == LOOM_GEMM_VIA_ACT) {
+            loom__gemm_act act = j->act;
+            act.bias = act.bias ? act.bias + j0 : NULL;
+            act.mask = act.mask ? act.mask + i0 * act.ldm + j0 : NULL;
+            act.addend = act.addend ? act.addend + i0 * act.ldm + j0 : NULL;
+            act.colsum = act.colsum ? act.colsum + j0 : NULL;
+            loom__sgemm_act(m, n, j->k, &a, &b, c, crow.stride[0], &act, scratch);
+        } else {
+            float *buf = j->split ? own_room(scratch) : j->c;
+            part_epilogue x = {j->e, at};
+            x.e.buf = buf;
+            loom__sgemm_blocks(m, n, j->k, &a, &b, buf, LOOM_GEMM_NC, part_block_done, &x, scratch);
+        }
+    }
+}
+
+/* Products of fewer multiply-adds stay on one core: handing half to a helper costs more. */
+#define OWN_SPLIT_MIN (2 * LOOM_SPLIT_MIN)
+
+static void own_product(own_job *j, loom__team *team) {
+    double work = (double)j->m * (double)j->n * (double)j->k;
+    int parts = work >= OWN_SPLIT_MIN && !(j->via == LOOM_GEMM_VIA_BLOCKS && j->e.sinks)
+                    ? loom__team_size(team)
+                    : 1;
+    j->block = loom__gemm_split(j->m, j->n, j->k, &j->ga, &j->gb, j->crow, j->ccol, false, j->via,
+                                j->act.colsum != NULL, parts, &j->rows);
+    j->split = j->block > 0;
+    if (!j->split) {
+        j->rows = false, j->block = j->n;
+        own_part(j, 0, 1, 0);
+        return;
+    }
+    int64_t extent = j->rows ? j->m : j->n;
+    loom__team_for(team, (extent + j->block - 1) / j->block, 1, own_part, j);
+}
+
 bool loom__product_blocks_ok(const loom__program *p, int32_t id, int64_t nc) {
     const loom__pnode *m = &p->nodes[id];
     loom__gmat a = {0}, b = {0};
@@ -167,8 +247,11 @@ bool loom__product_blocks_ok(const loom__program *p, int32_t id, int64_t nc) {
 
 size_t loom__product_scratch_bytes(const loom__program *p, int32_t id) {
     const loom__pnode *t = &p->nodes[id];
-    if (loom__use_own_gemm())
-        return loom__gemm_scratch_bytes();
+    if (loom__use_own_gemm()) /* and a block of all its rows for its epilogue, split (own_part) */
+        return loom__gemm_scratch_bytes() +
+               (t->epi >= 0 && !loom__form_get(p, id, LOOM_FORM_ACT)
+                    ? sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM_NC) + 64
+                    : 0);
     if (!loom__use_gemm256())
         return 0;
     int32_t f = t->fused_into;
@@ -312,9 +395,19 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                                                : 0,
                               .colsum = sum >= 0 ? loom__addr(p, b, sum) : NULL,
                               .addend = matrix ? vp : NULL};
-        loom__sgemm_act(t->shape[0], t->shape[1], k, &ga, &gb,
-                        loom__addr(p, b, p->fused[t->epi].root), t->shape[1], &act,
-                        b->ws + p->scratch);
+        own_job j = {.p = p,
+                     .b = b,
+                     .via = LOOM_GEMM_VIA_ACT,
+                     .m = t->shape[0],
+                     .n = t->shape[1],
+                     .k = k,
+                     .ga = ga,
+                     .gb = gb,
+                     .c = loom__addr(p, b, p->fused[t->epi].root),
+                     .crow = gd1(t->shape[0], t->shape[1]),
+                     .ccol = gd1(t->shape[1], 1),
+                     .act = act};
+        own_product(&j, b->team);
         return LOOM_OK;
     }
     if (t->epi >= 0) { /* column blocks into the node's buffer, each then through the epilogue */
@@ -330,10 +423,19 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                            &j);
             return LOOM_OK;
         }
-        float *buf = (float *)(b->ws + t->ws_off);
-        e.buf = buf;
-        loom__sgemm_blocks(t->shape[0], t->shape[1], k, &ga, &gb, buf, LOOM_GEMM_NC,
-                           product_block_done, &e, b->ws + p->scratch);
+        own_job j = {.p = p,
+                     .b = b,
+                     .via = LOOM_GEMM_VIA_BLOCKS,
+                     .m = t->shape[0],
+                     .n = t->shape[1],
+                     .k = k,
+                     .ga = ga,
+                     .gb = gb,
+                     .c = (float *)(b->ws + t->ws_off), /* unsplit: the node's buffer */
+                     .crow = gd1(t->shape[0], LOOM_GEMM_NC),
+                     .ccol = gd1(t->shape[1], 1),
+                     .e = e};
+        own_product(&j, b->team);
         return LOOM_OK;
     }
     if (t->dtype == LOOM_F32 && loom__use_own_gemm()) { /* any strides, grouped views too */
@@ -345,6 +447,21 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
         loom__gdim crow = {.n = 1, .size = {m}, .stride = {n}},
                    ccol = {.n = 1, .size = {n}, .stride = {1}};
         const float *a0 = ga.p, *b0 = gb.p;
+        if (batch == 1 && m * n > 0) {
+            own_job j = {.p = p,
+                         .b = b,
+                         .via = LOOM_GEMM_VIA_G,
+                         .m = m,
+                         .n = n,
+                         .k = k,
+                         .ga = ga,
+                         .gb = gb,
+                         .c = o,
+                         .crow = crow,
+                         .ccol = ccol};
+            own_product(&j, b->team);
+            return LOOM_OK;
+        }
         for (int64_t r = 0; r < batch; r++) {
             ga.p = a0 + oa, gb.p = b0 + ob;
             if (m * n > 0)
