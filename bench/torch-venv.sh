@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-bench/.venv}"
-if ! [ -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch" 2>/dev/null; then
+# (safetensors: bench/gpt.sh's PyTorch run starts from loom's initial weights)
+if ! [ -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import torch, numpy, safetensors" 2>/dev/null; then
     /usr/bin/python3 -m venv "$dir" >&2
-    "$dir/bin/pip" install -q --disable-pip-version-check torch numpy >&2
+    "$dir/bin/pip" install -q --disable-pip-version-check torch numpy safetensors >&2
 fi
 echo "$dir/bin/python"
