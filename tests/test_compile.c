@@ -592,22 +592,26 @@ TEST(pooling_computes_its_convolution_bitwise) {
 /* A convolution (48 output channels: its weight gradient runs by its transpose), 2 x 2 max pooling
  * and a ReLU; the gradients of the input, the weights and the bias. Fused, the fold makes the
  * pool gradient a run of columns at a time from the codes and computes the weight gradient and
- * the bias's sum from each run (6 x 11 x 11 = 726 positions: a span of 576 and a ragged one,
- * planes straddling them); kept (the gradient of the convolution's output an output too), the
- * pool gradient is written whole and each reader runs on its own. The convolution is
- * loom_conv2d's own composition, pooled before its permute (as loom_pool_max does it), so that
- * its output's gradient is the pool gradient's. Returns the three gradients. */
-static void *run_conv_back(loom_backend be, bool keep, bool bias, size_t *bytes, loom_metrics *m) {
-    enum { N = 6, C = 4, H = 13, W = 13, O = 48, KS = 3, OH = 11 };
-    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KS, KS}, sb[1] = {O}, sv[2] = {25, 3};
-    int64_t r2[2] = {O * N, 25}, w2[2] = {O, C * KS * KS}, c2[2] = {C * KS * KS, N * OH * OH},
+ * the bias's sum from each run (H = 13: 6 x 11 x 11 = 726 positions, a span of 576 and a ragged
+ * one, planes straddling them, each plane's 25 windows made at once from a table; H = 24: planes
+ * of 22 x 22 and 121 windows, made by rows, a run beginning and ending inside a plane); kept (the
+ * gradient of the convolution's output an output too), the pool gradient is written whole and
+ * each reader runs on its own. The convolution is loom_conv2d's own composition, pooled before
+ * its permute (as loom_pool_max does it), so that its output's gradient is the pool gradient's.
+ * Returns the three gradients. */
+static void *run_conv_back(loom_backend be, int64_t H, bool keep, bool bias, size_t *bytes,
+                           loom_metrics *m) {
+    enum { N = 6, C = 4, HMAX = 24, O = 48, KS = 3 };
+    int64_t W = H, OH = H - KS + 1, PP = (OH / 2) * (OH / 2);
+    int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KS, KS}, sb[1] = {O}, sv[2] = {PP, 3};
+    int64_t r2[2] = {O * N, PP}, w2[2] = {O, C * KS * KS}, c2[2] = {C * KS * KS, N * OH * OH},
             b2[2] = {O, 1};
     int64_t y4[4] = {O, N, OH, OH};
-    static float x[N * C * H * W], w[O * C * KS * KS], b[O], v[25 * 3];
+    static float x[N * C * HMAX * HMAX], w[O * C * KS * KS], b[O], v[HMAX * HMAX / 4 * 3];
     test_fill(x, N * C * H * W, 70, -1, 1);
     test_fill(w, O * C * KS * KS, 71, -0.5, 0.5);
     test_fill(b, O, 72, -0.5, 0.5);
-    test_fill(v, 25 * 3, 73, -1, 1);
+    test_fill(v, PP * 3, 73, -1, 1);
     loom_graph *g = loom_graph_new(NULL);
     loom_graph_set_backend(g, be);
     loom_tensor *tx = loom_input(g, LOOM_F32, 4, sx, x), *tw = loom_input(g, LOOM_F32, 4, sw, w);
@@ -628,7 +632,7 @@ static void *run_conv_back(loom_backend be, bool keep, bool bias, size_t *bytes,
     /* the gradients, the loss (its product reads the ReLU, which the pooling then writes), and
      * in the kept run the pool gradient, not compared */
     loom_tensor *t[5] = {gr[0], gr[1], gr[3], loss, gr[2]};
-    size_t count[5] = {N * C * H * W, O * C * KS * KS, O, 1, O * N * OH * OH};
+    size_t count[5] = {(size_t)(N * C * H * W), O * C * KS * KS, O, 1, (size_t)(O * N * OH * OH)};
     int n = 4;
     if (!bias)
         t[2] = t[3], t[3] = t[4], count[2] = count[3], count[3] = count[4], n = 3;
@@ -639,12 +643,14 @@ static void *run_conv_back(loom_backend be, bool keep, bool bias, size_t *bytes,
 }
 
 TEST(a_fold_computes_its_convolutions_backward_bitwise) {
-    for (int bias = 0; bias < 2; bias++) {
+    for (int q = 0; q < 4; q++) {
+        int64_t H = q < 2 ? 13 : 24;
+        bool bias = q % 2;
         size_t n1 = 0, n2 = 0, n3 = 0;
         loom_metrics mk, mc;
-        void *ref = run_conv_back(LOOM_BACKEND_CPU, true, bias, &n1, &mk);
-        void *got = run_conv_back(LOOM_BACKEND_CPU, false, bias, &n2, &mc);
-        void *interp = run_conv_back(LOOM_BACKEND_INTERP, false, bias, &n3, NULL);
+        void *ref = run_conv_back(LOOM_BACKEND_CPU, H, true, bias, &n1, &mk);
+        void *got = run_conv_back(LOOM_BACKEND_CPU, H, false, bias, &n2, &mc);
+        void *interp = run_conv_back(LOOM_BACKEND_INTERP, H, false, bias, &n3, NULL);
         ASSERT(three_agree(ref, n1, got, n2, interp, n3));
         /* fused, the pool gradient, the weight gradient's product and the bias's sum run in the
          * fold (with BLAS each runs on its own either way) */

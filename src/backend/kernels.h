@@ -114,6 +114,12 @@ typedef struct {
 bool loom__pool_gtab_init(pool_gtab *t, int64_t H, int64_t W, int64_t OH, int64_t OW);
 void loom__pool2_grad_plane_float(const pool_gtab *t, const float *gy, const uint8_t *codes,
                                   bool relu, float *o, int64_t per);
+/* ... and of any plane (H x W, OH x OW 2x2 windows; o its first element), its window rows
+ * [y0, y1) by rows, their uncovered last column +0, and with `last` the uncovered last row: the
+ * values pool_kernel writes. */
+void loom__pool2_grad_rows_float(const float *gy, const uint8_t *codes, bool relu, int64_t H,
+                                 int64_t W, int64_t OH, int64_t OW, int64_t y0, int64_t y1,
+                                 bool last, float *o);
 /* The general window loops of max pooling (and its gradient, grad) over x (N, C, H, W: xs, strides
  * xst) into out (ys: the output's shape), with argmax codes, the ReLU, and with `done` a plane at
  * a time (into place(ctx, plane) when given), handed to done(ctx, plane, values). */

@@ -624,6 +624,24 @@ bool loom__pool_gtab_init(pool_gtab *t, int64_t H, int64_t W, int64_t OH, int64_
     return true;
 }
 
+void loom__pool2_grad_rows_float(const float *gy, const uint8_t *codes, bool relu, int64_t H,
+                                 int64_t W, int64_t OH, int64_t OW, int64_t y0, int64_t y1,
+                                 bool last, float *o) {
+#ifdef HAVE_POOL512
+    for (int64_t oy = y0; oy < y1; oy++) { /* as pool_kernel's rows write them */
+        float *o0 = o + 2 * oy * W;
+        pool2_grad_row512(NULL, NULL, OW, gy + oy * OW, o0, o0 + W, codes + oy * OW, relu);
+        if (W > 2 * OW)
+            o0[W - 1] = o0[2 * W - 1] = 0.0f;
+    }
+    if (last && H > 2 * OH)
+        memset(o + (H - 1) * W, 0, sizeof(float) * (size_t)W);
+#else
+    (void)gy, (void)codes, (void)relu, (void)H, (void)W, (void)OH, (void)OW, (void)y0, (void)y1;
+    (void)last, (void)o;
+#endif
+}
+
 void loom__pool2_grad_plane_float(const pool_gtab *t, const float *gy, const uint8_t *codes,
                                   bool relu, float *o, int64_t per) {
 #ifdef HAVE_POOL512
@@ -765,8 +783,8 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
 }
 
 bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW) {
-    pool_gtab t;
-    return loom__pool_gtab_init(&t, H, W, OH, OW);
+    (void)H, (void)W, (void)OH, (void)OW; /* any plane: by the table, or by rows */
+    return loom__pool512();
 }
 
 loom_status loom__k_poolmax(const loom__program *p, const loom__bind *b, int32_t id) {

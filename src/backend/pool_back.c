@@ -34,6 +34,7 @@ typedef struct {
     const loom__form *x;
     loom__gmat a, b;
     int64_t K, pad;
+    bool table; /* the pool gradient's planes made by a pool_gtab, else by rows */
 } back_plan;
 
 static back_plan back_plan_of(const loom__program *p, int32_t f) {
@@ -43,7 +44,13 @@ static back_plan back_plan_of(const loom__program *p, int32_t f) {
     loom__operand_dims(&p->nodes[q.prod->src[0]], &q.a.row, &q.a.col);
     loom__operand_dims(&p->nodes[q.w->src[1]], &q.b.row, &q.b.col);
     q.K = loom__numel(q.a.col.n, q.a.col.size);
-    q.pad = (q.pg->shape[2] * q.pg->shape[3] + 15) / 16 * 16;
+    /* a plane made whole by its table spills up to a plane on either side; made by rows, a
+     * pair of rows */
+    pool_gtab gt;
+    const loom__pnode *d = &p->nodes[loom__pool_dy(p, q.x->u.back.grad)];
+    int64_t H = q.pg->shape[2], W = q.pg->shape[3];
+    q.table = loom__pool_gtab_init(&gt, H, W, d->shape[2], d->shape[3]);
+    q.pad = ((q.table ? H * W : 2 * W) + 15) / 16 * 16;
     return q;
 }
 
@@ -60,7 +67,8 @@ typedef struct {
     int64_t dys0, dys1; /* dy's planes: a row's, and the next along it */
     const uint8_t *codes;
     int64_t rows, planes, P, OP, summed;
-    bool relu;
+    int64_t H, W, OH, OW;
+    bool relu, table;
     pool_gtab gt;
     float *lanes; /* RED_LANES a row, or NULL */
 } back_rows;
@@ -70,10 +78,21 @@ static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t l
     int64_t from = s->summed > j0 ? s->summed : j0; /* a multiple of the lanes, or the end */
     for (int64_t k = 0; k < s->rows; k++) {
         float *row = r + k * ld - j0; /* column j at row + j; whole planes spill into the pad */
-        for (int64_t pl = j0 / s->P; pl * s->P < j0 + n; pl++)
-            loom__pool2_grad_plane_float(&s->gt, s->dy + k * s->dys0 + pl * s->dys1,
-                                         s->codes + (k * s->planes + pl) * s->OP, s->relu,
-                                         row + pl * s->P, s->OP);
+        for (int64_t pl = j0 / s->P; pl * s->P < j0 + n; pl++) {
+            const float *gy = s->dy + k * s->dys0 + pl * s->dys1;
+            const uint8_t *codes = s->codes + (k * s->planes + pl) * s->OP;
+            if (s->table) {
+                loom__pool2_grad_plane_float(&s->gt, gy, codes, s->relu, row + pl * s->P, s->OP);
+                continue;
+            }
+            /* the window rows over the plane's columns in [j0, j0 + n) */
+            int64_t lo = j0 - pl * s->P, hi = j0 + n - pl * s->P;
+            lo = lo > 0 ? lo : 0, hi = hi < s->P ? hi : s->P;
+            int64_t y1 = (hi + 2 * s->W - 1) / (2 * s->W);
+            loom__pool2_grad_rows_float(gy, codes, s->relu, s->H, s->W, s->OH, s->OW,
+                                        lo / (2 * s->W), y1 < s->OH ? y1 : s->OH,
+                                        hi > 2 * s->OH * s->W, row + pl * s->P);
+        }
         if (s->lanes && from < j0 + n)
             sum_lanes(s->lanes + k * RED_LANES, row + from, j0 + n - from);
     }
@@ -100,9 +119,15 @@ loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t
                    .planes = g->shape[1],
                    .P = g->shape[2] * g->shape[3],
                    .OP = d->shape[2] * d->shape[3],
+                   .H = g->shape[2],
+                   .W = g->shape[3],
+                   .OH = d->shape[2],
+                   .OW = d->shape[3],
                    .relu = loom__form_get(p, gid, LOOM_FORM_RELU_DY) != NULL,
+                   .table = q.table,
                    .lanes = sum ? lanes : NULL};
-    loom__pool_gtab_init(&s.gt, g->shape[2], g->shape[3], d->shape[2], d->shape[3]);
+    if (q.table)
+        loom__pool_gtab_init(&s.gt, g->shape[2], g->shape[3], d->shape[2], d->shape[3]);
     memset(lanes, 0, sizeof(float) * (size_t)(q.K * RED_LANES));
     loom__gdim crow, ccol;
     loom__fold_dims(t, &crow, &ccol);

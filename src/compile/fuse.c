@@ -183,8 +183,8 @@ const loom__rule loom__rules[] = {
      "FOLD of a product whose B is a 2-D view of a POOLGRAD with codes",
      "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
      "takes over); 2x2 windows; the rows read only by the product, a weight gradient (rows x an "
-     "unfold) and a sum along them, none read before the fold, planes made from the codes "
-     "(loom__pool_grad_by_codes), loom__conv_back_ok",
+     "unfold) and a sum along them, none read before the fold, planes of any size made from "
+     "the codes (loom__pool_grad_by_codes), loom__conv_back_ok",
      "the fold making the pool gradient a block of columns at a time into its product, the "
      "weight gradient and the bias sum",
      "a BACK record; fused_into",
