@@ -1196,7 +1196,7 @@ static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t
 
 /* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
  * window drawn (2x2 among them), a second convolution and pooling, a linear layer; seeds 0-4 the
- * recipe's sizes, 5-7 wider and odd planes. */
+ * recipe's sizes, 5-8 wider and odd planes. */
 static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
     static const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
                                        {3, 3, 2, 2, 1, 1},
@@ -1211,11 +1211,12 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     if (seed < 5) /* the recipe's sizes, where the fast kernels' conditions hold, each window */
         N = 8, C = 1, H = W = 28, O = 32, O2 = 64, k = 3, st = 1, pad = seed > 0, k2 = 3,
         w1 = w2 = wins[seed];
-    if (seed >= 5 && seed < 8) /* wider planes: 30 x 30 pooled 3x3 stride 2, 64 x 64 pooled 5x5
-                                * stride 3, odd 29 x 31 pooled 2x2 */
+    if (seed >= 5 && seed < 9) /* wider planes: 30 x 30 pooled 3x3 stride 2, 64 x 64 pooled 5x5
+                                * stride 3, odd 29 x 31 pooled 2x2, 36 x 40 pooled 2x2 (rows of
+                                * 20 windows) */
         N = 2, C = 1, O = 16, O2 = 8, k = 3, st = 1, pad = 1, k2 = 3,
-        H = (int64_t[]){30, 64, 29}[seed - 5], W = (int64_t[]){30, 64, 31}[seed - 5],
-        w1 = wins[(int[]){1, 4, 0}[seed - 5]], w2 = wins[0];
+        H = (int64_t[]){30, 64, 29, 36}[seed - 5], W = (int64_t[]){30, 64, 31, 40}[seed - 5],
+        w1 = wins[(int[]){1, 4, 0, 0}[seed - 5]], w2 = wins[0];
     c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
     test_fill(c->x, N * C * H * W, seed, -1, 1);
     loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);

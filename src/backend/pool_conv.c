@@ -68,8 +68,8 @@ static bool conv_quad_of(const loom__program *p, int32_t id, conv_quad *q) {
     if (!loom__pool512() || !loom__pool2x2(&t->attr.win, 1) || bc.n != 3 || br.n != 3 ||
         bc.size[1] != 3 || bc.size[2] != 3 || bc.size[0] * 9 > LOOM_CONV_MAX_K ||
         br.size[1] != 2 * OH || br.size[2] != 2 * OW || x->shape[2] != 2 * OH ||
-        x->shape[3] != 2 * OW || OW > 16 || br.stride[1] != bc.stride[1] ||
-        br.stride[2] != bc.stride[2] || (m->epi >= 0 && !epilogue_by_rows(p, &p->fused[m->epi])))
+        x->shape[3] != 2 * OW || br.stride[1] != bc.stride[1] || br.stride[2] != bc.stride[2] ||
+        (m->epi >= 0 && !epilogue_by_rows(p, &p->fused[m->epi])))
         return false;
     *q = (conv_quad){.Cin = bc.size[0],
                      .OH = OH,

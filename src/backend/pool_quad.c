@@ -32,7 +32,7 @@ static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t 
     const loom__pnode *d = &p->nodes[loom__pool_dy(p, id)];
     int64_t H = t->shape[2], W = t->shape[3], OH = d->shape[2], OW = d->shape[3];
     const loom__pnode *r = &p->nodes[sk->u.sinks.stream];
-    if (H != 2 * OH || W != 2 * OW || OW > 16 || d->lay.stride[3] != 1 || d->lay.stride[2] != OW ||
+    if (H != 2 * OH || W != 2 * OW || d->lay.stride[3] != 1 || d->lay.stride[2] != OW ||
         r->shape[0] != t->shape[0] || r->shape[1] != t->shape[1] * H * W)
         return false;
     *sum = *dot = -1;
@@ -91,9 +91,6 @@ __attribute__((target("avx512f"))) void loom__quad_images(float *S, float *tmp, 
                                                           int64_t OH, int64_t OW, int64_t chunks) {
     int64_t sy = br->stride[1], sx = br->stride[2], cp = 16 * chunks;
     __m512i ie = _mm512_loadu_si512(loom__pool_even);
-    __mmask16 lo = (__mmask16)(2 * OW - 1 >= 16 ? 0xffff : (1u << (2 * OW - 1)) - 1);
-    __mmask16 hi = (__mmask16)(2 * OW - 1 <= 16 ? 0 : (1u << (2 * OW - 1 - 16)) - 1);
-    __mmask16 mo = (__mmask16)((1u << OW) - 1);
     memset(tmp, 0, sizeof(float) * (size_t)(QUAD_IMGS * cp)); /* (the rows leave the pads) */
     for (int64_t n = 0; n < br->size[0]; n++) {
         for (int i = 0; i < QUAD_IMGS; i++) {
@@ -105,10 +102,18 @@ __attribute__((target("avx512f"))) void loom__quad_images(float *S, float *tmp, 
                                  _MM_HINT_T0);
             for (int64_t oy = 0; oy < OH; oy++) {
                 const float *r = x + n * br->stride[0] + sc + (2 * oy + i / 4) * sy + i % 4 * sx;
-                if (sx == 1) { /* the even ones of 2 OW - 1 floats (nothing read past) */
-                    __m512 v0 = _mm512_maskz_loadu_ps(lo, r),
-                           v1 = _mm512_maskz_loadu_ps(hi, r + 16);
-                    _mm512_mask_storeu_ps(t + oy * OW, mo, _mm512_permutex2var_ps(v0, ie, v1));
+                if (sx == 1) { /* the even ones of 2 OW - 1 floats (nothing read past), 16
+                                * windows at a time */
+                    for (int64_t ox = 0; ox < OW; ox += 16) {
+                        int64_t f = 2 * (OW - ox < 16 ? OW - ox : 16) - 1; /* floats */
+                        __mmask16 lo = (__mmask16)(f >= 16 ? 0xffff : (1u << f) - 1);
+                        __mmask16 hi = (__mmask16)(f <= 16 ? 0 : (1u << (f - 16)) - 1);
+                        __m512 v0 = _mm512_maskz_loadu_ps(lo, r + 2 * ox),
+                               v1 = _mm512_maskz_loadu_ps(hi, r + 2 * ox + 16);
+                        _mm512_mask_storeu_ps(t + oy * OW + ox,
+                                              (__mmask16)((1u << (f + 1) / 2) - 1),
+                                              _mm512_permutex2var_ps(v0, ie, v1));
+                    }
                 } else {
                     for (int64_t ox = 0; ox < OW; ox++)
                         t[oy * OW + ox] = r[2 * ox * sx];
