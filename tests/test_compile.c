@@ -1374,6 +1374,66 @@ TEST(every_fusion_rule_matches_the_reference_on_random_shapes) {
  * with the reference interpreter's, takes every rule but one in turn: that rule never fires on
  * its cases, where it fired with all of them, and the programs planned without it still agree
  * with the reference; taking none, nothing is fused at all. */
+/* A small CNN's training step in dt (a 3x3 convolution, 2x2 max pooling and a ReLU, a linear
+ * layer; the gradients of the weights); returns its schedule's lines (LOOM_DUMP's) and the
+ * weight gradient's first element in *g0. */
+static char *cnn_schedule(loom_dtype dt, double *g0) {
+    enum { N = 4, C = 2, H = 12, O = 8 };
+    static double x[N * C * H * H], w[O * C * 9], v[O * 25 * 3];
+    fill(x, N * C * H * H, dt, 90, -1);
+    fill(w, O * C * 9, dt, 91, -1);
+    fill(v, O * 25 * 3, dt, 92, -1);
+    loom_graph *g = loom_graph_new(NULL);
+    loom_tensor *tw = loom_input(g, dt, 4, (int64_t[4]){O, C, 3, 3}, w);
+    loom_requires_grad(tw);
+    loom_tensor *y =
+        loom_conv2d(g, loom_input(g, dt, 4, (int64_t[4]){N, C, H, H}, x), tw, NULL, 1, 0);
+    y = loom_relu(g, loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0}));
+    loom_tensor *loss = loom_sum_all(
+        g, loom_matmul(g, loom_flatten(g, y), loom_input(g, dt, 2, (int64_t[2]){O * 25, 3}, v)));
+    loom_tensor *gw = NULL;
+    loom_grads(g, loss, 1, &tw, &gw);
+    loom_output(gw);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (loom_graph_run(g) == LOOM_OK && f) {
+        const loom__program *p = loom__graph_last(g);
+        for (int64_t e = 0; p && e < p->nexec; e++)
+            loom__kernel_line(f, p, p->exec[e]);
+        *g0 = dt == LOOM_F64 ? ((const double *)loom_tensor_data(gw))[0]
+                             : ((const float *)loom_tensor_data(gw))[0];
+    }
+    if (f)
+        fclose(f);
+    loom_graph_free(g);
+    return text;
+}
+
+/* In float64 the library kernels with float32 forms only run their portable loops (products:
+ * BLAS's dgemm), and the schedule says so on their lines; float32's lines never do. */
+TEST(a_float64_step_names_the_kernels_it_runs_without_float32_forms) {
+    double g64 = NAN, g32 = NAN;
+    char *s64 = cnn_schedule(LOOM_F64, &g64), *s32 = cnn_schedule(LOOM_F32, &g32);
+    ASSERT(s64 && s32);
+    ASSERT(strstr(s64, "MATMUL") && strstr(s64, "float64: BLAS's dgemm"));
+    ASSERT(strstr(s64, "POOLMAX") && strstr(s64, "POOLGRAD") &&
+           strstr(s64, "float64: portable loops"));
+    for (char *l = s64, *end; *l; l = end + 1) { /* every such kernel's own line */
+        end = strchr(l, '\n');
+        *end = 0;
+        char op[32] = "";
+        sscanf(l, "node %*d %31s", op);
+        bool own = !strcmp(op, "MATMUL") || !strcmp(op, "POOLMAX") || !strcmp(op, "POOLGRAD") ||
+                   !strcmp(op, "FOLD") || !strcmp(op, "UNFOLD");
+        if (own && strstr(l, "interpreted") && !strstr(l, "float64: "))
+            FAILF("a float64 kernel's line without its fallback: %s", l);
+    }
+    ASSERT(!strstr(s32, "float64"));
+    ASSERT(fabs(g64 - g32) <= 1e-4 * (1 + fabs(g64))); /* the same step */
+    free(s64), free(s32);
+}
+
 TEST(an_executor_is_planned_only_the_kernel_forms_it_runs) {
     int seeds = getenv("LOOM_TEST_QUICK") ? 2 : 4, models = 0;
     const char *forms[LOOM_RULES_MAX + 1];
@@ -1423,5 +1483,6 @@ int main(void) {
     RUN(in_place_updates_read_before_they_write);
     RUN(every_fusion_rule_matches_the_reference_on_random_shapes);
     RUN(an_executor_is_planned_only_the_kernel_forms_it_runs);
+    RUN(a_float64_step_names_the_kernels_it_runs_without_float32_forms);
     return HARNESS_EXIT();
 }

@@ -167,6 +167,10 @@ bool loom__cc_entry_intact(const char *path);
 /* program.c, for dist/ above it (the graph reaches it only through loom_graph.run_hooks): the
  * program of g's last step that ran (NULL before). */
 const loom__program *loom__graph_last(const loom_graph *g);
+/* One kernel of the schedule (LOOM_DUMP, LOOM_PROFILE): its node, op, shape, whether it is
+ * generated (with the nodes it fuses) or interpreted (with its forms; in float64, the float32
+ * kernels it goes without), and a newline. */
+void loom__kernel_line(FILE *f, const loom__program *p, int32_t id);
 /* The buffers g's step reads its caller-supplied inputs from, by input ordinal, into src. With
  * `copy` (a step that runs on after submit returns), every input but a borrowed one is copied
  * into `a` now (a batch input: the whole global batch), so that the step reads its inputs' values

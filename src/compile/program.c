@@ -45,9 +45,28 @@ static void stored_too(FILE *f, const loom__program *p, const loom__fused *k) {
         fprintf(f, ", storing %s#%d too", loom__ops[p->nodes[k->outs[q]].op].name, k->outs[q]);
 }
 
-/* One kernel of the schedule: its node, op, shape and whether it is generated (with the nodes it
- * fuses) or interpreted. */
-static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
+/* Whether op's library kernel has float32 forms only (loom's products, the pooling rows and
+ * their fused forms, the windows', row and attention kernels in AVX-512 or AVX2): in float64 it
+ * runs the portable loops (products: BLAS's dgemm), and its line says so. */
+static bool float32_kernels(int op) {
+    switch (op) {
+        case LOOM_OP_MATMUL:
+        case LOOM_OP_UNFOLD:
+        case LOOM_OP_FOLD:
+        case LOOM_OP_POOLMAX:
+        case LOOM_OP_POOLGRAD:
+        case LOOM_OP_SOFTMAX:
+        case LOOM_OP_LNORM:
+        case LOOM_OP_LNORMGRAD:
+        case LOOM_OP_ATTENTION:
+        case LOOM_OP_ATTENTIONGRAD:
+            return true;
+        default:
+            return false;
+    }
+}
+
+void loom__kernel_line(FILE *f, const loom__program *p, int32_t id) {
     const loom__pnode *t = &p->nodes[id];
     loom_tensor shape = {.ndim = t->ndim};
     char s[96];
@@ -75,6 +94,9 @@ static void kernel_line(FILE *f, const loom__program *p, int32_t id) {
             stored_too(f, p, &p->fused[t->epi]);
         }
         loom__forms_describe(f, p, id);
+        if (t->dtype == LOOM_F64 && float32_kernels(t->op))
+            fprintf(f, ", float64: %s",
+                    t->op == LOOM_OP_MATMUL ? "BLAS's dgemm" : "portable loops");
     }
     fputc('\n', f);
 }
@@ -100,7 +122,7 @@ static void dump_schedule(const loom__program *p) {
     fprintf(f, "\n");
     for (int64_t e = 0; e < p->nexec; e++) {
         fprintf(f, "%4lld %s ", (long long)e, p->own && p->own[e] ? "1" : " ");
-        kernel_line(f, p, p->exec[e]);
+        loom__kernel_line(f, p, p->exec[e]);
     }
     fclose(f);
 }
@@ -150,7 +172,7 @@ static void print_profile(const loom__program *p) {
         fprintf(stderr, "profile: %5.1f%% %8.3f ms (median %.3f)  #%-3lld ",
                 total ? 100.0 * (double)p->prof_ns[e] / (double)total : 0.0,
                 1e-6 * (double)p->prof_ns[e] / (double)runs, median_ms(p, e), (long long)e);
-        kernel_line(stderr, p, p->exec[e]);
+        loom__kernel_line(stderr, p, p->exec[e]);
     }
     loom__free(order);
 }
