@@ -543,17 +543,24 @@ TEST(epilogue_rows_go_into_sinks_bitwise) {
  * no bias, no ReLU (columns one apart in no run); or (2) a 3 x 3 kernel on 14 x 14 images,
  * planes of 12 x 12 that the windows tile (made by windows); or (3) 48 output channels (the
  * product runs by its transpose) on 13 x 13 images, planes of 11 x 11 whose last row and column
- * no window covers (made by windows through the transpose, 2 images a block: 3 is ragged).
+ * no window covers (made by windows through the transpose, 2 images a block: 3 is ragged); or (4)
+ * one input channel and a 5 x 5 kernel on 16 x 16 images, planes of 12 x 12 (made by windows).
  * Returns the pooled values and the gradient. */
 static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, loom_metrics *m) {
-    enum { N = 3, C = 2, KH = 3, OMAX = 48 };
+    enum { N = 3, OMAX = 48 };
     bool stride2 = mode == 1;
-    int H = mode >= 2 ? 14 - (mode == 3) : 11, W = mode >= 2 ? 14 - (mode == 3) : 9;
-    int KW = mode >= 2 ? 3 : 2, O = mode == 3 ? 48 : 6;
+    int C = mode == 4 ? 1 : 2, KH = mode == 4 ? 5 : 3;
+    int H = mode == 4   ? 16
+            : mode >= 2 ? 14 - (mode == 3)
+                        : 11,
+        W = mode == 4   ? 16
+            : mode >= 2 ? 14 - (mode == 3)
+                        : 9;
+    int KW = mode == 4 ? 5 : mode >= 2 ? 3 : 2, O = mode == 3 ? 48 : 6;
     int st = stride2 ? 2 : 1, OH = (H - KH) / st + 1, OW = (W - KW) / st + 1;
     int64_t sx[4] = {N, C, H, W}, sw[4] = {O, C, KH, KW}, sb[1] = {O};
     int64_t sv[4] = {N, O, OH / 2, OW / 2};
-    static float x[N * C * 14 * 14], w[OMAX * C * KH * 3], bias[OMAX], v[N * OMAX * 7 * 7];
+    static float x[N * 2 * 14 * 14], w[OMAX * 2 * 3 * 3], bias[OMAX], v[N * OMAX * 7 * 7];
     test_fill(x, N * C * H * W, 60, -1, 1);
     test_fill(w, O * C * KH * KW, 61, -1, 1);
     test_fill(bias, O, 62, -0.5, 0.5);
@@ -575,7 +582,7 @@ static void *run_conv_pool(loom_backend be, bool keep, int mode, size_t *bytes, 
 }
 
 TEST(pooling_computes_its_convolution_bitwise) {
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < 5; mode++) {
         size_t n1 = 0, n2 = 0, n3 = 0;
         loom_metrics mk, mc;
         void *ref = run_conv_pool(LOOM_BACKEND_CPU, true, mode, &n1, &mk);
@@ -1196,7 +1203,7 @@ static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t
 
 /* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
  * window drawn (2x2 among them), a second convolution and pooling, a linear layer; seeds 0-4 the
- * recipe's sizes, 5-8 wider and odd planes. */
+ * recipe's sizes, 5-9 wider and odd planes, kernels of 3 x 3 and 5 x 5. */
 static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
     static const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
                                        {3, 3, 2, 2, 1, 1},
@@ -1211,12 +1218,13 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     if (seed < 5) /* the recipe's sizes, where the fast kernels' conditions hold, each window */
         N = 8, C = 1, H = W = 28, O = 32, O2 = 64, k = 3, st = 1, pad = seed > 0, k2 = 3,
         w1 = w2 = wins[seed];
-    if (seed >= 5 && seed < 9) /* wider planes: 30 x 30 pooled 3x3 stride 2, 64 x 64 pooled 5x5
-                                * stride 3, odd 29 x 31 pooled 2x2, 36 x 40 pooled 2x2 (rows of
-                                * 20 windows) */
-        N = 2, C = 1, O = 16, O2 = 8, k = 3, st = 1, pad = 1, k2 = 3,
-        H = (int64_t[]){30, 64, 29, 36}[seed - 5], W = (int64_t[]){30, 64, 31, 40}[seed - 5],
-        w1 = wins[(int[]){1, 4, 0, 0}[seed - 5]], w2 = wins[0];
+    if (seed >= 5 && seed < 10) /* wider planes: 30 x 30 pooled 3x3 stride 2, 64 x 64 pooled
+                                 * 5x5 stride 3, odd 29 x 31 pooled 2x2, 36 x 40 pooled 2x2 (rows
+                                 * of 20 windows); a 5 x 5 kernel on 28 x 28 pooled 2x2 */
+        N = 2, C = 1, O = 16, O2 = 8, st = 1, k2 = 3, k = seed == 9 ? 5 : 3, pad = seed != 9,
+        H = (int64_t[]){30, 64, 29, 36, 28}[seed - 5],
+        W = (int64_t[]){30, 64, 31, 40, 28}[seed - 5], w1 = wins[(int[]){1, 4, 0, 0, 0}[seed - 5]],
+        w2 = wins[0];
     c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
     test_fill(c->x, N * C * H * W, seed, -1, 1);
     loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);

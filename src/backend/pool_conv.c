@@ -32,15 +32,17 @@ static void pool_out_init(pool_out *po, const loom__program *p, const loom__bind
 }
 
 /* ---- a pooling computing its convolution by windows ------------------------------------------
- * A 3 x 3 convolution of stride 1 whose 2 x 2 pooling tiles its output planes is made by windows:
- * the output at place (a, b) of window (oy, ox) is the sum over taps of w[c, ci, kh, kw] times
- * image (ci, a + kh, b + kw) of loom__quad_images at (oy, ox), so 16 windows of all four places
- * come from 16 aligned loads shared by four channels, and the pooling is four vectors' maximum (no
+ * A K x K convolution of stride 1 (K up to QUAD_MAX_K) whose 2 x 2 pooling tiles its output planes
+ * is made by windows: the output at place (a, b) of window (oy, ox) is the sum over taps of
+ * w[c, ci, kh, kw] times image (ci, a + kh, b + kw) of loom__quad_images at (oy, ox), so 16
+ * windows of all four places come from 16 aligned loads shared by four channels, and the pooling
+ * is four vectors' maximum (no
  * shuffles, no gathers). Each output is the same chain of FMAs from zero, taps ascending, as
  * loom__conv_planes_run's, and the maximum the same rule: the same bits. The epilogue runs on a
  * plane of values in window order, so its other operands must not vary along the columns. */
 typedef struct {
     int64_t Cin, OH, OW, chunks, N;
+    int K;         /* the kernel's side: K x K taps, (K + 1)^2 images a channel */
     loom__gdim br; /* the unfold's rows (n, y, x), for loom__quad_images */
     int64_t sc;    /* its input channels' stride */
 } conv_quad;
@@ -65,13 +67,15 @@ static bool conv_quad_of(const loom__program *p, int32_t id, conv_quad *q) {
     loom__gdim br, bc;
     loom__operand_dims(&p->nodes[m->src[1]], &bc, &br); /* B: rows (ci, kh, kw), cols (n, y, x) */
     int64_t OH = t->shape[2], OW = t->shape[3];
-    if (!loom__pool512() || !loom__pool2x2(&t->attr.win, 1) || bc.n != 3 || br.n != 3 ||
-        bc.size[1] != 3 || bc.size[2] != 3 || bc.size[0] * 9 > LOOM_CONV_MAX_K ||
+    int64_t K = bc.n == 3 ? bc.size[1] : 0;
+    if (!loom__pool512() || !loom__pool2x2(&t->attr.win, 1) || bc.n != 3 || br.n != 3 || K < 1 ||
+        K > QUAD_MAX_K || bc.size[2] != K || bc.size[0] * K * K > LOOM_CONV_MAX_K ||
         br.size[1] != 2 * OH || br.size[2] != 2 * OW || x->shape[2] != 2 * OH ||
         x->shape[3] != 2 * OW || br.stride[1] != bc.stride[1] || br.stride[2] != bc.stride[2] ||
         (m->epi >= 0 && !epilogue_by_rows(p, &p->fused[m->epi])))
         return false;
     *q = (conv_quad){.Cin = bc.size[0],
+                     .K = (int)K,
                      .OH = OH,
                      .OW = OW,
                      .chunks = (OH * OW + 15) / 16,
@@ -85,7 +89,8 @@ static bool conv_quad_of(const loom__program *p, int32_t id, conv_quad *q) {
 /* Floats of a pooling's scratch by windows: the images of one input image, a plane of each (for
  * loom__quad_images), four channels' products and their epilogue's, all by windows. */
 static int64_t conv_quad_floats(const conv_quad *q) {
-    return 16 * q->chunks * (q->Cin * QUAD_IMGS + QUAD_IMGS + 4 * 4 + 4 * 4);
+    int64_t imgs = (q->K + 1) * (q->K + 1);
+    return 16 * q->chunks * (q->Cin * imgs + imgs + 4 * 4 + 4 * 4);
 }
 
 /* ---- a pooling computing a convolution that runs by its transpose, by windows ----------------
@@ -148,11 +153,13 @@ bool loom__pool_conv_t_ok(const loom__program *p, int32_t f) {
 }
 
 #ifdef HAVE_POOL512
-/* Four channels (rows a[r] of A) of image S's windows, chunk by chunk: out + (r 4 + place) cp. */
-__attribute__((target("avx512f"))) static void conv_quad_rows(const float *const *a, int64_t acs,
-                                                              int64_t Cin, const float *S,
-                                                              int64_t chunks, float *out,
-                                                              int64_t cp) {
+/* Four channels (rows a[r] of A) of image S's windows, chunk by chunk: out + (r 4 + place) cp; a
+ * K x K kernel, its (K + 1)^2 images a channel. Built for K = 3 (its taps unrolled) and for any
+ * K: the same FMAs in the same order. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+quad_rows(const float *const *a, int64_t acs, int64_t Cin, const float *S, int64_t chunks,
+          float *out, int64_t cp, int K) {
+    int side = K + 1, taps = K * K;
     for (int64_t ch = 0; ch < chunks; ch++) {
         __m512 acc[4][4];
 #    pragma GCC unroll 4
@@ -161,16 +168,16 @@ __attribute__((target("avx512f"))) static void conv_quad_rows(const float *const
             for (int pl = 0; pl < 4; pl++)
                 acc[r][pl] = _mm512_setzero_ps();
         for (int64_t ci = 0; ci < Cin; ci++) {
-            const float *sp = S + (ci * chunks + ch) * QUAD_IMGS * 16;
+            const float *sp = S + (ci * chunks + ch) * side * side * 16;
 #    pragma GCC unroll 9
-            for (int k = 0; k < 9; k++) { /* taps ascending: (ci, kh, kw) */
-                int kh = k / 3, kw = k % 3;
-                int64_t at = (ci * 9 + k) * acs;
+            for (int k = 0; k < taps; k++) { /* taps ascending: (ci, kh, kw) */
+                int kh = k / K, kw = k % K;
+                int64_t at = (ci * taps + k) * acs;
                 __m512 w[4] = {_mm512_set1_ps(a[0][at]), _mm512_set1_ps(a[1][at]),
                                _mm512_set1_ps(a[2][at]), _mm512_set1_ps(a[3][at])};
 #    pragma GCC unroll 4
                 for (int pl = 0; pl < 4; pl++) {
-                    __m512 v = _mm512_load_ps(sp + ((pl / 2 + kh) * 4 + pl % 2 + kw) * 16);
+                    __m512 v = _mm512_load_ps(sp + ((pl / 2 + kh) * side + pl % 2 + kw) * 16);
 #    pragma GCC unroll 4
                     for (int r = 0; r < 4; r++)
                         acc[r][pl] = _mm512_fmadd_ps(w[r], v, acc[r][pl]);
@@ -183,6 +190,16 @@ __attribute__((target("avx512f"))) static void conv_quad_rows(const float *const
             for (int pl = 0; pl < 4; pl++)
                 _mm512_store_ps(out + (r * 4 + pl) * cp + 16 * ch, acc[r][pl]);
     }
+}
+
+__attribute__((target("avx512f"))) static void conv_quad_rows(const float *const *a, int64_t acs,
+                                                              int64_t Cin, const float *S,
+                                                              int64_t chunks, float *out,
+                                                              int64_t cp, int K) {
+    if (K == 3)
+        quad_rows(a, acs, Cin, S, chunks, out, cp, 3);
+    else
+        quad_rows(a, acs, Cin, S, chunks, out, cp, K);
 }
 
 /* The pooling of one channel's plane by windows: place pl's values at v + pl cp (the last
@@ -204,19 +221,20 @@ static loom_status pool_conv_quad(const loom__program *p, const loom__bind *b, i
     loom__product_operands(p, b, product_of(p, id), &ga, &gb);
     int64_t cp = 16 * q->chunks, OP = q->OH * q->OW, O = m->shape[0];
     float *S = (float *)(((uintptr_t)(b->ws + m->ws_off) + 63) & ~(uintptr_t)63);
-    float *tmp = S + q->Cin * QUAD_IMGS * cp, *prod = tmp + QUAD_IMGS * cp, *root = prod + 16 * cp;
+    int64_t imgs = (q->K + 1) * (q->K + 1);
+    float *tmp = S + q->Cin * imgs * cp, *prod = tmp + imgs * cp, *root = prod + 16 * cp;
     pool_out po;
     pool_out_init(&po, p, b, id, root);
     for (int64_t n = 0; n < q->N; n++) {
         for (int64_t ci = 0; ci < q->Cin; ci++)
-            loom__quad_images(S + ci * QUAD_IMGS * cp, tmp, gb.p + n * gb.col.stride[0], &q->br,
-                              ci * q->sc, q->OH, q->OW, q->chunks);
+            loom__quad_images(S + ci * imgs * cp, tmp, gb.p + n * gb.col.stride[0], &q->br,
+                              ci * q->sc, q->OH, q->OW, q->chunks, q->K + 1);
         for (int64_t c = 0; c < O; c += 4) {
             int64_t rows = O - c < 4 ? O - c : 4;
             const float *a[4]; /* a missing channel computes the last one again, not kept */
             for (int64_t r = 0; r < 4; r++)
                 a[r] = ga.p + (c + (r < rows ? r : rows - 1)) * ga.row.stride[0];
-            conv_quad_rows(a, ga.col.stride[0], q->Cin, S, q->chunks, prod, cp);
+            conv_quad_rows(a, ga.col.stride[0], q->Cin, S, q->chunks, prod, cp, q->K);
             /* the epilogue on each channel (its operands the same along the row: columns 0..
              * will do), then the poolings (their loads well after the epilogue's stores) */
             for (int64_t r = 0; po.k && r < rows; r++)

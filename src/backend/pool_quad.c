@@ -81,27 +81,30 @@ size_t loom__pool_quad_bytes(const loom__program *p, int32_t id) {
 }
 
 #ifdef HAVE_POOL512
-/* Input channel c's images (a', b') = x[n, c, 2 oy + a', 2 ox + b'] for a', b' in 0..3 (strides of
- * the unfold's B: rows (n, y, x), columns (c, kh, kw)), each plane's windows 16 a chunk: image i
- * of chunk q of plane n at S + ((n chunks + q) QUAD_IMGS + i) 16, zeros past the windows. A
- * plane of each image at a time through tmp (QUAD_IMGS planes of OH x OW, zeros to the chunk),
- * all of them written before any is read back (a load of what masked stores just wrote waits). */
+/* Input channel c's images (a', b') = x[n, c, 2 oy + a', 2 ox + b'] for a', b' in 0..side - 1
+ * (strides of the unfold's B: rows (n, y, x), columns (c, kh, kw)), each plane's windows 16 a
+ * chunk: image i = a' side + b' of chunk q of plane n at S + ((n chunks + q) side^2 + i) 16,
+ * zeros past the windows. A plane of each image at a time through tmp (side^2 planes of OH x OW,
+ * zeros to the chunk), all of them written before any is read back (a load of what masked stores
+ * just wrote waits). */
 __attribute__((target("avx512f"))) void loom__quad_images(float *S, float *tmp, const float *x,
                                                           const loom__gdim *br, int64_t sc,
-                                                          int64_t OH, int64_t OW, int64_t chunks) {
-    int64_t sy = br->stride[1], sx = br->stride[2], cp = 16 * chunks;
+                                                          int64_t OH, int64_t OW, int64_t chunks,
+                                                          int side) {
+    int64_t sy = br->stride[1], sx = br->stride[2], cp = 16 * chunks, imgs = side * side;
     __m512i ie = _mm512_loadu_si512(loom__pool_even);
-    memset(tmp, 0, sizeof(float) * (size_t)(QUAD_IMGS * cp)); /* (the rows leave the pads) */
+    memset(tmp, 0, sizeof(float) * (size_t)(imgs * cp)); /* (the rows leave the pads) */
     for (int64_t n = 0; n < br->size[0]; n++) {
-        for (int i = 0; i < QUAD_IMGS; i++) {
+        for (int i = 0; i < imgs; i++) {
             float *t = tmp + i * cp;
-            /* rows i, i + 16, ... of the next image: its first reads miss otherwise */
-            for (int64_t y = i; sx == 1 && y < 2 * OH + 2; y += QUAD_IMGS)
-                for (int64_t o = 0; o < 2 * OW + 2; o += 16)
+            /* rows i, i + imgs, ... of the next image: its first reads miss otherwise */
+            for (int64_t y = i; sx == 1 && y < 2 * OH + side - 2; y += imgs)
+                for (int64_t o = 0; o < 2 * OW + side - 2; o += 16)
                     _mm_prefetch((const char *)(x + (n + 1) * br->stride[0] + sc + y * sy + o),
                                  _MM_HINT_T0);
             for (int64_t oy = 0; oy < OH; oy++) {
-                const float *r = x + n * br->stride[0] + sc + (2 * oy + i / 4) * sy + i % 4 * sx;
+                const float *r =
+                    x + n * br->stride[0] + sc + (2 * oy + i / side) * sy + i % side * sx;
                 if (sx == 1) { /* the even ones of 2 OW - 1 floats (nothing read past), 16
                                 * windows at a time */
                     for (int64_t ox = 0; ox < OW; ox += 16) {
@@ -121,8 +124,8 @@ __attribute__((target("avx512f"))) void loom__quad_images(float *S, float *tmp, 
             }
         }
         for (int64_t q = 0; q < chunks; q++)
-            for (int i = 0; i < QUAD_IMGS; i++)
-                _mm512_store_ps(S + ((n * chunks + q) * QUAD_IMGS + i) * 16,
+            for (int i = 0; i < imgs; i++)
+                _mm512_store_ps(S + ((n * chunks + q) * imgs + i) * 16,
                                 _mm512_loadu_ps(tmp + i * cp + 16 * q));
     }
 }
@@ -225,7 +228,7 @@ loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t
         x = loom__addr(p, b, p->nodes[dot].src[1]), C = bc.size[0];
         for (int64_t ci = 0; ci < C; ci++)
             loom__quad_images(S + ci * per, S + C * per, x, &br, ci * bc.stride[0], d->shape[2],
-                              d->shape[3], chunks);
+                              d->shape[3], chunks, 4);
     } else { /* a sum alone: images of zeros, products not stored */
         memset(S, 0, sizeof(float) * (size_t)per);
     }
