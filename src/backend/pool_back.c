@@ -77,7 +77,8 @@ static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t l
     back_rows *s = ctx;
     int64_t from = s->summed > j0 ? s->summed : j0; /* a multiple of the lanes, or the end */
     for (int64_t k = 0; k < s->rows; k++) {
-        float *row = r + k * ld - j0; /* column j at row + j; whole planes spill into the pad */
+        /* column j at row + j; whole planes, or pairs of rows, spill into the pad */
+        float *row = r + k * ld - j0;
         for (int64_t pl = j0 / s->P; pl * s->P < j0 + n; pl++) {
             const float *gy = s->dy + k * s->dys0 + pl * s->dys1;
             const uint8_t *codes = s->codes + (k * s->planes + pl) * s->OP;
