@@ -1203,7 +1203,8 @@ static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t
 
 /* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
  * window drawn (2x2 among them), a second convolution and pooling, a linear layer; seeds 0-4 the
- * recipe's sizes, 5-9 wider and odd planes, kernels of 3 x 3 and 5 x 5. */
+ * recipe's sizes, 5-9 wider and odd planes, kernels of 3 x 3 and 5 x 5; from 10 on the second
+ * convolution of stride 1 or 2. */
 static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
     static const loom_window wins[] = {{2, 2, 2, 2, 0, 0},
                                        {3, 3, 2, 2, 1, 1},
@@ -1246,7 +1247,9 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     else
         y = loom_relu(g, y);
     if (y && y->shape[2] >= k2 && y->shape[3] >= k2) {
-        y = loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), 1, 0);
+        /* (drawn seeds: sometimes of stride 2, its input gradient a strided fold) */
+        int st2 = seed >= 10 ? (int)draw(seed, 14, 1, 2) : 1;
+        y = loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), st2, 0);
         if (y->shape[2] >= w2.kh && y->shape[3] >= w2.kw && draw(seed, 12, 0, 3))
             y = loom_relu(g, loom_pool_max(g, y, w2));
     } else {

@@ -407,6 +407,11 @@ typedef enum {
  * loom__gemm_available() (the interpreter falls back to BLAS otherwise). */
 bool loom__gemm_available(void);
 size_t loom__gemm_scratch_bytes(void);
+/* The scratch past loom__gemm_scratch_bytes() (64-byte aligned): where a caller keeps blocks of
+ * a product (loom__product_scratch_bytes counts them). */
+static inline float *loom__gemm_room(void *scratch) {
+    return (float *)(((uintptr_t)scratch + loom__gemm_scratch_bytes() + 63) & ~(uintptr_t)63);
+}
 void loom__sgemm_g(int64_t M, int64_t N, int64_t K, const loom__gmat *a, const loom__gmat *b,
                    float *c, loom__gdim crow, loom__gdim ccol, bool accumulate, void *scratch);
 bool loom__gemm_form_ok(loom__gemm_form f, int64_t M, int64_t N, int64_t K, const loom__gmat *a,

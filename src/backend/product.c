@@ -184,10 +184,6 @@ static void part_block_done(void *ctx, int64_t jc, int64_t nc) {
     block_done(&x->e, x->at + jc, nc, LOOM_GEMM_NC);
 }
 
-static float *own_room(unsigned char *scratch) {
-    return (float *)(((uintptr_t)(scratch + loom__gemm_scratch_bytes()) + 63) & ~(uintptr_t)63);
-}
-
 static void own_part(void *ctx, int64_t lo, int64_t hi, int w) {
     const own_job *j = ctx;
     unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
@@ -209,7 +205,7 @@ static void own_part(void *ctx, int64_t lo, int64_t hi, int w) {
             act.colsum = act.colsum ? act.colsum + j0 : NULL;
             loom__sgemm_act(m, n, j->k, &a, &b, c, crow.stride[0], &act, scratch);
         } else {
-            float *buf = j->split ? own_room(scratch) : j->c;
+            float *buf = j->split ? loom__gemm_room(scratch) : j->c;
             part_epilogue x = {j->e, at};
             x.e.buf = buf;
             loom__sgemm_blocks(m, n, j->k, &a, &b, buf, LOOM_GEMM_NC, part_block_done, &x, scratch);
@@ -247,14 +243,18 @@ bool loom__product_blocks_ok(const loom__program *p, int32_t id, int64_t nc) {
 
 size_t loom__product_scratch_bytes(const loom__program *p, int32_t id) {
     const loom__pnode *t = &p->nodes[id];
-    if (loom__use_own_gemm()) /* and a block of all its rows for its epilogue, split (own_part) */
+    int32_t f = t->fused_into;
+    if (loom__use_own_gemm()) /* and a block of all its rows for its epilogue, split (own_part),
+                               * or a strided fold's blocks */
         return loom__gemm_scratch_bytes() +
                (t->epi >= 0 && !loom__form_get(p, id, LOOM_FORM_ACT)
                     ? sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM_NC) + 64
+                : f >= 0 && p->nodes[f].op == LOOM_OP_FOLD &&
+                        (p->nodes[f].attr.win.sh > 1 || p->nodes[f].attr.win.sw > 1)
+                    ? loom__fold_blocks_bytes(p, f, id)
                     : 0);
     if (!loom__use_gemm256())
         return 0;
-    int32_t f = t->fused_into;
     size_t room =
         t->epi >= 0 /* a block of all its rows, for its epilogue (epi_part) */
             ? sizeof(float) * (size_t)(t->shape[0] * LOOM_GEMM256_NC) + 64

@@ -193,7 +193,8 @@ void loom__fold_dims(const loom__pnode *t, loom__gdim *crow, loom__gdim *ccol) {
 
 /* A fold that computes its product (compile/fuse.c). loom's AVX-512 sgemm adds each result into
  * x (zeroed first) straight from its register tile, a place's taps in the product's order (stride
- * 1). On AVX2 loom__sgemm256_blocks makes the product a block of whole images at a time into the
+ * 1). On AVX2 loom__sgemm256_blocks (on AVX-512, for a strided fold, loom's sgemm on B's columns
+ * narrowed to the block's images) makes the product a block of whole images at a time into the
  * scratch, and each block is folded from there (fold_rows_avx2 at stride 1, fold_planes at any
  * stride): every place's taps lie in its image's block, so it takes them in window order and x
  * has the bits of the product and the fold apart, without the product's columns written to
@@ -214,11 +215,35 @@ static int64_t fold_images(const loom__pnode *t, int64_t rows) {
     return n > 1 ? n : 1;
 }
 
+/* Whether B's columns (n, place) take a block of whole images by narrowing them: plain, or the
+ * images their outermost sub-dimension. */
+static bool image_cols(const loom__gdim *col, int64_t N) {
+    return col->n == 1 ? col->size[0] % N == 0 : col->size[0] == N;
+}
+
+/* B's columns narrowed to images [n0, n0 + nb) of N. */
+static void narrow_images(loom__gmat *b, int64_t N, int64_t n0, int64_t nb) {
+    int64_t per = b->col.n == 1 ? b->col.size[0] / N : 1;
+    b->p += n0 * per * b->col.stride[0];
+    b->col.size[0] = nb * per;
+}
+
 bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product) {
     const loom__pnode *t = &p->nodes[fold], *m = &p->nodes[product];
     int64_t plane = m->shape[1] / t->shape[0];
-    return m->shape[0] * plane <= FOLD_MAX &&
-           loom__product_blocks_ok(p, product, fold_images(t, m->shape[0]) * plane);
+    if (m->shape[0] * plane > FOLD_MAX)
+        return false;
+    if (!loom__use_own_gemm())
+        return loom__product_blocks_ok(p, product, fold_images(t, m->shape[0]) * plane);
+    /* AVX-512: the blocks by the packed form, which the product alone takes too (B's rows plain:
+     * never as its transpose), so that each element is the product's own */
+    loom__gmat a = {0}, b = {0};
+    loom__operand_dims(&p->nodes[m->src[0]], &a.row, &a.col);
+    loom__operand_dims(&p->nodes[m->src[1]], &b.row, &b.col);
+    return m->dtype == LOOM_F32 && m->ndim == 2 && b.row.n == 1 &&
+           image_cols(&b.col, t->shape[0]) &&
+           loom__gemm_choose(m->shape[0], m->shape[1], loom__numel(a.col.n, a.col.size), &a, &b) ==
+               LOOM_GEMM_PACKED;
 }
 
 /* (a part of r of its rows takes r plane fold_images(t, r) floats: at most FOLD_BLOCK, or one
@@ -326,16 +351,30 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
     fold_planes_float(w, xs, cs, OH * OW, x, f->buf, 0, f->c1 - f->c0);
 }
 
-/* Channels [c0, c1) of the image on AVX2: their taps' rows of the product, a block at a time,
- * folded into their planes. A place's sum does not depend on the channels taken together, so a
- * device's cores take channels apart. */
+/* Channels [c0, c1) of the image on AVX2 (on AVX-512, a strided fold): their taps' rows of the
+ * product, a block at a time, folded into their planes. A place's sum does not depend on the
+ * channels taken together, so a device's cores take channels apart. */
 static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
     const fold_job *j = ctx;
     unsigned char *scratch = loom__scratch_of(j->p, j->b, w);
-    fold_part f = {j, c0, c1, loom__gemm256_room(scratch)};
+    bool own = loom__use_own_gemm();
+    fold_part f = {j, c0, c1, own ? loom__gemm_room(scratch) : loom__gemm256_room(scratch)};
     loom__gmat ga = j->ga;
     ga.p += c0 * j->taps * ga.row.stride[0];
+    ga.row.size[0] = (c1 - c0) * j->taps;
     int64_t rows = (c1 - c0) * j->taps, plane = j->n / j->t->shape[0];
+    for (int64_t N = j->t->shape[0], nb = fold_images(j->t, rows), n0 = 0; own && n0 < N;
+         n0 += nb) { /* AVX-512: blocks of images by the packed form (loom__fold_blocks_ok) */
+        int64_t k = N - n0 < nb ? N - n0 : nb;
+        loom__gmat gb = j->gb;
+        narrow_images(&gb, N, n0, k);
+        loom__gdim crow = {1, {rows}, {k * plane}}, ccol = {1, {k * plane}, {1}};
+        loom__sgemm_form(LOOM_GEMM_PACKED, rows, k * plane, j->k, &ga, &gb, f.buf, crow, ccol,
+                         false, scratch);
+        fold_block(&f, n0 * plane, k * plane);
+    }
+    if (own)
+        return;
     loom__sgemm256_blocks(rows, j->n, j->k, &ga, &j->gb, 0, f.buf, fold_images(j->t, rows) * plane,
                           fold_block, &f, scratch);
 }
@@ -346,7 +385,7 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
     fold_job j = {.p = p, .b = b, .t = t, .n = m->shape[1], .x = loom__addr(p, b, id)};
     j.k = loom__product_operands(p, b, mid, &j.ga, &j.gb);
     j.taps = t->attr.win.kh * t->attr.win.kw;
-    if (!loom__use_own_gemm()) {
+    if (!loom__use_own_gemm() || t->attr.win.sh > 1 || t->attr.win.sw > 1) {
         double work = (double)m->shape[0] * (double)m->shape[1] * (double)j.k;
         loom__team_for(work >= LOOM_SPLIT_MIN ? b->team : NULL, t->shape[1], 1, fold_channels, &j);
         return LOOM_OK;

@@ -132,10 +132,12 @@ const loom__rule loom__rules[] = {
      {NULL}},
     {"fold-product",
      "FOLD (col2im) of a product's output through a contiguous reshape",
-     "float, no padding, loom's own products (AVX-512: stride 1; AVX2: A plain, an image's "
-     "columns in a block), the product and its reshape read by the fold alone",
-     "the product adding each result straight into the image (AVX-512), or made a block of whole "
-     "images at a time and folded from the cache (AVX2; the fold's bits): no column buffer",
+     "float, no padding, loom's own products (AVX-512: stride 1, or strided with B's columns "
+     "by images and the packed form; AVX2: A plain, an image's columns in a block), the product "
+     "and its reshape read by the fold alone",
+     "the product adding each result straight into the image (AVX-512, stride 1), or made a "
+     "block of whole images at a time and folded from the cache (AVX2, and AVX-512 strided; the "
+     "fold's bits): no column buffer",
      "fused_into",
      false,
      loom__rule_fold_product,
