@@ -617,9 +617,6 @@ static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
     return w->kh == 2 && w->kw == 2 && w->sh == 2 && w->sw == 2 && w->ph == 0 && w->pw == 0 &&
            row_stride == 1;
 }
-/* Whether a pool gradient of H x W planes, OH x OW 2x2 windows, can be made a plane at a time
- * from the codes (its BACK form). */
-bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW);
 /* Whether pool gradient id's sinks can take its windows (its QUAD form; its sinks, codes and
  * ReLU's backward decided; a product sink: a 3 x 3 convolution's weight gradient), and the
  * scratch it then needs. */

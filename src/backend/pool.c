@@ -782,11 +782,6 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
     return LOOM_OK;
 }
 
-bool loom__pool_grad_by_codes(int64_t H, int64_t W, int64_t OH, int64_t OW) {
-    (void)H, (void)W, (void)OH, (void)OW; /* any plane: by the table, or by rows */
-    return loom__pool512();
-}
-
 loom_status loom__k_poolmax(const loom__program *p, const loom__bind *b, int32_t id) {
     if (loom__form_get(p, id, LOOM_FORM_CONV))
         return loom__pool_conv(p, b, id);

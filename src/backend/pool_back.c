@@ -34,7 +34,8 @@ typedef struct {
     const loom__form *x;
     loom__gmat a, b;
     int64_t K, pad;
-    bool table; /* the pool gradient's planes made by a pool_gtab, else by rows */
+    bool table;   /* the pool gradient's planes made by gt, else by rows */
+    pool_gtab gt; /* (with table) */
 } back_plan;
 
 static back_plan back_plan_of(const loom__program *p, int32_t f) {
@@ -46,10 +47,9 @@ static back_plan back_plan_of(const loom__program *p, int32_t f) {
     q.K = loom__numel(q.a.col.n, q.a.col.size);
     /* a plane made whole by its table spills up to a plane on either side; made by rows, a
      * pair of rows */
-    pool_gtab gt;
     const loom__pnode *d = &p->nodes[loom__pool_dy(p, q.x->u.back.grad)];
     int64_t H = q.pg->shape[2], W = q.pg->shape[3];
-    q.table = loom__pool_gtab_init(&gt, H, W, d->shape[2], d->shape[3]);
+    q.table = loom__pool_gtab_init(&q.gt, H, W, d->shape[2], d->shape[3]);
     q.pad = ((q.table ? H * W : 2 * W) + 15) / 16 * 16;
     return q;
 }
@@ -68,9 +68,9 @@ typedef struct {
     const uint8_t *codes;
     int64_t rows, planes, P, OP, summed;
     int64_t H, W, OH, OW;
-    bool relu, table;
-    pool_gtab gt;
-    float *lanes; /* RED_LANES a row, or NULL */
+    bool relu;
+    const pool_gtab *gt; /* a whole plane at a time from it, or NULL: by rows */
+    float *lanes;        /* RED_LANES a row, or NULL */
 } back_rows;
 
 static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t ld) {
@@ -82,8 +82,8 @@ static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t l
         for (int64_t pl = j0 / s->P; pl * s->P < j0 + n; pl++) {
             const float *gy = s->dy + k * s->dys0 + pl * s->dys1;
             const uint8_t *codes = s->codes + (k * s->planes + pl) * s->OP;
-            if (s->table) {
-                loom__pool2_grad_plane_float(&s->gt, gy, codes, s->relu, row + pl * s->P, s->OP);
+            if (s->gt) {
+                loom__pool2_grad_plane_float(s->gt, gy, codes, s->relu, row + pl * s->P, s->OP);
                 continue;
             }
             /* the window rows over the plane's columns in [j0, j0 + n) */
@@ -125,10 +125,8 @@ loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t
                    .OH = d->shape[2],
                    .OW = d->shape[3],
                    .relu = loom__form_get(p, gid, LOOM_FORM_RELU_DY) != NULL,
-                   .table = q.table,
+                   .gt = q.table ? &q.gt : NULL,
                    .lanes = sum ? lanes : NULL};
-    if (q.table)
-        loom__pool_gtab_init(&s.gt, g->shape[2], g->shape[3], d->shape[2], d->shape[3]);
     memset(lanes, 0, sizeof(float) * (size_t)(q.K * RED_LANES));
     loom__gdim crow, ccol;
     loom__fold_dims(t, &crow, &ccol);

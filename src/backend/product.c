@@ -213,6 +213,24 @@ static void own_part(void *ctx, int64_t lo, int64_t hi, int w) {
     }
 }
 
+/* The job of an M x N product into row-major c (rows ldc apart), via loom__sgemm_g, _act or
+ * _blocks (its act or e then set). */
+static own_job own_job_of(const loom__program *p, const loom__bind *b, loom__gemm_via via,
+                          int64_t m, int64_t n, int64_t k, const loom__gmat *ga,
+                          const loom__gmat *gb, float *c, int64_t ldc) {
+    return (own_job){.p = p,
+                     .b = b,
+                     .via = via,
+                     .m = m,
+                     .n = n,
+                     .k = k,
+                     .ga = *ga,
+                     .gb = *gb,
+                     .c = c,
+                     .crow = gd1(m, ldc),
+                     .ccol = gd1(n, 1)};
+}
+
 /* Products of fewer multiply-adds stay on one core: handing half to a helper costs more. */
 #define OWN_SPLIT_MIN (2 * LOOM_SPLIT_MIN)
 
@@ -395,18 +413,9 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                                                : 0,
                               .colsum = sum >= 0 ? loom__addr(p, b, sum) : NULL,
                               .addend = matrix ? vp : NULL};
-        own_job j = {.p = p,
-                     .b = b,
-                     .via = LOOM_GEMM_VIA_ACT,
-                     .m = t->shape[0],
-                     .n = t->shape[1],
-                     .k = k,
-                     .ga = ga,
-                     .gb = gb,
-                     .c = loom__addr(p, b, p->fused[t->epi].root),
-                     .crow = gd1(t->shape[0], t->shape[1]),
-                     .ccol = gd1(t->shape[1], 1),
-                     .act = act};
+        own_job j = own_job_of(p, b, LOOM_GEMM_VIA_ACT, t->shape[0], t->shape[1], k, &ga, &gb,
+                               loom__addr(p, b, p->fused[t->epi].root), t->shape[1]);
+        j.act = act;
         own_product(&j, b->team);
         return LOOM_OK;
     }
@@ -423,18 +432,10 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                            &j);
             return LOOM_OK;
         }
-        own_job j = {.p = p,
-                     .b = b,
-                     .via = LOOM_GEMM_VIA_BLOCKS,
-                     .m = t->shape[0],
-                     .n = t->shape[1],
-                     .k = k,
-                     .ga = ga,
-                     .gb = gb,
-                     .c = (float *)(b->ws + t->ws_off), /* unsplit: the node's buffer */
-                     .crow = gd1(t->shape[0], LOOM_GEMM_NC),
-                     .ccol = gd1(t->shape[1], 1),
-                     .e = e};
+        own_job j = own_job_of(p, b, LOOM_GEMM_VIA_BLOCKS, t->shape[0], t->shape[1], k, &ga, &gb,
+                               (float *)(b->ws + t->ws_off), /* unsplit: the node's buffer */
+                               LOOM_GEMM_NC);
+        j.e = e;
         own_product(&j, b->team);
         return LOOM_OK;
     }
@@ -448,17 +449,7 @@ loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t 
                    ccol = {.n = 1, .size = {n}, .stride = {1}};
         const float *a0 = ga.p, *b0 = gb.p;
         if (batch == 1 && m * n > 0) {
-            own_job j = {.p = p,
-                         .b = b,
-                         .via = LOOM_GEMM_VIA_G,
-                         .m = m,
-                         .n = n,
-                         .k = k,
-                         .ga = ga,
-                         .gb = gb,
-                         .c = o,
-                         .crow = crow,
-                         .ccol = ccol};
+            own_job j = own_job_of(p, b, LOOM_GEMM_VIA_G, m, n, k, &ga, &gb, o, n);
             own_product(&j, b->team);
             return LOOM_OK;
         }

@@ -363,18 +363,19 @@ static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
     ga.p += c0 * j->taps * ga.row.stride[0];
     ga.row.size[0] = (c1 - c0) * j->taps;
     int64_t rows = (c1 - c0) * j->taps, plane = j->n / j->t->shape[0];
-    for (int64_t N = j->t->shape[0], nb = fold_images(j->t, rows), n0 = 0; own && n0 < N;
-         n0 += nb) { /* AVX-512: blocks of images by the packed form (loom__fold_blocks_ok) */
-        int64_t k = N - n0 < nb ? N - n0 : nb;
-        loom__gmat gb = j->gb;
-        narrow_images(&gb, N, n0, k);
-        loom__gdim crow = {1, {rows}, {k * plane}}, ccol = {1, {k * plane}, {1}};
-        loom__sgemm_form(LOOM_GEMM_PACKED, rows, k * plane, j->k, &ga, &gb, f.buf, crow, ccol,
-                         false, scratch);
-        fold_block(&f, n0 * plane, k * plane);
-    }
-    if (own)
+    if (own) { /* AVX-512: blocks of images by the packed form (loom__fold_blocks_ok) */
+        int64_t N = j->t->shape[0], nb = fold_images(j->t, rows);
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            int64_t k = N - n0 < nb ? N - n0 : nb;
+            loom__gmat gb = j->gb;
+            narrow_images(&gb, N, n0, k);
+            loom__gdim crow = {1, {rows}, {k * plane}}, ccol = {1, {k * plane}, {1}};
+            loom__sgemm_form(LOOM_GEMM_PACKED, rows, k * plane, j->k, &ga, &gb, f.buf, crow, ccol,
+                             false, scratch);
+            fold_block(&f, n0 * plane, k * plane);
+        }
         return;
+    }
     loom__sgemm256_blocks(rows, j->n, j->k, &ga, &j->gb, 0, f.buf, fold_images(j->t, rows) * plane,
                           fold_block, &f, scratch);
 }

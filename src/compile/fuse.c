@@ -186,7 +186,7 @@ const loom__rule loom__rules[] = {
      "after fold-product (which runs that product), pool-codes and pool-sinks (whose sinks it "
      "takes over); 2x2 windows; the rows read only by the product, a weight gradient (rows x an "
      "unfold) and a sum along them, none read before the fold, planes of any size made from "
-     "the codes (loom__pool_grad_by_codes), loom__conv_back_ok",
+     "the codes (the AVX-512 pooling rows), loom__conv_back_ok",
      "the fold making the pool gradient a block of columns at a time into its product, the "
      "weight gradient and the bias sum",
      "a BACK record; fused_into",

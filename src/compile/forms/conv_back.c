@@ -60,8 +60,7 @@ int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in) {
             g->shape[0] != r->shape[0])
             continue;
         const loom__pnode *d = &p->nodes[loom__pool_dy(p, P)];
-        if (d->lay.stride[3] != 1 || d->lay.stride[2] != d->shape[3] ||
-            !loom__pool_grad_by_codes(g->shape[2], g->shape[3], d->shape[2], d->shape[3]))
+        if (d->lay.stride[3] != 1 || d->lay.stride[2] != d->shape[3]) /* (planes of any size) */
             continue;
         /* the rows' other readers: the weight gradient (rows x an unfold), a sum along them */
         int32_t w = -1, s = -1;
