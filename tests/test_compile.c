@@ -1226,6 +1226,8 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
         H = (int64_t[]){30, 64, 29, 36, 28}[seed - 5],
         W = (int64_t[]){30, 64, 31, 40, 28}[seed - 5], w1 = wins[(int[]){1, 4, 0, 0, 0}[seed - 5]],
         w2 = wins[0];
+    if (seed == 10) /* cnn-stride2's layers, 3x3 kernels of stride 2, padded (rows over 32) */
+        N = 4, C = 1, H = 28, W = 72, O = 16, O2 = 32, k = 3, st = 2, pad = 1, k2 = 3, w1 = wins[2];
     c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
     test_fill(c->x, N * C * H * W, seed, -1, 1);
     loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
@@ -1247,9 +1249,12 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     else
         y = loom_relu(g, y);
     if (y && y->shape[2] >= k2 && y->shape[3] >= k2) {
-        /* (drawn seeds: sometimes of stride 2, its input gradient a strided fold) */
+        /* (drawn seeds: sometimes of stride 2 and padded, its input gradient a strided fold) */
         int st2 = seed >= 10 ? (int)draw(seed, 14, 1, 2) : 1;
-        y = loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), st2, 0);
+        int pad2 = seed >= 10 ? (int)draw(seed, 15, 0, k2 / 2) : 0;
+        if (seed == 10)
+            st2 = 2, pad2 = 1;
+        y = loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), st2, pad2);
         if (y->shape[2] >= w2.kh && y->shape[3] >= w2.kw && draw(seed, 12, 0, 3))
             y = loom_relu(g, loom_pool_max(g, y, w2));
     } else {

@@ -314,6 +314,56 @@ __attribute__((target("avx2,fma"))) static void fold_rows_avx2(const loom_window
 }
 #endif
 
+#ifdef HAVE_POOL512
+/* The same for columns 2 apart (any row stride, unpadded) on AVX-512: a row's even and odd
+ * places are two phases, each 16 places of consecutive columns of its taps (j even, j odd), summed
+ * in window order from +0.0 (a tap a place lacks reads +0.0) and interleaved as they are stored,
+ * so the bits of fold_planes' adds into a zeroed plane, the plane written once. */
+__attribute__((target("avx512f"))) static void fold_rows_s2(const loom_window *w, int64_t nb,
+                                                            int64_t C, int64_t H, int64_t W,
+                                                            int64_t nch, const float *cols,
+                                                            float *x) {
+    int64_t kh = w->kh, kw = w->kw, sh = w->sh, OH = (H - kh) / sh + 1, OW = (W - kw) / 2 + 1;
+    int64_t plane = OH * OW, tap = nb * plane;
+    const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(8));
+    for (int64_t c = 0; c < nch; c++)
+        for (int64_t n = 0; n < nb; n++) {
+            const float *cb = cols + c * kh * kw * tap + n * plane;
+            float *xp = x + (n * C + c) * H * W;
+            for (int64_t x0 = 0; x0 < W; x0 += 32) {
+                __mmask16 in[16]; /* tap column j's places in range: ox = x0 / 2 + l - j / 2 */
+                for (int64_t j = 0; j < kw && j < 16; j++) {
+                    int64_t first = x0 / 2 - j / 2, lo = first < 0 ? -first : 0;
+                    int64_t hi = OW - first < 16 ? OW - first : 16;
+                    in[j] = hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                }
+                int64_t left = W - x0;
+                __mmask16 s0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __mmask16 s1 = left >= 32   ? 0xffff
+                               : left <= 16 ? 0
+                                            : (__mmask16)((1u << (left - 16)) - 1);
+                for (int64_t y = 0; y < H; y++) {
+                    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+                    for (int64_t i = y % sh; i < kh && i <= y; i += sh) {
+                        int64_t oy = (y - i) / sh;
+                        if (oy >= OH)
+                            continue;
+                        const float *row = cb + i * kw * tap + oy * OW + x0 / 2;
+                        for (int64_t j = 0; j < kw; j++)
+                            a[j & 1] = _mm512_add_ps(
+                                a[j & 1], _mm512_maskz_loadu_ps(in[j], row + j * tap - j / 2));
+                    }
+                    _mm512_mask_storeu_ps(xp + y * W + x0, s0,
+                                          _mm512_permutex2var_ps(a[0], even, a[1]));
+                    _mm512_mask_storeu_ps(xp + y * W + x0 + 16, s1,
+                                          _mm512_permutex2var_ps(a[0], odd, a[1]));
+                }
+            }
+        }
+}
+#endif
+
 typedef struct {
     const loom__program *p;
     const loom__bind *b;
@@ -342,6 +392,12 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (w->sh == 1 && w->sw == 1) {
         fold_rows_avx2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
+        return;
+    }
+#endif
+#ifdef HAVE_POOL512
+    if (w->sw == 2 && w->kw <= 16 && w->ph == 0 && w->pw == 0 && loom__pool512()) {
+        fold_rows_s2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
         return;
     }
 #endif
