@@ -1201,6 +1201,18 @@ static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     return case_linear(g, c, h, H, 10, true, seed);
 }
 
+/* The weights (shapes sw, sw2) and biases (o, o2) of two convolutions: c->p[0 .. 4). */
+static void case_convs(rule_case *c, uint64_t seed, const int64_t *sw, int64_t o,
+                       const int64_t *sw2, int64_t o2) {
+    for (int i = 0; i < 4; i++) {
+        const int64_t *shape = i == 0 ? sw : i == 1 ? &o : i == 2 ? sw2 : &o2;
+        char name[8] = {'c', (char)('0' + i), 0};
+        c->p[c->np] =
+            param(c->m, name, i % 2 ? 1 : 4, shape, 0.3, seed * 16 + (uint64_t)i, &c->v[c->np]);
+        c->np++;
+    }
+}
+
 /* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
  * window drawn (2x2 among them), a second convolution and pooling, a linear layer; seeds 0-4 the
  * recipe's sizes, 5-9 wider and odd planes, kernels of 3 x 3 and 5 x 5; from 10 on the second
@@ -1231,14 +1243,7 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
     test_fill(c->x, N * C * H * W, seed, -1, 1);
     loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
-    int64_t sw[4] = {O, C, k, k}, sb[1] = {O}, sw2[4] = {O2, O, k2, k2}, sb2[1] = {O2};
-    for (int i = 0; i < 4; i++) {
-        const int64_t *shape = i == 0 ? sw : i == 1 ? sb : i == 2 ? sw2 : sb2;
-        char name[8] = {'c', (char)('0' + i), 0};
-        c->p[c->np] =
-            param(c->m, name, i % 2 ? 1 : 4, shape, 0.3, seed * 16 + (uint64_t)i, &c->v[c->np]);
-        c->np++;
-    }
+    case_convs(c, seed, (int64_t[4]){O, C, k, k}, O, (int64_t[4]){O2, O, k2, k2}, O2);
     loom_tensor *y =
         loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad);
     if (y && y->shape[2] >= w1.kh && y->shape[3] >= w1.kw && seed >= 5 && seed != 9 &&
@@ -1262,6 +1267,35 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     }
     y = loom_flatten(g, y);
     *rows = N;
+    return y ? case_linear(g, c, y, y->shape[1], 10, true, seed) : NULL;
+}
+
+/* A CNN of padded convolutions without pooling, the second of stride 2, as cnn-stride2: its input
+ * gradient a fold cropped, whose (C,N) copy the first one's ReLU backward reads (fold-crop). Seed
+ * 0 its layers (28 x 28 images, 3x3 kernels of stride 2 and padding 1), seed 1 rows of the
+ * second's input over 64 places and a 5x5 kernel, the others drawn. */
+static loom_tensor *case_strided(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows) {
+    int64_t N = draw(seed, 0, 1, 6), C = draw(seed, 1, 1, 3), H = draw(seed, 2, 6, 30);
+    int64_t W = draw(seed, 3, 6, 70), O = draw(seed, 4, 1, 24), O2 = draw(seed, 5, 1, 24);
+    int k = draw(seed, 6, 1, 5), st = draw(seed, 7, 1, 2), pad = draw(seed, 8, 0, k / 2);
+    int k2 = draw(seed, 9, 1, 5), pad2 = draw(seed, 10, 1, 1 + k2 / 2);
+    if (seed == 0)
+        N = 8, C = 1, H = W = 28, O = 32, O2 = 64, k = k2 = 3, st = 2, pad = pad2 = 1;
+    if (seed == 1)
+        N = 2, C = 2, H = 12, W = 90, O = 8, O2 = 16, k = 3, st = 1, pad = 1, k2 = 5, pad2 = 2;
+    c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
+    test_fill(c->x, N * C * H * W, seed, -1, 1);
+    loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
+    case_convs(c, seed, (int64_t[4]){O, C, k, k}, O, (int64_t[4]){O2, O, k2, k2}, O2);
+    loom_tensor *y = loom_relu(
+        g, loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad));
+    if (y && y->shape[2] + 2 * pad2 >= k2 && y->shape[3] + 2 * pad2 >= k2)
+        y = loom_relu(
+            g, loom_conv2d(g, y, loom_parameter(g, c->p[2]), loom_parameter(g, c->p[3]), 2, pad2));
+    else
+        c->np = 2; /* the second layer's parameters unused */
+    *rows = N;
+    y = loom_flatten(g, y);
     return y ? case_linear(g, c, y, y->shape[1], 10, true, seed) : NULL;
 }
 
@@ -1297,10 +1331,10 @@ static const struct {
     const char *rule;
     loom_tensor *(*build)(loom_graph *g, rule_case *c, uint64_t seed, int64_t *rows);
 } rule_cases[] = {
-    {"elementwise", case_mlp},  {"epilogue", case_mlp},    {"product-act", case_mlp},
-    {"fold-product", case_cnn}, {"pool-sinks", case_cnn},  {"pool-codes", case_cnn},
-    {"pool-relu", case_cnn},    {"pool-conv", case_cnn},   {"conv-back", case_cnn},
-    {"pool-quad", case_cnn},    {"lnorm-keep", case_norm},
+    {"elementwise", case_mlp},  {"epilogue", case_mlp},      {"product-act", case_mlp},
+    {"fold-product", case_cnn}, {"pool-sinks", case_cnn},    {"pool-codes", case_cnn},
+    {"pool-relu", case_cnn},    {"pool-conv", case_cnn},     {"conv-back", case_cnn},
+    {"pool-quad", case_cnn},    {"fold-crop", case_strided}, {"lnorm-keep", case_norm},
 };
 
 /* Whether fusion rule `rule`'s forms run only on loom's own products and pooling rows (AVX-512;
@@ -1309,8 +1343,8 @@ static const struct {
 static bool own_gemm_rule(const char *rule) {
     if (!strcmp(rule, "fold-product") || !strcmp(rule, "epilogue"))
         return !loom__use_gemm256();
-    static const char *const own[] = {"pool-sinks", "pool-conv", "conv-back", "pool-quad",
-                                      "product-act"};
+    static const char *const own[] = {"pool-sinks", "pool-conv",   "conv-back",
+                                      "pool-quad",  "product-act", "fold-crop"};
     for (size_t q = 0; q < sizeof own / sizeof *own; q++)
         if (!strcmp(own[q], rule))
             return true;

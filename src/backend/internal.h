@@ -72,6 +72,7 @@ typedef enum {
     LOOM_FORM_CODES,      /* pool-codes, a POOLMAX: it keeps each window's argmax place */
     LOOM_FORM_CONV,       /* pool-conv, a POOLMAX: it computes its product plane by plane */
     LOOM_FORM_BACK,       /* conv-back, a FOLD: it makes a pool gradient's rows for its products */
+    LOOM_FORM_CROP,       /* fold-crop, a FOLD: it writes its crop (a ReLU's backward of it) */
     LOOM_FORM_CODES_READ, /* pool-codes, a POOLGRAD: it reads a POOLMAX's codes, not its input */
     LOOM_FORM_RELU_DY,    /* pool-relu, a POOLGRAD: it reads x of where(relu > 0, x, 0) as dy */
     LOOM_FORM_SINKS,      /* pool-sinks, a POOLGRAD: it feeds its rows to sinks while in cache */
@@ -107,6 +108,13 @@ typedef struct {
         struct {
             int32_t grad, w, sum;
         } back;
+        /* CROP: the CROP of the fold (made_by it) and the node its planes are written into
+         * cropped: that CROP, or the copy of its (C,N) permute as (C, N H W) (cn); with mask >= 0,
+         * where(mask > 0, that, 0) made_by it too, written into its WHERE */
+        struct {
+            int32_t crop, into, mask;
+            bool cn;
+        } crop;
         /* SINKS: the sinks (a sum along the rows, a product on the dot-product path), the node
          * whose 2-D rows they read, and keep: others read the rows too, so they are written
          * whole (else two rows at a time are held) */
@@ -602,6 +610,9 @@ size_t loom__product_scratch_bytes(const loom__program *p, int32_t id);
  * takes beyond the product's. */
 bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product);
 size_t loom__fold_blocks_bytes(const loom__program *p, int32_t fold, int32_t product);
+/* window.c: whether fold t, computing its product, can write its planes cropped, in (C,N) order
+ * and masked (fold-crop: its AVX-512 rows at column stride 2) */
+bool loom__fold_crop_ok(const loom__pnode *t);
 /* Rows a pool gradient with sinks keeps at a time (its SINKS form): the product's sink runs
  * on that many rows at once, sharing each load of B (three rows of a wide image and the image fit
  * a 2 MB L2; gemm.c's dot-product tiles take up to three rows of nine columns). */

@@ -314,37 +314,48 @@ __attribute__((target("avx2,fma"))) static void fold_rows_avx2(const loom_window
 }
 #endif
 
+/* Where a fold's planes go: plane (n, c) at x + n sn + c sc, of rows [ph, ph + H) and columns
+ * [pw, pw + W) of the fold's (all of them but for fold-crop), as where(mask > 0, place, 0) with a
+ * mask laid out as they are (NULL: none). */
+typedef struct {
+    float *x;
+    const float *mask;
+    int64_t sn, sc, ph, pw, H, W;
+} fold_out;
+
 #ifdef HAVE_POOL512
+/* Lanes l of 16 with lo <= from + l < hi. */
+static inline __mmask16 lanes_in(int64_t from, int64_t lo, int64_t hi) {
+    int64_t a = lo - from > 0 ? lo - from : 0, b = hi - from < 16 ? hi - from : 16;
+    return b <= a ? 0 : (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+}
+
 /* The same for columns 2 apart (any row stride, unpadded) on AVX-512: a row's even and odd
  * places are two phases, each 16 places of consecutive columns of its taps (j even, j odd), summed
  * in window order from +0.0 (a tap a place lacks reads +0.0) and interleaved as they are stored,
- * so the bits of fold_planes' adds into a zeroed plane, the plane written once. */
+ * so the bits of fold_planes' adds into a zeroed plane, each place written once (into o, images
+ * [n0, n0 + nb) and channels [c0, c0 + nch); rows and places o crops off are never made). */
 __attribute__((target("avx512f"))) static void fold_rows_s2(const loom_window *w, int64_t nb,
-                                                            int64_t C, int64_t H, int64_t W,
-                                                            int64_t nch, const float *cols,
-                                                            float *x) {
+                                                            int64_t H, int64_t W, int64_t nch,
+                                                            const float *cols, const fold_out *o,
+                                                            int64_t n0, int64_t c0) {
     int64_t kh = w->kh, kw = w->kw, sh = w->sh, OH = (H - kh) / sh + 1, OW = (W - kw) / 2 + 1;
     int64_t plane = OH * OW, tap = nb * plane;
     const __m512i even = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(8));
+    const __m512 zero = _mm512_setzero_ps();
     for (int64_t c = 0; c < nch; c++)
         for (int64_t n = 0; n < nb; n++) {
             const float *cb = cols + c * kh * kw * tap + n * plane;
-            float *xp = x + (n * C + c) * H * W;
+            int64_t at = (n0 + n) * o->sn + (c0 + c) * o->sc - o->pw; /* place (ph, 0) */
             for (int64_t x0 = 0; x0 < W; x0 += 32) {
                 __mmask16 in[16]; /* tap column j's places in range: ox = x0 / 2 + l - j / 2 */
-                for (int64_t j = 0; j < kw && j < 16; j++) {
-                    int64_t first = x0 / 2 - j / 2, lo = first < 0 ? -first : 0;
-                    int64_t hi = OW - first < 16 ? OW - first : 16;
-                    in[j] = hi <= lo ? 0 : (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-                }
-                int64_t left = W - x0;
-                __mmask16 s0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-                __mmask16 s1 = left >= 32   ? 0xffff
-                               : left <= 16 ? 0
-                                            : (__mmask16)((1u << (left - 16)) - 1);
-                for (int64_t y = 0; y < H; y++) {
-                    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+                for (int64_t j = 0; j < kw && j < 16; j++)
+                    in[j] = lanes_in(x0 / 2 - j / 2, 0, OW);
+                __mmask16 s[2] = {lanes_in(x0, o->pw, o->pw + o->W),
+                                  lanes_in(x0 + 16, o->pw, o->pw + o->W)};
+                for (int64_t y = o->ph; y < o->ph + o->H; y++) {
+                    __m512 a[2] = {zero, zero};
                     for (int64_t i = y % sh; i < kh && i <= y; i += sh) {
                         int64_t oy = (y - i) / sh;
                         if (oy >= OH)
@@ -354,15 +365,29 @@ __attribute__((target("avx512f"))) static void fold_rows_s2(const loom_window *w
                             a[j & 1] = _mm512_add_ps(
                                 a[j & 1], _mm512_maskz_loadu_ps(in[j], row + j * tap - j / 2));
                     }
-                    _mm512_mask_storeu_ps(xp + y * W + x0, s0,
-                                          _mm512_permutex2var_ps(a[0], even, a[1]));
-                    _mm512_mask_storeu_ps(xp + y * W + x0 + 16, s1,
-                                          _mm512_permutex2var_ps(a[0], odd, a[1]));
+                    __m512 v[2] = {_mm512_permutex2var_ps(a[0], even, a[1]),
+                                   _mm512_permutex2var_ps(a[0], odd, a[1])};
+                    for (int h = 0; h < 2; h++) {
+                        int64_t d = at + (y - o->ph) * o->W + x0 + 16 * h;
+                        if (o->mask)
+                            v[h] = _mm512_maskz_mov_ps(
+                                _mm512_mask_cmp_ps_mask(s[h],
+                                                        _mm512_maskz_loadu_ps(s[h], o->mask + d),
+                                                        zero, _CMP_GT_OQ),
+                                v[h]);
+                        _mm512_mask_storeu_ps(o->x + d, s[h], v[h]);
+                    }
                 }
             }
         }
 }
 #endif
+
+bool loom__fold_crop_ok(const loom__pnode *t) {
+    const loom_window *w = &t->attr.win;
+    return loom__use_own_gemm() && loom__pool512() && t->dtype == LOOM_F32 && w->sw == 2 &&
+           w->kw <= 16 && !w->ph && !w->pw;
+}
 
 typedef struct {
     const loom__program *p;
@@ -370,7 +395,7 @@ typedef struct {
     const loom__pnode *t;
     loom__gmat ga, gb;
     int64_t n, k, taps;
-    float *x;
+    fold_out o;
 } fold_job;
 
 typedef struct {
@@ -388,16 +413,17 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
     loom__fold_dims(t, &crow, &ccol);
     int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3], OH = ccol.size[1], OW = ccol.size[2],
             n0 = jc / (OH * OW), nb = nc / (OH * OW);
-    float *x = f->j->x + (n0 * C + f->c0) * H * W;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (w->sh == 1 && w->sw == 1) {
-        fold_rows_avx2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
+    const fold_out *o = &f->j->o;
+#ifdef HAVE_POOL512
+    if (w->sw == 2 && w->kw <= 16 && w->ph == 0 && w->pw == 0 && loom__pool512()) {
+        fold_rows_s2(w, nb, H, W, f->c1 - f->c0, f->buf, o, n0, f->c0);
         return;
     }
 #endif
-#ifdef HAVE_POOL512
-    if (w->sw == 2 && w->kw <= 16 && w->ph == 0 && w->pw == 0 && loom__pool512()) {
-        fold_rows_s2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
+    float *x = o->x + (n0 * C + f->c0) * H * W; /* (uncropped: loom__fold_crop_ok) */
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (w->sh == 1 && w->sw == 1) {
+        fold_rows_avx2(w, nb, C, H, W, f->c1 - f->c0, f->buf, x);
         return;
     }
 #endif
@@ -439,7 +465,22 @@ static void fold_channels(void *ctx, int64_t c0, int64_t c1, int w) {
 static loom_status fold_product(const loom__program *p, const loom__bind *b, int32_t id,
                                 int32_t mid) {
     const loom__pnode *t = &p->nodes[id], *m = &p->nodes[mid];
-    fold_job j = {.p = p, .b = b, .t = t, .n = m->shape[1], .x = loom__addr(p, b, id)};
+    int64_t N = t->shape[0], C = t->shape[1], H = t->shape[2], W = t->shape[3];
+    fold_job j = {.p = p, .b = b, .t = t, .n = m->shape[1]};
+    j.o = (fold_out){loom__addr(p, b, id), NULL, C * H * W, H * W, 0, 0, H, W};
+    const loom__form *x = loom__form_get(p, id, LOOM_FORM_CROP);
+    if (x) { /* fold-crop: the planes cropped into another node's buffer */
+        const loom__pnode *cr = &p->nodes[x->u.crop.crop];
+        int64_t h = cr->shape[2], wd = cr->shape[3];
+        j.o = (fold_out){loom__addr(p, b, x->u.crop.into),
+                         x->u.crop.mask >= 0 ? loom__addr(p, b, x->u.crop.mask) : NULL,
+                         x->u.crop.cn ? h * wd : C * h * wd,
+                         x->u.crop.cn ? N * h * wd : h * wd,
+                         cr->attr.win.ph,
+                         cr->attr.win.pw,
+                         h,
+                         wd};
+    }
     j.k = loom__product_operands(p, b, mid, &j.ga, &j.gb);
     j.taps = t->attr.win.kh * t->attr.win.kw;
     if (!loom__use_own_gemm() || t->attr.win.sh > 1 || t->attr.win.sw > 1) {
@@ -449,8 +490,8 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
     }
     loom__gdim crow, ccol;
     loom__fold_dims(t, &crow, &ccol);
-    memset(j.x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
-    loom__sgemm_g(m->shape[0], j.n, j.k, &j.ga, &j.gb, j.x, crow, ccol, true, b->ws + p->scratch);
+    memset(j.o.x, 0, sizeof(float) * (size_t)loom__numel(4, t->shape));
+    loom__sgemm_g(m->shape[0], j.n, j.k, &j.ga, &j.gb, j.o.x, crow, ccol, true, b->ws + p->scratch);
     return LOOM_OK;
 }
 

@@ -78,6 +78,21 @@ int32_t loom__forms_source(const loom__program *p, int32_t id, int k) {
     return p->nodes[id].src[k];
 }
 
+int64_t loom__form_no_buffer(const loom__program *p, const loom__form *x, int64_t bytes) {
+    (void)p, (void)x, (void)bytes;
+    return 0;
+}
+
+int loom__form_values_into(const loom__program *p, const loom__form *x, int32_t into,
+                           loom__value *out, int n) {
+    int w = 0;
+    for (int k = 0; k < n; k++)
+        if (out[k].id != x->node)
+            out[w++] = out[k];
+    out[w++] = loom__value_of(p, into);
+    return w;
+}
+
 void loom__forms_describe(FILE *f, const loom__program *p, int32_t id) {
     const loom__form *x[LOOM_FORM_KINDS];
     const loom__form_ops *ops[LOOM_FORM_KINDS];

@@ -53,6 +53,24 @@ int32_t loom__fuse_folded_product(const loom__program *p, const loom__pnode *f) 
     return m->op == LOOM_OP_MATMUL && m->ndim == 2 && v->lay.index == v->src[0] ? v->src[0] : -1;
 }
 
+/* The live readers of node v, the last of them into *only. */
+int32_t loom__fuse_readers_of(const loom__program *p, const bool *live, int32_t v, int32_t *only) {
+    int32_t n = 0;
+    for (int32_t c = v + 1; c < p->n; c++)
+        for (int q = 0; q < 3 && live[c]; q++)
+            if (p->nodes[c].src[q] == v)
+                n++, *only = c;
+    return n;
+}
+
+/* Whether node id is the constant +0 (through views). */
+bool loom__fuse_is_zero(const loom__program *p, int32_t id) {
+    while (id >= 0 && loom__is_view(&p->nodes[id]))
+        id = p->nodes[id].src[0];
+    return id >= 0 && p->nodes[id].op == LOOM_OP_CONST && p->nodes[id].attr.value == 0 &&
+           !signbit(p->nodes[id].attr.value);
+}
+
 /* The node whose workspace buffer holds view or node id's data, or -1. */
 int32_t loom__fuse_owner(const loom__program *p, int32_t id) {
     const loom__layout *l = &p->nodes[id].lay;
@@ -193,6 +211,19 @@ const loom__rule loom__rules[] = {
      false,
      loom__rule_conv_back,
      {&loom__form_back}},
+    {"fold-crop",
+     "CROP of a FOLD computing its product; the copy of the crop's (C,N) permute; "
+     "where(mask > 0, that, 0)",
+     "after fold-product and conv-back (whose folds it leaves); float, columns 2 apart "
+     "(loom__fold_crop_ok: the AVX-512 rows), each the only reader of the one before, none an "
+     "output, each a kernel into its own contiguous buffer; the WHERE's kernel nothing but its "
+     "comparison, its mask laid out as it",
+     "the fold writing its planes cropped (rows and places cropped off never made), in (C,N) "
+     "order and masked where those nodes ask: none of them runs",
+     "a CROP record; made_by",
+     false,
+     loom__rule_fold_crop,
+     {&loom__form_crop}},
     {"pool-quad",
      "a pool gradient with sinks whose windows tile its planes",
      "after conv-back; 2x2 windows, codes read, a product sink a 3x3 convolution's weight "

@@ -78,6 +78,11 @@ static inline loom__value loom__value_of(const loom__program *p, int32_t id) {
  * memory. Taken off again by loom__form_drop (a rule that takes over another's). */
 loom__form *loom__form_add(loom__program *p, int32_t id, loom__form_kind k);
 void loom__form_drop(loom__program *p, int32_t id, loom__form_kind k);
+/* For a form whose node writes another node's buffer, never its own (into): no bytes of its own
+ * (own_bytes), and into's values in place of the node's (values' body). */
+int64_t loom__form_no_buffer(const loom__program *p, const loom__form *x, int64_t bytes);
+int loom__form_values_into(const loom__program *p, const loom__form *x, int32_t into,
+                           loom__value *out, int n);
 /* The functions of kind k (from the rule that makes it). */
 const loom__form_ops *loom__form_ops_of(loom__form_kind k);
 /* Node id's forms asked in kind order: its own buffer's bytes, its other buffers, the node its

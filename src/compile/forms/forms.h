@@ -18,6 +18,10 @@ static inline bool loom__fuse_is_red(const loom__pnode *t) {
 int32_t loom__fuse_root_of(const loom__program *p, int64_t i);
 /* The product a fold reads through a contiguous reshape, or -1. */
 int32_t loom__fuse_folded_product(const loom__program *p, const loom__pnode *f);
+/* The live readers of node v, the last of them into *only. */
+int32_t loom__fuse_readers_of(const loom__program *p, const bool *live, int32_t v, int32_t *only);
+/* Whether node id is the constant +0 (through views). */
+bool loom__fuse_is_zero(const loom__program *p, int32_t id);
 /* The node whose workspace buffer holds view or node id's data, or -1. */
 int32_t loom__fuse_owner(const loom__program *p, int32_t id);
 /* Whether a node in (lo, hi), other than skip[0 .. nskip), writes a persistent slab (a store, a
@@ -32,6 +36,7 @@ bool loom__fuse_sinkable(const loom__program *p, int32_t s, int32_t r, int32_t L
 int64_t loom__rule_conv_back(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_elementwise(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_epilogue(loom__program *p, const loom__fuse_in *in);
+int64_t loom__rule_fold_crop(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_fold_product(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_lnorm_keep(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_pool_codes(loom__program *p, const loom__fuse_in *in);
@@ -42,7 +47,7 @@ int64_t loom__rule_pool_sinks(loom__program *p, const loom__fuse_in *in);
 int64_t loom__rule_product_act(loom__program *p, const loom__fuse_in *in);
 /* The kinds of record they make (loom__form_ops, each in the file of the rule making it). */
 extern const loom__form_ops loom__form_act, loom__form_relu, loom__form_codes, loom__form_conv,
-    loom__form_back, loom__form_codes_read, loom__form_relu_dy, loom__form_sinks, loom__form_quad,
-    loom__form_lnorm_keep, loom__form_lnorm_read;
+    loom__form_back, loom__form_crop, loom__form_codes_read, loom__form_relu_dy, loom__form_sinks,
+    loom__form_quad, loom__form_lnorm_keep, loom__form_lnorm_read;
 
 #endif

@@ -4,26 +4,7 @@
  */
 #include "forms.h"
 
-#include <math.h>
 #include <string.h>
-
-/* The live readers of node v, the last of them into *only. */
-static int32_t readers_of(const loom__program *p, const bool *live, int32_t v, int32_t *only) {
-    int32_t n = 0;
-    for (int32_t c = v + 1; c < p->n; c++)
-        for (int q = 0; q < 3 && live[c]; q++)
-            if (p->nodes[c].src[q] == v)
-                n++, *only = c;
-    return n;
-}
-
-/* Whether node id is the constant +0 (through views). */
-static bool is_zero(const loom__program *p, int32_t id) {
-    while (id >= 0 && loom__is_view(&p->nodes[id]))
-        id = p->nodes[id].src[0];
-    return id >= 0 && p->nodes[id].op == LOOM_OP_CONST && p->nodes[id].attr.value == 0 &&
-           !signbit(p->nodes[id].attr.value);
-}
 
 int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
     const bool *live = in->live, *is_out = in->is_out;
@@ -34,7 +15,8 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
         int32_t r = -1;
         if (!live[m] || f->op != LOOM_OP_POOLMAX || f->dtype != LOOM_F32 ||
             !loom__pool_relu_ok(w, p->nodes[f->src[0]].lay.stride[3]) || is_out[m] ||
-            f->lay.base != LOOM_BASE_WS || f->lay.index != m || readers_of(p, live, m, &r) != 1)
+            f->lay.base != LOOM_BASE_WS || f->lay.index != m ||
+            loom__fuse_readers_of(p, live, m, &r) != 1)
             continue;
         loom__pnode *t = &p->nodes[r];
         bool alone = t->fused_into < 0 && t->epi < 0 && t->made_by < 0; /* a kernel of its own */
@@ -58,9 +40,10 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
             if (!live[L] || g->op != LOOM_OP_POOLGRAD || loom__pool_codes_of(p, L) != m)
                 continue;
             const loom__pnode *wh = &p->nodes[wn];
-            if (wh->op != LOOM_OP_WHERE || readers_of(p, live, wn, &only) != 1 || is_out[wn] ||
+            if (wh->op != LOOM_OP_WHERE || loom__fuse_readers_of(p, live, wn, &only) != 1 ||
+                is_out[wn] ||
                 (p->fused_of && p->fused_of[wn] >= 0 && p->fused[p->fused_of[wn]].epi_of >= 0) ||
-                wh->check || !is_zero(p, wh->src[2]) ||
+                wh->check || !loom__fuse_is_zero(p, wh->src[2]) ||
                 memcmp(wh->shape, t->shape, sizeof wh->shape) != 0 ||
                 memcmp(p->nodes[wh->src[1]].shape, t->shape, sizeof wh->shape) != 0 ||
                 (!loom__pool2x2(w, p->nodes[f->src[0]].lay.stride[3]) &&
@@ -69,8 +52,8 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
                            * cost more than the where() saves: bench/RESULTS.md) */
             cn = wh->src[0];
             const loom__pnode *cm = &p->nodes[cn];
-            if (cm->op != LOOM_OP_CMPGT || cm->src[0] != r || !is_zero(p, cm->src[1]) ||
-                readers_of(p, live, cn, &only) != 1 || is_out[cn] || cm->check)
+            if (cm->op != LOOM_OP_CMPGT || cm->src[0] != r || !loom__fuse_is_zero(p, cm->src[1]) ||
+                loom__fuse_readers_of(p, live, cn, &only) != 1 || is_out[cn] || cm->check)
                 continue;
             /* the where() runs nowhere: nothing but its comparison may be computed in its
              * kernel (x must be stored: a gradient computed inside the where() would not be) */
@@ -90,12 +73,7 @@ int64_t loom__rule_pool_relu(loom__program *p, const loom__fuse_in *in) {
     return n;
 }
 
-/* The POOLMAX writes the ReLU's buffer, not its own. */
-static int64_t relu_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
-    (void)p, (void)x, (void)bytes;
-    return 0;
-}
-
+/* The POOLMAX writes the ReLU's buffer, not its own (loom__form_no_buffer). */
 static void relu_place(loom__program *p, const loom__form *x, loom__placer *pl) {
     loom__place_node(pl, p, x->u.relu);
 }
@@ -107,16 +85,11 @@ static void relu_describe(FILE *f, const loom__program *p, const loom__form *x) 
 
 /* The ReLU's values, in place of the pooling's own (never written). */
 static int relu_values(const loom__program *p, const loom__form *x, loom__value *out, int n) {
-    int w = 0;
-    for (int k = 0; k < n; k++)
-        if (out[k].id != x->node)
-            out[w++] = out[k];
-    out[w++] = loom__value_of(p, x->u.relu);
-    return w;
+    return loom__form_values_into(p, x, x->u.relu, out, n);
 }
 
 const loom__form_ops loom__form_relu = {.kind = LOOM_FORM_RELU,
-                                        .own_bytes = relu_bytes,
+                                        .own_bytes = loom__form_no_buffer,
                                         .place = relu_place,
                                         .describe = relu_describe,
                                         .values = relu_values};
