@@ -495,6 +495,8 @@ static loom_status k_DROPOUT(const loom__program *p, const loom__bind *b, int32_
  * to or from its place in the larger; PAD writes zeros around them (the rows above and below, and
  * each row's two ends), nothing twice. */
 static loom_status k_pad_crop(const loom__program *p, const loom__bind *b, int32_t id, bool crop) {
+    if (!crop && loom__pad_planes(p, b, id))
+        return LOOM_OK;
     const loom__pnode *t = &p->nodes[id], *x = &p->nodes[t->src[0]];
     int nd = t->ndim;
     const int64_t *small = crop ? t->shape : x->shape;

@@ -69,6 +69,9 @@ int64_t loom__row_offset(const loom__pnode *x, int64_t r);
 loom_status loom__k_matmul(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_unfold(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_fold(const loom__program *p, const loom__bind *b, int32_t id);
+/* window.c: PAD node id on AVX-512, its planes split across the device's cores; false where it
+ * cannot (not float, not AVX-512, rows strided): the plain loops. */
+bool loom__pad_planes(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_poolmax(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_poolgrad(const loom__program *p, const loom__bind *b, int32_t id);
 loom_status loom__k_softmax(const loom__program *p, const loom__bind *b, int32_t id);
