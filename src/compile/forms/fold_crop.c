@@ -27,7 +27,8 @@ static bool swaps_nc(const loom__pnode *v) {
 }
 
 /* The comparison of wh when it is where(mask > 0, x, +0) of x of its shape, the comparison
- * the only other thing in its kernel and read by it alone, the mask laid out as wh; else -1. */
+ * the only other thing in its kernel and read by it alone, the mask laid out as wh in the
+ * workspace (no store can write it before the fold reads it); else -1. */
 static int32_t relu_back(const loom__program *p, const bool *live, const bool *is_out, int32_t wh,
                          int32_t x) {
     const loom__pnode *t = &p->nodes[wh];
@@ -40,7 +41,7 @@ static int32_t relu_back(const loom__program *p, const bool *live, const bool *i
         loom__fuse_readers_of(p, live, cm, &only) != 1)
         return -1;
     const loom__pnode *m = &p->nodes[c->src[0]];
-    if (m->dtype != LOOM_F32 || m->ndim != t->ndim ||
+    if (m->dtype != LOOM_F32 || m->ndim != t->ndim || m->lay.base != LOOM_BASE_WS ||
         memcmp(m->shape, t->shape, sizeof t->shape) != 0 ||
         !loom__contiguous(m->ndim, m->shape, m->lay.stride))
         return -1;
