@@ -182,8 +182,7 @@ __attribute__((target("avx512f"))) static inline void pool_windows(__m512 a, __m
 
 /* pool_quad.c: a pool gradient's sinks by windows (its QUAD form), and the subsampled images
  * it shares with pool_conv.c. */
-#define QUAD_IMGS  16 /* a 3 x 3 kernel's images a channel: (KH + 1)(KW + 1) */
-#define QUAD_MAX_K 7  /* the window-by-window forms' largest (square) kernel */
+#define QUAD_MAX_K 7 /* the window-by-window forms' largest (square) kernel */
 loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t id);
 #ifdef HAVE_POOL512
 /* side: K + 1 for a K x K kernel, side * side images */

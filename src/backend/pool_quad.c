@@ -22,6 +22,13 @@ typedef struct {
     bool relu;
 } quad_run;
 
+/* The kernels whose weight gradients it takes: 3 x 3 (two rows of the gradient at a time over
+ * all the planes' images, 18 accumulators) and 5 x 5 (a row at a time, 25, over the images of a
+ * block of planes at a time: 36 images a window would not stay in cache otherwise). */
+static bool quad_kernel(int64_t kh, int64_t kw) {
+    return kh == kw && (kh == 3 || kh == 5);
+}
+
 static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t *dot) {
     const loom__pnode *t = &p->nodes[id];
     const loom__form *sk = loom__sinks_of(p, id);
@@ -46,8 +53,8 @@ static bool quad_plan(const loom__program *p, int32_t id, int32_t *sum, int32_t 
         loom__operand_dims(&p->nodes[k->src[1]], &br, &bc);
         if (k->op != LOOM_OP_MATMUL || *dot >= 0 || br.n != 3 || bc.n != 3 ||
             br.size[0] != t->shape[1] || br.size[1] != H || br.size[2] != W ||
-            br.stride[1] != bc.stride[1] || br.stride[2] != bc.stride[2] || bc.size[1] != 3 ||
-            bc.size[2] != 3) /* (the kernel's window: 3 x 3) */
+            br.stride[1] != bc.stride[1] || br.stride[2] != bc.stride[2] ||
+            !quad_kernel(bc.size[1], bc.size[2]))
             return false;
         *dot = sk->u.sinks.sink[q];
     }
@@ -59,10 +66,30 @@ bool loom__pool_quad_ok(const loom__program *p, int32_t id) {
     return quad_plan(p, id, &sum, &dot);
 }
 
-/* A channel's images: planes x chunks x QUAD_IMGS x 16 floats. */
-static int64_t quad_image_floats(const loom__program *p, int32_t id) {
+/* The kernel's side K (3 where only a sum takes the windows). */
+static int quad_k(const loom__program *p, int32_t dot) {
+    loom__gdim br, bc;
+    if (dot < 0)
+        return 3;
+    loom__operand_dims(&p->nodes[p->nodes[dot].src[1]], &br, &bc);
+    return (int)bc.size[1];
+}
+
+enum { QUAD_BLOCK = 1 << 16 }; /* floats of a 5 x 5 kernel's block of images (256 KB) */
+
+/* The planes whose images it makes at a time (all of them for 3 x 3), and a channel's images for
+ * those: planes x chunks x (K + 1)^2 x 16 floats. */
+static int64_t quad_planes(const loom__program *p, int32_t id, int k) {
     const loom__pnode *t = &p->nodes[id];
-    return t->shape[1] * ((t->shape[2] * t->shape[3] / 4 + 15) / 16) * QUAD_IMGS * 16;
+    int64_t per = ((t->shape[2] * t->shape[3] / 4 + 15) / 16) * (k + 1) * (k + 1) * 16;
+    int64_t n = k == 3 ? t->shape[1] : QUAD_BLOCK / per;
+    return n < 1 ? 1 : n > t->shape[1] ? t->shape[1] : n;
+}
+
+static int64_t quad_image_floats(const loom__program *p, int32_t id, int k) {
+    const loom__pnode *t = &p->nodes[id];
+    return quad_planes(p, id, k) * ((t->shape[2] * t->shape[3] / 4 + 15) / 16) * (k + 1) * (k + 1) *
+           16;
 }
 
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id) {
@@ -74,9 +101,13 @@ size_t loom__pool_quad_bytes(const loom__program *p, int32_t id) {
         loom__operand_dims(&p->nodes[p->nodes[dot].src[1]], &br, &bc);
         C = bc.size[0];
     }
-    const loom__pnode *t = &p->nodes[id]; /* and a plane of an image (loom__quad_images) */
-    return sizeof(float) *
-               (size_t)(C * quad_image_floats(p, id) + t->shape[2] * t->shape[3] / 4 + 16) +
+    /* and a plane of each image (loom__quad_images), and a 5 x 5 kernel's rows' accumulators
+     * between blocks */
+    const loom__pnode *t = &p->nodes[id];
+    int k = quad_k(p, dot);
+    int64_t keep = k == 3 ? 0 : t->shape[0] * C * (k * k + 1) * 16;
+    return sizeof(float) * (size_t)(C * quad_image_floats(p, id, k) + keep +
+                                    (k + 1) * (k + 1) * (t->shape[2] * t->shape[3] / 4 + 16)) +
            64;
 }
 
@@ -130,69 +161,67 @@ __attribute__((target("avx512f"))) void loom__quad_images(float *S, float *tmp, 
     }
 }
 
-/* Two rows (channels c and c + dc) against a 3 x 3 kernel's nine columns of one input channel:
- * every window's gradient, masked to its code's place (a, b) and to the ReLU's, times image
- * (a + kh, b + kw); 16 lanes per element; the sums of the windows' gradients too. */
-__attribute__((target("avx512f"))) static void quad_tile(const quad_run *s, int64_t c, int64_t dc,
-                                                         float *dot, float *sum) {
-    __m512 acc[2][9], bs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-#    pragma GCC unroll 2
-    for (int i = 0; i < 2; i++)
-#    pragma GCC unroll 9
-        for (int j = 0; j < 9; j++)
-            acc[i][j] = _mm512_setzero_ps();
-    const float *g0 = s->dy + c * s->d0, *g1 = s->dy + (c + dc) * s->d0;
-    const uint8_t *k0 = s->codes + c * s->planes * s->OP;
-    const uint8_t *k1 = s->codes + (c + dc) * s->planes * s->OP;
-    const float *sp = s->S;
-    for (int64_t n = 0; n < s->planes; n++)
-        for (int64_t w = 0; w < s->OP; w += 16, sp += QUAD_IMGS * 16) {
-            __mmask16 m = (__mmask16)(s->OP - w >= 16 ? 0xffff : (1u << (s->OP - w)) - 1);
-            __m512 a0 = _mm512_maskz_loadu_ps(m, g0 + n * s->d1 + w);
-            __m512 a1 = _mm512_maskz_loadu_ps(m, g1 + n * s->d1 + w);
-            /* the planes two on (a row's planes lie far apart: no hardware prefetch) */
-            _mm_prefetch((const char *)(g0 + (n + 2) * s->d1 + w), _MM_HINT_T0);
-            _mm_prefetch((const char *)(g1 + (n + 2) * s->d1 + w), _MM_HINT_T0);
-            /* 16 codes: past a plane's last, within the 16 the buffer spares */
-            __m512i q0 =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(k0 + n * s->OP + w)));
-            __m512i q1 =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(k1 + n * s->OP + w)));
-            if (s->relu) {
-                a0 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(q0, _mm512_set1_epi32(4)), a0);
-                a1 = _mm512_maskz_mov_ps(_mm512_test_epi32_mask(q1, _mm512_set1_epi32(4)), a1);
-            }
-            bs[0] = _mm512_add_ps(bs[0], a0), bs[1] = _mm512_add_ps(bs[1], a1);
-            q0 = _mm512_and_si512(q0, _mm512_set1_epi32(3));
-            q1 = _mm512_and_si512(q1, _mm512_set1_epi32(3));
-            __m512 p0[4], p1[4]; /* the gradients at each place */
-#    pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) {
-                p0[q] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(q0, _mm512_set1_epi32(q)), a0);
-                p1[q] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(q1, _mm512_set1_epi32(q)), a1);
-            }
-#    pragma GCC unroll 16
-            for (int i = 0; i < QUAD_IMGS;
-                 i++) { /* image (a', b'): places (a, b), taps (a' - a, b' - b) */
-                __m512 v = _mm512_load_ps(sp + 16 * i);
-#    pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) {
-                    int kh = i / 4 - q / 2, kw = i % 4 - q % 2;
-                    if (kh < 0 || kh > 2 || kw < 0 || kw > 2)
-                        continue;
-                    acc[0][kh * 3 + kw] = _mm512_fmadd_ps(p0[q], v, acc[0][kh * 3 + kw]);
-                    acc[1][kh * 3 + kw] = _mm512_fmadd_ps(p1[q], v, acc[1][kh * 3 + kw]);
-                }
-            }
+/* R rows (channels c, c + dc) against a K x K kernel's K^2 columns of one input channel, over
+ * planes [0, planes) of s (its images S): every window's gradient, masked to its code's place
+ * (a, b) and to the ReLU's, times image (a + kh, b + kw); 16 lanes per element, added to the
+ * lanes in dot (R x K^2 of them) and sum (R); the sums of the windows' gradients too. */
+#    define QUAD_TILE(K, R)                                                                        \
+        __attribute__((target("avx512f"))) static void quad_tile_##K(                              \
+            const quad_run *s, int64_t c, int64_t dc, int64_t planes, float *dot, float *sum) {    \
+            enum { SIDE = K + 1, IMGS = SIDE * SIDE };                                             \
+            __m512 acc[R][K * K], bs[R];                                                           \
+            const float *g[R];                                                                     \
+            const uint8_t *k[R];                                                                   \
+            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {                                  \
+                bs[i] = _mm512_loadu_ps(sum + 16 * i);                                             \
+                g[i] = s->dy + (c + i * dc) * s->d0;                                               \
+                k[i] = s->codes + (c + i * dc) * s->planes * s->OP;                                \
+                _Pragma("GCC unroll 25") for (int j = 0; j < K * K; j++) acc[i][j] =               \
+                    _mm512_loadu_ps(dot + 16 * (i * K * K + j));                                   \
+            }                                                                                      \
+            const float *sp = s->S;                                                                \
+            for (int64_t n = 0; n < planes; n++)                                                   \
+                for (int64_t w = 0; w < s->OP; w += 16, sp += IMGS * 16) {                         \
+                    __mmask16 m = (__mmask16)(s->OP - w >= 16 ? 0xffff : (1u << (s->OP - w)) - 1); \
+                    __m512 pl[R][4]; /* the gradients at each place */                             \
+                    _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {                          \
+                        __m512 a = _mm512_maskz_loadu_ps(m, g[i] + n * s->d1 + w);                 \
+                        /* the planes two on (a row's planes lie far apart: no hardware            \
+                         * prefetch) */                                                            \
+                        _mm_prefetch((const char *)(g[i] + (n + 2) * s->d1 + w), _MM_HINT_T0);     \
+                        /* 16 codes: past a plane's last, within the 16 the buffer spares */       \
+                        __m512i q = _mm512_cvtepu8_epi32(                                          \
+                            _mm_loadu_si128((const __m128i *)(k[i] + n * s->OP + w)));             \
+                        if (s->relu)                                                               \
+                            a = _mm512_maskz_mov_ps(                                               \
+                                _mm512_test_epi32_mask(q, _mm512_set1_epi32(4)), a);               \
+                        bs[i] = _mm512_add_ps(bs[i], a);                                           \
+                        q = _mm512_and_si512(q, _mm512_set1_epi32(3));                             \
+                        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) pl[i][e] =             \
+                            _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(q, _mm512_set1_epi32(e)),  \
+                                                a);                                                \
+                    }                                                                              \
+                    /* image (a', b'): places (a, b), taps (a' - a, b' - b) */                     \
+                    _Pragma("GCC unroll 36") for (int im = 0; im < IMGS; im++) {                   \
+                        __m512 v = _mm512_load_ps(sp + 16 * im);                                   \
+                        _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {                      \
+                            int kh = im / SIDE - e / 2, kw = im % SIDE - e % 2;                    \
+                            if (kh < 0 || kh >= K || kw < 0 || kw >= K)                            \
+                                continue;                                                          \
+                            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++)                    \
+                                acc[i][kh * K + kw] =                                              \
+                                    _mm512_fmadd_ps(pl[i][e], v, acc[i][kh * K + kw]);             \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            _Pragma("GCC unroll 2") for (int i = 0; i < R; i++) {                                  \
+                _mm512_storeu_ps(sum + 16 * i, bs[i]);                                             \
+                _Pragma("GCC unroll 25") for (int j = 0; j < K * K; j++)                           \
+                    _mm512_storeu_ps(dot + 16 * (i * K * K + j), acc[i][j]);                       \
+            }                                                                                      \
         }
-#    pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        _mm512_storeu_ps(sum + 16 * i, bs[i]);
-#    pragma GCC unroll 9
-        for (int j = 0; j < 9; j++)
-            _mm512_storeu_ps(dot + 16 * (i * 9 + j), acc[i][j]);
-    }
-}
+QUAD_TILE(3, 2)
+QUAD_TILE(5, 1)
 #endif
 
 /* red_lanes_SUM_f32's tree over 16 lanes. */
@@ -221,30 +250,56 @@ loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t
                   .relu = loom__form_get(p, id, LOOM_FORM_RELU_DY) != NULL};
     float *S = (float *)(((uintptr_t)(b->ws + t->ws_off) + 63) & ~(uintptr_t)63);
     loom__gdim br = {0}, bc = {0};
-    int64_t C = 1, per = quad_image_floats(p, id);
+    int K = quad_k(p, dot), R = K == 3 ? 2 : 1; /* (rows at a time: quad_tile_K's) */
+    int64_t C = 1, per = quad_image_floats(p, id, K), block = quad_planes(p, id, K);
+    int64_t taps = (int64_t)K * K, rows = t->shape[0];
     const float *x = NULL;
     if (dot >= 0) {
         loom__operand_dims(&p->nodes[p->nodes[dot].src[1]], &br, &bc);
         x = loom__addr(p, b, p->nodes[dot].src[1]), C = bc.size[0];
-        for (int64_t ci = 0; ci < C; ci++)
-            loom__quad_images(S + ci * per, S + C * per, x, &br, ci * bc.stride[0], d->shape[2],
-                              d->shape[3], chunks, 4);
-    } else { /* a sum alone: images of zeros, products not stored */
-        memset(S, 0, sizeof(float) * (size_t)per);
     }
+    /* each row's lanes (K^2 products' and the sum's per input channel): in registers for 3 x 3,
+     * kept between blocks of planes for 5 x 5 */
+    float one[2 * 26 * 16];
+    float *keep =
+        K == 3 ? one : S + C * per + (K + 1) * (K + 1) * (t->shape[2] * t->shape[3] / 4 + 16);
     float *so = sum >= 0 ? loom__addr(p, b, sum) : NULL;
     float *po = dot >= 0 ? loom__addr(p, b, dot) : NULL;
-    float lanes[2 * 16 * 9], bl[2 * 16];
-    for (int64_t c = 0; c < t->shape[0]; c += 2) {
-        int64_t dc = c + 1 < t->shape[0] ? 1 : 0; /* a last row alone: itself again */
-        for (int64_t ci = 0; ci < C; ci++) {
-            s.S = S + ci * per;
-            quad_tile(&s, c, dc, lanes, bl);
-            for (int64_t i = 0; i <= dc; i++) {
-                if (so && ci == 0)
-                    so[c + i] = lanes_tree(bl + 16 * i);
-                for (int64_t j = 0; po && j < 9; j++)
-                    po[(c + i) * 9 * C + ci * 9 + j] = lanes_tree(lanes + 16 * (i * 9 + j));
+    if (K != 3)
+        memset(keep, 0, sizeof(float) * (size_t)(rows * C * (taps + 1) * 16));
+    for (int64_t n0 = 0; n0 < t->shape[1]; n0 += block) {
+        int64_t nb = t->shape[1] - n0 < block ? t->shape[1] - n0 : block;
+        quad_run sb = s;
+        sb.dy += n0 * s.d1, sb.codes += n0 * s.OP;
+        if (dot >= 0) {
+            loom__gdim bn = br;
+            bn.size[0] = nb;
+            for (int64_t ci = 0; ci < C; ci++)
+                loom__quad_images(S + ci * per, S + C * per, x + n0 * br.stride[0], &bn,
+                                  ci * bc.stride[0], d->shape[2], d->shape[3], chunks, K + 1);
+        } else { /* a sum alone: images of zeros, products not stored */
+            memset(S, 0, sizeof(float) * (size_t)per);
+        }
+        for (int64_t c = 0; c < rows; c += R) {
+            int64_t dc = R > 1 && c + 1 < rows ? 1 : 0; /* a last row alone: itself again */
+            for (int64_t ci = 0; ci < C; ci++) {
+                sb.S = S + ci * per;
+                float *lk = K == 3 ? one : keep + (c * C + ci) * (taps + 1) * 16;
+                if (K == 3) {
+                    memset(one, 0, sizeof one);
+                    quad_tile_3(&sb, c, dc, nb, one, one + 2 * taps * 16);
+                } else {
+                    quad_tile_5(&sb, c, dc, nb, lk, lk + taps * 16);
+                }
+                if (n0 + nb < t->shape[1])
+                    continue;
+                for (int64_t i = 0; i < R && i <= dc; i++) {
+                    if (so && ci == 0)
+                        so[c + i] = lanes_tree(lk + (R * taps + i) * 16);
+                    for (int64_t j = 0; po && j < taps; j++)
+                        po[(c + i) * taps * C + ci * taps + j] =
+                            lanes_tree(lk + 16 * (i * taps + j));
+                }
             }
         }
     }

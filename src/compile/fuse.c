@@ -226,7 +226,7 @@ const loom__rule loom__rules[] = {
      {&loom__form_crop}},
     {"pool-quad",
      "a pool gradient with sinks whose windows tile its planes",
-     "after conv-back; 2x2 windows, codes read, a product sink a 3x3 convolution's weight "
+     "after conv-back; 2x2 windows, codes read, a product sink a 3x3 or 5x5 convolution's weight "
      "gradient (loom__pool_quad_ok)",
      "the sinks taking the windows; the rows never made",
      "a QUAD record",
