@@ -82,10 +82,18 @@ typedef enum {
     LOOM_FORM_KINDS
 } loom__form_kind;
 
+struct loom__bind;
+/* A kernel: node id of program p, on the buffers of bind b. */
+typedef loom_status (*loom__kernel_fn)(const loom__program *p, const struct loom__bind *b,
+                                       int32_t id);
+
 typedef struct {
     uint8_t kind; /* loom__form_kind */
     int32_t node; /* the node whose kernel runs it */
     int32_t next; /* the node's next form, -1 for none */
+    /* the kernel its node runs in place of its op's (its kind's run, compile/'s loom__form_ops),
+     * NULL for none: then its op's kernel reads the record */
+    loom__kernel_fn run;
     /* the node its node's kernel reads in place of operand `operand` (-1 for none): CODES_READ the
      * POOLMAX keeping them (for x), RELU_DY the gradient x of where(relu > 0, x, 0) (for the
      * WHERE), LNORM_READ the LNORM keeping its rstd (for x) */
@@ -238,6 +246,13 @@ static inline const loom__form *loom__form_get(const loom__program *p, int32_t i
             return &p->forms[f];
     return NULL;
 }
+/* The kernel node id's forms run in place of its op's, or NULL (the first form with one). */
+static inline loom__kernel_fn loom__form_kernel(const loom__program *p, int32_t id) {
+    for (int32_t f = p->nodes[id].form; f >= 0; f = p->forms[f].next)
+        if (p->forms[f].run)
+            return p->forms[f].run;
+    return NULL;
+}
 /* What the pooling forms hold, asked often: the RELU a POOLMAX writes (-1 for none), the POOLMAX
  * whose codes a pool gradient reads (-1), the gradient it reads as dy (its WHERE's x, or its own
  * second operand), and whether a POOLMAX keeps codes. */
@@ -270,7 +285,7 @@ static inline bool loom__rows_streamed(const loom__program *p, int32_t id) {
  * collective over one device is the identity). */
 typedef loom_status (*loom__allreduce_fn)(void *comm, float *buf, int64_t n, loom_reduce_op op);
 
-typedef struct {
+typedef struct loom__bind {
     unsigned char *ws;
     const void *const *inputs;
     float *slab[LOOM_SLAB_COUNT];
@@ -610,6 +625,13 @@ size_t loom__product_scratch_bytes(const loom__program *p, int32_t id);
  * takes beyond the product's. */
 bool loom__fold_blocks_ok(const loom__program *p, int32_t fold, int32_t product);
 size_t loom__fold_blocks_bytes(const loom__program *p, int32_t fold, int32_t product);
+/* The kernels that forms run as their node's whole kernel (loom__form.run): pool_conv.c's max
+ * pooling computing its convolution (CONV), pool_back.c's fold computing its convolution's
+ * backward from a pool gradient (BACK), pool_quad.c's pool gradient whose sinks take its windows
+ * (QUAD). */
+loom_status loom__pool_conv(const loom__program *p, const loom__bind *b, int32_t id);
+loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id);
+loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t id);
 /* window.c: whether fold t, computing its product, can write its planes cropped, in (C,N) order
  * and masked (fold-crop: its AVX-512 rows at column stride 2) */
 bool loom__fold_crop_ok(const loom__pnode *t);

@@ -105,8 +105,6 @@ void *loom__addr(const loom__program *p, const loom__bind *b, int32_t id) {
     return loom__lay_addr(p, b, &t->lay, loom__dtype_size((loom_dtype)t->dtype));
 }
 
-typedef loom_status (*kernel_fn)(const loom__program *p, const loom__bind *b, int32_t id);
-
 /* ---- elementwise: one loop per op and type, from ops.def ------------------------------------ */
 
 #define EW_KERNEL(T, SFX, NAME, ARITY, EXPR)                                                     \
@@ -618,7 +616,7 @@ static loom_status check_finite(const loom__program *p, const loom__bind *b, int
 #define k_LNORMGRAD     loom__k_lnormgrad
 #define k_ATTENTION     loom__k_attention
 #define k_ATTENTIONGRAD loom__k_attention_grad
-static const kernel_fn kernels[LOOM_OP_COUNT] = {
+static const loom__kernel_fn kernels[LOOM_OP_COUNT] = {
 #define LOOM_LEAF(name, attr)          [LOOM_OP_##name] = k_##name,
 #define LOOM_EW(name, arity, expr)     [LOOM_OP_##name] = k_##name,
 #define LOOM_RED(name, combine, ident) [LOOM_OP_##name] = k_##name,
@@ -653,8 +651,9 @@ loom_status loom__interp_entry(const loom__program *p, const loom__bind *b, int6
             loom__team_for(b->team, k->extent, 1, kernel_range, &sk);
         else
             k->fn(sk.args, 0, k->extent);
-    } else {
-        s = kernels[p->nodes[id].op](p, b, id);
+    } else { /* its op's kernel, or the one a form of it makes its whole kernel */
+        loom__kernel_fn run = loom__form_kernel(p, id);
+        s = run ? run(p, b, id) : kernels[p->nodes[id].op](p, b, id);
     }
     if (!s && p->nodes[id].check)
         s = check_finite(p, b, id);

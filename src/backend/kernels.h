@@ -183,15 +183,10 @@ __attribute__((target("avx512f"))) static inline void pool_windows(__m512 a, __m
 /* pool_quad.c: a pool gradient's sinks by windows (its QUAD form), and the subsampled images
  * it shares with pool_conv.c. */
 #define QUAD_MAX_K 7 /* the window-by-window forms' largest (square) kernel */
-loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t id);
 #ifdef HAVE_POOL512
 /* side: K + 1 for a K x K kernel, side * side images */
 void loom__quad_images(float *S, float *tmp, const float *x, const loom__gdim *br, int64_t sc,
                        int64_t OH, int64_t OW, int64_t chunks, int side);
 #endif
-/* pool_conv.c: a max pooling computing its convolution (its CONV form). */
-loom_status loom__pool_conv(const loom__program *p, const loom__bind *b, int32_t id);
-/* pool_back.c: a fold computing its convolution's backward from a pool gradient (its BACK form). */
-loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id, int32_t mid);
 
 #endif

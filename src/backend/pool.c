@@ -783,12 +783,8 @@ static loom_status pool_kernel(const loom__program *p, const loom__bind *b, int3
 }
 
 loom_status loom__k_poolmax(const loom__program *p, const loom__bind *b, int32_t id) {
-    if (loom__form_get(p, id, LOOM_FORM_CONV))
-        return loom__pool_conv(p, b, id);
     return pool_kernel(p, b, id, false);
 }
 loom_status loom__k_poolgrad(const loom__program *p, const loom__bind *b, int32_t id) {
-    if (loom__form_get(p, id, LOOM_FORM_QUAD))
-        return loom__pool_quad(p, b, id);
     return pool_kernel(p, b, id, true);
 }

@@ -104,8 +104,9 @@ static void back_rows_make(void *ctx, int64_t j0, int64_t n, float *r, int64_t l
  * time from the codes and go, while in cache, into the fold's product, the weight gradient and
  * the bias gradient's sum (its lanes carried from run to run, then red_lanes_SUM_f32's tree): the
  * pool gradient is never written, and each value is the one the three nodes compute alone. */
-loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id, int32_t mid) {
+loom_status loom__fold_back(const loom__program *p, const loom__bind *b, int32_t id) {
     back_plan q = back_plan_of(p, id);
+    int32_t mid = p->nodes[p->nodes[id].src[0]].src[0]; /* the product, through its reshape */
     const loom__pnode *g = q.pg, *t = q.fold;
     q.a.p = loom__addr(p, b, q.prod->src[0]), q.b.p = loom__addr(p, b, q.w->src[1]);
     int32_t gid = q.x->u.back.grad, dn = loom__pool_dy(p, gid);

@@ -547,8 +547,6 @@ static loom_status fold_product(const loom__program *p, const loom__bind *b, int
 
 loom_status loom__k_fold(const loom__program *p, const loom__bind *b, int32_t id) {
     int32_t v = p->nodes[id].src[0], m = p->nodes[v].src[0];
-    if (m >= 0 && p->nodes[m].fused_into == id && loom__form_get(p, id, LOOM_FORM_BACK))
-        return loom__fold_back(p, b, id, m);
     if (m >= 0 && p->nodes[m].fused_into == id)
         return fold_product(p, b, id, m);
     return window_kernel(p, b, id, true);

@@ -24,6 +24,8 @@ loom__form *loom__form_add(loom__program *p, int32_t id, loom__form_kind k) {
     loom__form *x = &p->forms[at];
     memset(x, 0, sizeof *x);
     x->kind = (uint8_t)k, x->node = id, x->next = -1, x->reads.operand = -1;
+    const loom__form_ops *ops = loom__form_ops_of(k);
+    x->run = ops ? ops->run : NULL;
     return x;
 }
 

@@ -69,6 +69,9 @@ struct loom__form_ops {
     void (*describe)(FILE *f, const loom__program *p, const loom__form *x);
     /* the values it leaves whole once its node has run, appended at out[n]; the new count */
     int (*values)(const loom__program *p, const loom__form *x, loom__value *out, int n);
+    /* the backend's kernel its node runs instead of its op's (a form that makes the node's whole
+     * kernel: pool-conv's, conv-back's, pool-quad's); NULL: the op's kernel reads the record */
+    loom__kernel_fn run;
 };
 /* Node id's values where they are, computed by the op's own arithmetic (loom__value.exact). */
 static inline loom__value loom__value_of(const loom__program *p, int32_t id) {

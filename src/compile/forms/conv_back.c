@@ -134,5 +134,8 @@ static int back_values(const loom__program *p, const loom__form *x, loom__value 
     return n;
 }
 
-const loom__form_ops loom__form_back = {
-    .kind = LOOM_FORM_BACK, .place = back_place, .describe = back_describe, .values = back_values};
+const loom__form_ops loom__form_back = {.kind = LOOM_FORM_BACK,
+                                        .place = back_place,
+                                        .describe = back_describe,
+                                        .values = back_values,
+                                        .run = loom__fold_back};

@@ -78,4 +78,4 @@ static void conv_describe(FILE *f, const loom__program *p, const loom__form *x) 
 }
 
 const loom__form_ops loom__form_conv = {
-    .kind = LOOM_FORM_CONV, .place = conv_place, .describe = conv_describe};
+    .kind = LOOM_FORM_CONV, .place = conv_place, .describe = conv_describe, .run = loom__pool_conv};

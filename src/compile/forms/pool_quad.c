@@ -24,4 +24,5 @@ static int64_t quad_bytes(const loom__program *p, const loom__form *x, int64_t b
 }
 
 /* (its sinks' line says they take windows) */
-const loom__form_ops loom__form_quad = {.kind = LOOM_FORM_QUAD, .own_bytes = quad_bytes};
+const loom__form_ops loom__form_quad = {
+    .kind = LOOM_FORM_QUAD, .own_bytes = quad_bytes, .run = loom__pool_quad};
