@@ -399,6 +399,14 @@ void loom__place_node(loom__placer *pl, loom__program *p, int32_t id) {
         t->ws_off = loom__place(pl, bytes_of(t), id);
 }
 
+/* Whether a live buffer of pl is node owner's. */
+static bool placed(const loom__placer *pl, int64_t owner) {
+    for (int64_t b = 0; b < pl->nblocks; b++)
+        if (pl->blocks[b].owner == owner)
+            return true;
+    return false;
+}
+
 /* Step 3: buffers placed by first fit over the live ones (sorted by offset), each freed after its
  * last reader; the exec list. Liveness follows the layouts that kernels actually read. */
 loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *is_out,
@@ -438,7 +446,7 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             int64_t size = bytes_of(t);
             if (t->epi >= 0 && t->op == LOOM_OP_MATMUL) /* a column block at a time */
                 size = t->shape[0] * loom__epilogue_buffer_cols() * (int64_t)es;
-            if (t->op == LOOM_OP_POOLGRAD && loom__pool_by_plane(p, (int32_t)i)) /* a plane */
+            if (t->op == LOOM_OP_POOLGRAD && t->epi >= 0) /* a plane (its forms' may be) */
                 size = t->shape[2] * t->shape[3] * (int64_t)es;
             if (loom__attention_keeps(p, (int32_t)i)) /* its probabilities, for its gradient */
                 size = loom__attention_kept_at(t) + loom__attention_kept_bytes(t);
@@ -447,10 +455,10 @@ loom_status loom__place_buffers(loom__program *p, const bool *live, const bool *
             size = loom__forms_own_bytes(p, (int32_t)i, size);
             t->ws_off = loom__place(&pl, size, (int32_t)i);
             const loom__fused *k = t->epi >= 0 ? &p->fused[t->epi] : NULL;
-            if (k && !loom__rows_streamed(p, (int32_t)i)) /* its epilogue writes now (rows two
-                                                           * at a time: the sinks place them) */
-                loom__place_node(&pl, p, k->root);
             loom__forms_place(p, (int32_t)i, &pl);
+            if (k && !placed(&pl, k->root)) /* its epilogue writes now (where no form placed
+                                             * its root: sinks hold rows two at a time there) */
+                loom__place_node(&pl, p, k->root);
             /* a kernel's members stored in buffers of their own (GELU beside its derivative),
              * this node's or its epilogue's: written now too */
             const loom__fused *f = k                                    ? k

@@ -79,9 +79,17 @@ static int64_t rows_bytes(const loom__program *p, const loom__form *x) {
     return cols ? LOOM_SINK_ROWS * cols * (int64_t)es + (int64_t)loom__dot_rows_bytes(cols) : 0;
 }
 
-/* In the gradient's own buffer, but for an epilogue's: its root holds them. */
+/* In the gradient's own buffer, but for an epilogue's: its root holds them. Rows two at a time
+ * (not kept): the gradient itself is then made a plane at a time, not whole (with an epilogue the
+ * planner counted a plane already). */
 static int64_t sinks_bytes(const loom__program *p, const loom__form *x, int64_t bytes) {
-    return p->nodes[x->node].epi < 0 ? bytes + rows_bytes(p, x) : bytes;
+    const loom__pnode *t = &p->nodes[x->node];
+    if (t->epi >= 0)
+        return bytes;
+    if (!x->u.sinks.keep)
+        bytes -= (loom__numel(t->ndim, t->shape) - t->shape[2] * t->shape[3]) *
+                 (int64_t)loom__dtype_size((loom_dtype)t->dtype);
+    return bytes + rows_bytes(p, x);
 }
 
 static void sinks_place(loom__program *p, const loom__form *x, loom__placer *pl) {
