@@ -1429,57 +1429,25 @@ TEST(every_fusion_rule_matches_the_reference_on_random_shapes) {
  * with the reference interpreter's, takes every rule but one in turn: that rule never fires on
  * its cases, where it fired with all of them, and the programs planned without it still agree
  * with the reference; taking none, nothing is fused at all. */
-/* A small CNN's training step in dt (a 3x3 convolution, 2x2 max pooling and a ReLU, a linear
- * layer; the gradients of the weights); returns its schedule's lines (LOOM_DUMP's) and the
- * weight gradient's first element in *g0. */
-static char *cnn_schedule(loom_dtype dt, double *g0) {
-    enum { N = 4, C = 2, H = 12, O = 8 };
-    static double x[N * C * H * H], w[O * C * 9], v[O * 25 * 3];
-    fill(x, N * C * H * H, dt, 90, -1);
-    fill(w, O * C * 9, dt, 91, -1);
-    fill(v, O * 25 * 3, dt, 92, -1);
-    loom_graph *g = loom_graph_new(NULL);
-    loom_tensor *tw = loom_input(g, dt, 4, (int64_t[4]){O, C, 3, 3}, w);
-    loom_requires_grad(tw);
-    loom_tensor *y =
-        loom_conv2d(g, loom_input(g, dt, 4, (int64_t[4]){N, C, H, H}, x), tw, NULL, 1, 0);
-    y = loom_relu(g, loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0}));
-    loom_tensor *loss = loom_sum_all(
-        g, loom_matmul(g, loom_flatten(g, y), loom_input(g, dt, 2, (int64_t[2]){O * 25, 3}, v)));
-    loom_tensor *gw = NULL;
-    loom_grads(g, loss, 1, &tw, &gw);
-    loom_output(gw);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (loom_graph_run(g) == LOOM_OK && f) {
-        const loom__program *p = loom__graph_last(g);
-        for (int64_t e = 0; p && e < p->nexec; e++)
-            loom__kernel_line(f, p, p->exec[e]);
-        *g0 = dt == LOOM_F64 ? ((const double *)loom_tensor_data(gw))[0]
-                             : ((const float *)loom_tensor_data(gw))[0];
-    }
-    if (f)
-        fclose(f);
-    loom_graph_free(g);
-    return text;
-}
-
-/* The weight gradient of a 5x5 convolution over 16 images of 28 x 28, pooled 2x2, a ReLU and a
- * linear layer after, in dt under executor x (NULL: the default), into gw[0 .. 400); its
- * schedule's lines. */
-static char *conv5_grad(loom_dtype dt, const loom__executor *x, double *gw) {
-    enum { N = 16, H = 28, O = 16, P = O * 12 * 12 };
-    static double in[N * H * H], w[O * 25], v[P * 3];
-    fill(in, N * H * H, dt, 93, -1);
-    fill(w, O * 25, dt, 94, -1);
-    fill(v, P * 3, dt, 95, -1);
+/* A CNN's weight gradient in dt under executor x (NULL: the default): a K x K convolution of O
+ * channels over N images of C x H x H, 2x2 max pooling and a ReLU, a linear layer to 3 outputs
+ * summed (inputs drawn from streams seed, seed + 1, seed + 2); its first n elements into gw, and
+ * its schedule's lines (LOOM_DUMP's). */
+static char *conv_grad(loom_dtype dt, const loom__executor *x, int64_t N, int64_t C, int64_t H,
+                       int64_t O, int64_t K, uint64_t seed, double *gw, int n) {
+    int64_t P = O * ((H - K + 1) / 2) * ((H - K + 1) / 2);
+    double *in = malloc(sizeof(double) * (size_t)(N * C * H * H));
+    double *w = malloc(sizeof(double) * (size_t)(O * C * K * K));
+    double *v = malloc(sizeof(double) * (size_t)(P * 3));
+    fill(in, N * C * H * H, dt, seed, -1);
+    fill(w, O * C * K * K, dt, seed + 1, -1);
+    fill(v, P * 3, dt, seed + 2, -1);
     loom__set_executor(x);
     loom_graph *g = loom_graph_new(NULL);
-    loom_tensor *tw = loom_input(g, dt, 4, (int64_t[4]){O, 1, 5, 5}, w);
+    loom_tensor *tw = loom_input(g, dt, 4, (int64_t[4]){O, C, K, K}, w);
     loom_requires_grad(tw);
     loom_tensor *y =
-        loom_conv2d(g, loom_input(g, dt, 4, (int64_t[4]){N, 1, H, H}, in), tw, NULL, 1, 0);
+        loom_conv2d(g, loom_input(g, dt, 4, (int64_t[4]){N, C, H, H}, in), tw, NULL, 1, 0);
     y = loom_relu(g, loom_pool_max(g, y, (loom_window){2, 2, 2, 2, 0, 0}));
     loom_tensor *loss = loom_sum_all(
         g, loom_matmul(g, loom_flatten(g, y), loom_input(g, dt, 2, (int64_t[2]){P, 3}, v)));
@@ -1493,7 +1461,7 @@ static char *conv5_grad(loom_dtype dt, const loom__executor *x, double *gw) {
         const loom__program *p = loom__graph_last(g);
         for (int64_t e = 0; p && e < p->nexec; e++)
             loom__kernel_line(f, p, p->exec[e]);
-        for (int i = 0; i < O * 25; i++)
+        for (int i = 0; i < n; i++)
             gw[i] = dt == LOOM_F64 ? ((const double *)loom_tensor_data(t))[i]
                                    : ((const float *)loom_tensor_data(t))[i];
     }
@@ -1501,6 +1469,7 @@ static char *conv5_grad(loom_dtype dt, const loom__executor *x, double *gw) {
         fclose(f);
     loom_graph_free(g);
     loom__set_executor(NULL);
+    free(in), free(w), free(v);
     return text;
 }
 
@@ -1513,8 +1482,10 @@ TEST(a_5x5_weight_gradient_by_windows_is_as_close_to_float64_as_by_rows) {
     const char *none[] = {NULL};
     loom__executor rows = loom__check_executor;
     rows.forms = none;
-    char *s64 = conv5_grad(LOOM_F64, NULL, g64), *sq = conv5_grad(LOOM_F32, NULL, gq),
-         *sr = conv5_grad(LOOM_F32, &rows, gr);
+    /* (16 images of 28 x 28, 16 channels: the first weight gradient's K long enough for a sink) */
+    char *s64 = conv_grad(LOOM_F64, NULL, 16, 1, 28, 16, 5, 93, g64, 400),
+         *sq = conv_grad(LOOM_F32, NULL, 16, 1, 28, 16, 5, 93, gq, 400),
+         *sr = conv_grad(LOOM_F32, &rows, 16, 1, 28, 16, 5, 93, gr, 400);
     ASSERT(s64 && sq && sr);
     ASSERT(strstr(sq, "windows into")); /* the form ran */
     ASSERT(!strstr(sr, "windows into"));
@@ -1534,7 +1505,8 @@ TEST(a_5x5_weight_gradient_by_windows_is_as_close_to_float64_as_by_rows) {
  * BLAS's dgemm), and the schedule says so on their lines; float32's lines never do. */
 TEST(a_float64_step_names_the_kernels_it_runs_without_float32_forms) {
     double g64 = NAN, g32 = NAN;
-    char *s64 = cnn_schedule(LOOM_F64, &g64), *s32 = cnn_schedule(LOOM_F32, &g32);
+    char *s64 = conv_grad(LOOM_F64, NULL, 4, 2, 12, 8, 3, 90, &g64, 1),
+         *s32 = conv_grad(LOOM_F32, NULL, 4, 2, 12, 8, 3, 90, &g32, 1);
     ASSERT(s64 && s32);
     ASSERT(strstr(s64, "MATMUL") && strstr(s64, "float64: BLAS's dgemm"));
     ASSERT(strstr(s64, "POOLMAX") && strstr(s64, "POOLGRAD") &&
