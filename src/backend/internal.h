@@ -651,7 +651,7 @@ static inline bool loom__pool2x2(const loom_window *w, int64_t row_stride) {
            row_stride == 1;
 }
 /* Whether pool gradient id's sinks can take its windows (its QUAD form; its sinks, codes and
- * ReLU's backward decided; a product sink: a 3 x 3 convolution's weight gradient), and the
+ * ReLU's backward decided; a product sink: a 3 x 3 or 5 x 5 convolution's weight gradient), and the
  * scratch it then needs. */
 bool loom__pool_quad_ok(const loom__program *p, int32_t id);
 size_t loom__pool_quad_bytes(const loom__program *p, int32_t id);

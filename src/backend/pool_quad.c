@@ -11,7 +11,8 @@
  * B(k = (n, y, x), j = (c, kh, kw)) = x[n, c, y + kh, x + kw] is, for each place (a, b) in the
  * window, the windows' gradients (kept where the code names that place, +0 elsewhere) times the
  * image subsampled at (2 oy + a + kh, 2 ox + b + kw): one of (KH + 1)(KW + 1) images per input
- * channel, made once, 16 windows of each image side by side. The rows are never made; every
+ * channel, made once (for 3 x 3; for 5 x 5, a block of planes at a time), 16 windows of each image
+ * side by side. The rows are never made; every
  * product of theirs is one of these (zeros included), summed in another fixed order (runs
  * repeat bitwise, both backends alike). */
 typedef struct {
