@@ -1201,16 +1201,23 @@ static loom_tensor *case_mlp(loom_graph *g, rule_case *c, uint64_t seed, int64_t
     return case_linear(g, c, h, H, 10, true, seed);
 }
 
-/* The weights (shapes sw, sw2) and biases (o, o2) of two convolutions: c->p[0 .. 4). */
-static void case_convs(rule_case *c, uint64_t seed, const int64_t *sw, int64_t o,
-                       const int64_t *sw2, int64_t o2) {
+/* The input (N, C, H, W) drawn from seed, the weights and biases of two convolutions (O channels of
+ * a k x k kernel, O2 of k2 x k2: c->p[0 .. 4)), and the first one of stride st and padding pad. */
+static loom_tensor *case_convs(loom_graph *g, rule_case *c, uint64_t seed, const int64_t *nchw,
+                               int64_t O, int k, int64_t O2, int k2, int st, int pad) {
+    int64_t n = nchw[0] * nchw[1] * nchw[2] * nchw[3];
+    const int64_t sw[4] = {O, nchw[1], k, k}, sw2[4] = {O2, O, k2, k2};
+    c->x = malloc(sizeof(float) * (size_t)n);
+    test_fill(c->x, n, seed, -1, 1);
+    loom_tensor *x = loom_input(g, LOOM_F32, 4, nchw, c->x);
     for (int i = 0; i < 4; i++) {
-        const int64_t *shape = i == 0 ? sw : i == 1 ? &o : i == 2 ? sw2 : &o2;
+        const int64_t *shape = i == 0 ? sw : i == 1 ? &O : i == 2 ? sw2 : &O2;
         char name[8] = {'c', (char)('0' + i), 0};
         c->p[c->np] =
             param(c->m, name, i % 2 ? 1 : 4, shape, 0.3, seed * 16 + (uint64_t)i, &c->v[c->np]);
         c->np++;
     }
+    return loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad);
 }
 
 /* A CNN: a convolution (channels, kernel, stride and padding drawn), ReLU, max pooling of a
@@ -1244,12 +1251,7 @@ static loom_tensor *case_cnn(loom_graph *g, rule_case *c, uint64_t seed, int64_t
         N = 16;
     if (seed == 10) /* cnn-stride2's layers, 3x3 kernels of stride 2, padded (rows over 32) */
         N = 4, C = 1, H = 28, W = 72, O = 16, O2 = 32, k = 3, st = 2, pad = 1, k2 = 3, w1 = wins[2];
-    c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
-    test_fill(c->x, N * C * H * W, seed, -1, 1);
-    loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
-    case_convs(c, seed, (int64_t[4]){O, C, k, k}, O, (int64_t[4]){O2, O, k2, k2}, O2);
-    loom_tensor *y =
-        loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad);
+    loom_tensor *y = case_convs(g, c, seed, (int64_t[4]){N, C, H, W}, O, k, O2, k2, st, pad);
     if (y && y->shape[2] >= w1.kh && y->shape[3] >= w1.kw && seed >= 5 && seed != 9 &&
         draw(seed, 13, 0, 1))
         y = loom_pool_max(g, loom_relu(g, y), w1);
@@ -1287,12 +1289,7 @@ static loom_tensor *case_strided(loom_graph *g, rule_case *c, uint64_t seed, int
         N = 8, C = 1, H = W = 28, O = 32, O2 = 64, k = k2 = 3, st = 2, pad = pad2 = 1;
     if (seed == 1)
         N = 2, C = 2, H = 12, W = 90, O = 8, O2 = 16, k = 3, st = 1, pad = 1, k2 = 5, pad2 = 2;
-    c->x = malloc(sizeof(float) * (size_t)(N * C * H * W));
-    test_fill(c->x, N * C * H * W, seed, -1, 1);
-    loom_tensor *x = loom_input(g, LOOM_F32, 4, (int64_t[4]){N, C, H, W}, c->x);
-    case_convs(c, seed, (int64_t[4]){O, C, k, k}, O, (int64_t[4]){O2, O, k2, k2}, O2);
-    loom_tensor *y =
-        loom_conv2d(g, x, loom_parameter(g, c->p[0]), loom_parameter(g, c->p[1]), st, pad);
+    loom_tensor *y = case_convs(g, c, seed, (int64_t[4]){N, C, H, W}, O, k, O2, k2, st, pad);
     if (seed != 2) /* (seed 2: no ReLU between, the crop's copy read as it is) */
         y = loom_relu(g, y);
     if (y && y->shape[2] + 2 * pad2 >= k2 && y->shape[3] + 2 * pad2 >= k2)

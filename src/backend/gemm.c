@@ -585,7 +585,7 @@ loom__gemm_form loom__gemm_choose(int64_t M, int64_t N, int64_t K, const loom__g
                                   const loom__gmat *b) {
     /* a small C and a long K (a first convolution's weight gradient): panels would be mostly
      * padding (a side under 16) and the packs would cost more than the arithmetic */
-    if ((M < 16 || N < 16 || M * N <= 512) && K >= 64 * (M > N ? M : N) &&
+    if ((M < 16 || N < 16 || M * N <= SK_MAX) && K >= 64 * (M > N ? M : N) &&
         loom__gemm_form_ok(LOOM_GEMM_DOT, M, N, K, a, b))
         return LOOM_GEMM_DOT;
     /* narrower than 16 columns on more rows (a classifier's logits): rows of dot products instead

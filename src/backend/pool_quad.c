@@ -261,7 +261,7 @@ loom_status loom__pool_quad(const loom__program *p, const loom__bind *b, int32_t
     }
     /* each row's lanes (K^2 products' and the sum's per input channel): in registers for 3 x 3,
      * kept between blocks of planes for 5 x 5 */
-    float one[2 * 26 * 16];
+    float one[2 * (9 + 1) * 16]; /* (3 x 3: two rows' nine products and sum) */
     float *keep =
         K == 3 ? one : S + C * per + (K + 1) * (K + 1) * (t->shape[2] * t->shape[3] / 4 + 16);
     float *so = sum >= 0 ? loom__addr(p, b, sum) : NULL;

@@ -314,6 +314,11 @@ __attribute__((target("avx2,fma"))) static void fold_rows_avx2(const loom_window
 }
 #endif
 
+/* Whether fold_rows_s2 takes a fold of window w: columns 2 apart, unpadded, on AVX-512. */
+static bool rows_s2_ok(const loom_window *w) {
+    return w->sw == 2 && w->kw <= 16 && !w->ph && !w->pw && loom__pool512();
+}
+
 /* Where a fold's planes go: plane (n, c) at x + n sn + c sc, of rows [ph, ph + H) and columns
  * [pw, pw + W) of the fold's (all of them but for fold-crop), as where(mask > 0, place, 0) with a
  * mask laid out as they are (NULL: none). */
@@ -434,9 +439,7 @@ bool loom__pad_planes(const loom__program *p, const loom__bind *b, int32_t id) {
 }
 
 bool loom__fold_crop_ok(const loom__pnode *t) {
-    const loom_window *w = &t->attr.win;
-    return loom__use_own_gemm() && loom__pool512() && t->dtype == LOOM_F32 && w->sw == 2 &&
-           w->kw <= 16 && !w->ph && !w->pw;
+    return loom__use_own_gemm() && t->dtype == LOOM_F32 && rows_s2_ok(&t->attr.win);
 }
 
 typedef struct {
@@ -465,7 +468,7 @@ static void fold_block(void *ctx, int64_t jc, int64_t nc) {
             n0 = jc / (OH * OW), nb = nc / (OH * OW);
     const fold_out *o = &f->j->o;
 #ifdef HAVE_POOL512
-    if (w->sw == 2 && w->kw <= 16 && w->ph == 0 && w->pw == 0 && loom__pool512()) {
+    if (rows_s2_ok(w)) {
         fold_rows_s2(w, nb, H, W, f->c1 - f->c0, f->buf, o, n0, f->c0);
         return;
     }
